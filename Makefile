@@ -1,0 +1,62 @@
+# Sluice. `make run` starts the product, `make test` runs every test.
+SHELL := /bin/bash
+GO ?= go
+BUILD := build
+WASM := $(BUILD)/plugin.wasm
+FUZZTIME ?= 3s
+
+.PHONY: all wasm bridge gateway test test-native test-fuzz bench run lint check deps clean
+
+all: wasm bridge gateway
+
+# The plugin: upstream Go, wasip1, c-shared (a reactor with _initialize).
+wasm:
+	@mkdir -p $(BUILD)
+	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(WASM) ./plugin
+	@ls -l $(WASM) | awk '{print "plugin.wasm:", $$5, "bytes"}'
+
+bridge:
+	@mkdir -p $(BUILD)
+	$(GO) build -trimpath -o $(BUILD)/redisbridge ./cmd/redisbridge
+
+gateway:
+	@mkdir -p $(BUILD)
+	$(GO) build -trimpath -o $(BUILD)/gateway ./cmd/gateway
+
+# Debian packages the tests and `make run` need; installed when missing (we are root in CI).
+deps:
+	@command -v redis-server >/dev/null || { \
+	  echo "installing redis-server (Debian package redis-server)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
+
+test: deps wasm
+	$(GO) test -count=1 ./...
+	$(MAKE) test-fuzz
+
+# Each fuzz target runs briefly from its seed corpus; `go test -fuzz` takes one target at a time.
+test-fuzz:
+	@set -e; for spec in $$($(GO) run ./internal/tools/fuzzlist); do \
+	  pkg=$${spec%%:*}; fn=$${spec##*:}; \
+	  echo "fuzz $$pkg $$fn"; \
+	  $(GO) test -run='^$$' -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) $$pkg >/dev/null; \
+	done
+
+bench: deps wasm
+	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+run:
+	@echo "make run: not implemented yet (issue 5)"; exit 1
+
+lint:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	GOOS=wasip1 GOARCH=wasm $(GO) vet ./rules ./plugin/...
+
+check: lint
+	GOOS=wasip1 GOARCH=wasm $(GO) build ./rules
+	@cp go.mod /tmp/sluice.go.mod.bak; cp go.sum /tmp/sluice.go.sum.bak; \
+	$(GO) mod tidy; \
+	if ! git diff --quiet -- go.mod go.sum; then echo "go mod tidy changes go.mod/go.sum"; git diff -- go.mod go.sum | head -40; exit 1; fi
+
+clean:
+	rm -rf $(BUILD)

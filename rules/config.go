@@ -1,0 +1,323 @@
+package rules
+
+import "net/netip"
+
+// Algorithm names a limit algorithm. Its string form is the config and wire value.
+type Algorithm uint8
+
+const (
+	TokenBucket   Algorithm = iota + 1 // HASH of tokens and last refill; burst is the capacity
+	SlidingWindow                      // weighted counter over the current and previous window
+	SlidingLog                         // ZSET of admitted requests, exact, capped at the limit
+	FixedWindow                        // counter per aligned window
+)
+
+var algorithmNames = [...]string{"", "token_bucket", "sliding_window", "sliding_log", "fixed_window"}
+
+func (a Algorithm) String() string {
+	if int(a) < len(algorithmNames) {
+		return algorithmNames[a]
+	}
+	return ""
+}
+
+// ParseAlgorithm returns the algorithm with the given config name.
+func ParseAlgorithm(s string) (Algorithm, bool) {
+	for i := 1; i < len(algorithmNames); i++ {
+		if algorithmNames[i] == s {
+			return Algorithm(i), true
+		}
+	}
+	return 0, false
+}
+
+// Action is what happens when a limit denies a request.
+type Action uint8
+
+const (
+	Reject  Action = iota + 1 // answer 429
+	LogOnly                   // shadow mode: log and count, let the request pass
+)
+
+func (a Action) String() string {
+	switch a {
+	case Reject:
+		return "reject"
+	case LogOnly:
+		return "log_only"
+	}
+	return ""
+}
+
+// FailureMode is the answer when the bridge cannot decide.
+type FailureMode uint8
+
+const (
+	FailOpen   FailureMode = iota + 1 // let requests pass, counted and logged
+	FailClosed                        // refuse requests with 503 SERVICE_UNAVAILABLE
+)
+
+func (f FailureMode) String() string {
+	if f == FailClosed {
+		return "fail_closed"
+	}
+	return "fail_open"
+}
+
+// ScopePart is one dimension a counter is kept per.
+type ScopePart uint8
+
+const (
+	ScopeGlobal   ScopePart = 1 << iota // one counter for everyone
+	ScopeIP                             // per client IP
+	ScopeUser                           // per user id (JWT claim or user header)
+	ScopeAPIKey                         // per API key
+	ScopeTenant                         // per tenant
+	ScopeEndpoint                       // per request path (combined with another part)
+	ScopeMethod                         // per request method (combined with another part)
+)
+
+// Scope is a set of parts, written in config as "user+endpoint".
+type Scope uint8
+
+var scopePartNames = [...]struct {
+	part ScopePart
+	name string
+}{
+	{ScopeGlobal, "global"}, {ScopeIP, "ip"}, {ScopeUser, "user"}, {ScopeAPIKey, "api_key"},
+	{ScopeTenant, "tenant"}, {ScopeEndpoint, "endpoint"}, {ScopeMethod, "method"},
+}
+
+// Has reports whether s includes p.
+func (s Scope) Has(p ScopePart) bool { return uint8(s)&uint8(p) != 0 }
+
+func (s Scope) String() string {
+	out := ""
+	for _, n := range scopePartNames {
+		if s.Has(n.part) {
+			if out != "" {
+				out += "+"
+			}
+			out += n.name
+		}
+	}
+	return out
+}
+
+// Config is a validated plugin configuration. Build it with ParseConfig.
+type Config struct {
+	Enabled     bool
+	FailureMode FailureMode
+	Bridge      Bridge
+	Identity    IdentityConfig
+	Tiers       TierConfig
+	Categories  []Category
+	Rules       []Rule
+	Exemptions  Exemptions
+	Penalty     Penalty // defaults for every limit; a rule may override
+	Headers     HeaderConfig
+	Deny        DenyConfig
+	LocalCache  LocalCacheConfig
+}
+
+// Bridge is where the plugin sends check requests.
+type Bridge struct {
+	Cluster   string // upstream cluster name known to the proxy
+	Authority string // :authority of the call-out
+	Path      string // default /v1/rate-limit/check
+	TimeoutMS uint32 // call-out timeout, default 200
+	Token     string // sent as Authorization: Bearer when set
+}
+
+// IdentityConfig says how a client is identified.
+type IdentityConfig struct {
+	// Sources are tried in order for the user id; the first that yields one wins.
+	Sources []IdentitySource
+	// APIKeyHeader, TenantHeader name headers carrying those identities ("" = unused).
+	APIKeyHeader string
+	TenantHeader string
+	ClientIP     ClientIPConfig
+	// Anonymous says what a user-scoped limit keys on when no user is known:
+	// AnonymousIP (default) counts by client IP, AnonymousShared puts all
+	// anonymous clients in one counter.
+	Anonymous AnonymousMode
+}
+
+// AnonymousMode is the fallback identity for user-scoped limits.
+type AnonymousMode uint8
+
+const (
+	AnonymousIP AnonymousMode = iota + 1
+	AnonymousShared
+)
+
+// SourceKind is the kind of an identity source.
+type SourceKind uint8
+
+const (
+	// SourceJWT verifies a bearer token in the plugin with the configured keys.
+	SourceJWT SourceKind = iota + 1
+	// SourceJWTPayload reads a claim from a header that a verifying filter
+	// (Envoy jwt_authn forward_payload_header) set: base64url JSON payload.
+	SourceJWTPayload
+	// SourceHeader takes the header value as the user id, trusted as set by
+	// an upstream authenticating filter.
+	SourceHeader
+)
+
+// IdentitySource is one way to find the user id.
+type IdentitySource struct {
+	Kind   SourceKind
+	Header string // lower-case header name; "authorization" for SourceJWT by default
+	Claim  string // claim holding the user id (SourceJWT, SourceJWTPayload), default "sub"
+	// For SourceJWT only:
+	Keys      []JWTKey
+	Issuer    string   // required iss when set
+	Audiences []string // aud must contain one of these when set
+	LeewaySec int64    // clock skew allowed on exp/nbf, default 30
+}
+
+// JWTKey is one verification key.
+type JWTKey struct {
+	ID  string // kid; "" matches any token kid
+	Alg string // HS256, RS256 or ES256
+	// Exactly one of: Secret (HS256), PublicKey (RS256/ES256, from PEM).
+	Secret    []byte
+	PublicKey any // *rsa.PublicKey or *ecdsa.PublicKey
+}
+
+// ClientIPConfig says which address is the client's.
+type ClientIPConfig struct {
+	// TrustedProxyDepth is how many X-Forwarded-For entries, counted from the
+	// right, were appended by proxies we trust. 0 ignores X-Forwarded-For.
+	TrustedProxyDepth int
+	// TrustedProxies: when set, X-Forwarded-For is walked from the right,
+	// skipping addresses inside these prefixes; the first other one is the
+	// client. Used instead of the depth when non-empty.
+	TrustedProxies []netip.Prefix
+	// UseXRealIP takes X-Real-IP when X-Forwarded-For yields nothing.
+	UseXRealIP bool
+}
+
+// TierConfig holds plans such as free/premium and where a client's plan is read.
+type TierConfig struct {
+	Header  string // lower-case header carrying the tier name, or
+	Claim   string // claim of the verified JWT carrying it (preferred when both set)
+	Default string // tier for clients that name none or an unknown one
+	List    []Tier
+}
+
+// Tier is a plan's limit, with per-endpoint overrides.
+type Tier struct {
+	Name      string
+	Unlimited bool // no tier limit at all
+	Spec      LimitSpec
+	Scope     Scope // default user
+	Endpoints []EndpointOverride
+}
+
+// EndpointOverride replaces the tier limit for matching requests.
+type EndpointOverride struct {
+	Match PathPattern
+	Spec  LimitSpec
+}
+
+// Category groups endpoints under one limit (chat, upload, auth).
+type Category struct {
+	Name   string
+	Paths  []PathPattern
+	Spec   LimitSpec
+	Scope  Scope
+	Action Action
+}
+
+// Rule is an explicit limit for matching requests.
+type Rule struct {
+	Name     string
+	Match    Match
+	Scope    Scope
+	Spec     LimitSpec
+	Action   Action
+	Priority int // lower first; equal priorities keep config order
+	Enabled  bool
+}
+
+// LimitSpec is how much may pass.
+type LimitSpec struct {
+	Algorithm Algorithm // default sliding_window
+	Limit     int64     // requests (or cost units) per window, > 0
+	WindowMS  int64     // window length in milliseconds, > 0
+	Burst     int64     // token bucket capacity, default Limit
+	Cost      int64     // weight of one request, default 1
+	Penalty   *Penalty  // nil: none
+}
+
+// Penalty lengthens the block of clients that keep violating a limit.
+type Penalty struct {
+	Enabled            bool
+	DetectionWindowMS  int64   // violations older than this are forgotten, default 1h
+	ViolationThreshold int64   // violations before the first penalty, default 3
+	Multipliers        []int64 // block = window × multiplier, escalating, default 1,2,4,8
+}
+
+// Match selects requests for a rule. Empty fields match everything.
+type Match struct {
+	Paths   []PathPattern
+	Methods []string // upper-case
+	Hosts   []string // lower-case, exact or "*.example.com"
+	Headers []HeaderMatch
+}
+
+// PatternKind is how a path pattern compares.
+type PatternKind uint8
+
+const (
+	PatternExact  PatternKind = iota + 1 // "/api/v1/login"
+	PatternPrefix                        // "/api/" with kind prefix, or "/api/*" style written as prefix:
+	PatternGlob                          // "*" one segment (or part of one), "**" any number of segments
+)
+
+// PathPattern is a compiled path pattern.
+type PathPattern struct {
+	Kind PatternKind
+	Raw  string   // as written in config
+	Text string   // exact path or prefix
+	Segs []string // glob segments
+}
+
+// HeaderMatch requires a header to be present, or to equal a value.
+type HeaderMatch struct {
+	Name    string // lower-case
+	Present bool   // true: presence is enough
+	Value   string // exact value when !Present
+	Invert  bool   // match when the condition does not hold
+}
+
+// Exemptions are never limited.
+type Exemptions struct {
+	IPs   []netip.Prefix // single addresses as /32 or /128
+	Users []string
+}
+
+// HeaderConfig controls the response headers the plugin writes.
+type HeaderConfig struct {
+	Prefix     string // default "X-RateLimit-"
+	Strategy   bool   // X-RateLimit-Strategy
+	Draft      bool   // IETF draft-11 RateLimit and RateLimit-Policy
+	RetryAfter bool   // Retry-After on 429, default true
+	Disabled   bool   // no rate limit headers at all
+}
+
+// DenyConfig shapes the 429 answer.
+type DenyConfig struct {
+	Status  uint32 // default 429
+	Message string // default "Rate limit exceeded."
+	// FailClosedStatus is the status when the bridge cannot decide in fail_closed, default 503.
+	FailClosedStatus uint32
+}
+
+// LocalCacheConfig bounds the plugin's over-limit cache.
+type LocalCacheConfig struct {
+	Enabled    bool  // default true
+	MaxEntries int64 // default 10000
+}

@@ -1,0 +1,360 @@
+package rules
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+)
+
+// Wire format between plugin and bridge (docs/protocol.md). JSON, because
+// both ends already carry a JSON parser and operators can read it in logs;
+// encoders append to caller buffers so the plugin does not allocate.
+
+// Bounds on check requests. They keep a hostile or buggy caller from making
+// the bridge build huge keys or scripts.
+const (
+	MaxLimitsPerCheck = 32
+	MaxKeyLen         = 512
+	MaxRuleNameLen    = 64
+	MaxLimitValue     = 1 << 40          // requests per window
+	MaxWindowMS       = 366 * 86400_000 // one year
+	MaxMultipliers    = 16
+	MaxMultiplier     = 1 << 16
+	MaxViolations     = 1000 // violations kept per key, seed 000
+)
+
+// LimitRequest is one limit of a check, as the bridge receives it.
+type LimitRequest struct {
+	Key    string // full counter key, hash tag included; the bridge appends suffixes only
+	Rule   string
+	Spec   LimitSpec
+	Shadow bool // log_only: its denial does not deny the request
+}
+
+// CheckRequest carries every limit of one HTTP request. The bridge decides
+// them together: when any non-shadow limit denies, nothing is consumed.
+type CheckRequest struct {
+	RequestID string
+	Limits    []LimitRequest
+}
+
+// Decision is the answer for one limit.
+type Decision struct {
+	Allowed      bool
+	Limit        int64 // the limit (token bucket: burst capacity)
+	Remaining    int64
+	ResetMS      int64 // Unix ms when the limit is fully available again
+	RetryAfterMS int64 // when denied: wait this long before the next attempt
+}
+
+// CheckResponse answers a CheckRequest, one decision per limit in order.
+type CheckResponse struct {
+	Allowed   bool  // every non-shadow decision allowed
+	NowMS     int64 // the store's clock, so callers can age cache entries
+	Decisions []Decision
+}
+
+// PlannedLimit is a limit that matched a request, as the plugin holds it.
+// Key points into the plan's buffer and is valid until the next Evaluate.
+type PlannedLimit struct {
+	Key    []byte
+	Name   string     // rule, category or "tier:<name>"
+	Spec   *LimitSpec // points into the Config
+	Action Action
+}
+
+// AppendCheckRequest encodes a check for limits and appends it to dst.
+func AppendCheckRequest(dst []byte, requestID string, limits []PlannedLimit) []byte {
+	dst = append(dst, `{"request_id":`...)
+	dst = appendJSONString(dst, requestID)
+	dst = append(dst, `,"limits":[`...)
+	for i := range limits {
+		l := &limits[i]
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendLimit(dst, l.Key, l.Name, l.Spec, l.Action == LogOnly)
+	}
+	return append(dst, "]}"...)
+}
+
+// AppendCheckRequestFrom encodes an already decoded request (bridge tests, tools).
+func AppendCheckRequestFrom(dst []byte, req *CheckRequest) []byte {
+	dst = append(dst, `{"request_id":`...)
+	dst = appendJSONString(dst, req.RequestID)
+	dst = append(dst, `,"limits":[`...)
+	for i := range req.Limits {
+		l := &req.Limits[i]
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.Shadow)
+	}
+	return append(dst, "]}"...)
+}
+
+func appendLimit(dst, key []byte, name string, s *LimitSpec, shadow bool) []byte {
+	dst = append(dst, `{"key":`...)
+	dst = appendJSONBytes(dst, key)
+	dst = append(dst, `,"rule":`...)
+	dst = appendJSONString(dst, name)
+	dst = append(dst, `,"algorithm":"`...)
+	dst = append(dst, s.Algorithm.String()...)
+	dst = append(dst, `","limit":`...)
+	dst = strconv.AppendInt(dst, s.Limit, 10)
+	dst = append(dst, `,"window_ms":`...)
+	dst = strconv.AppendInt(dst, s.WindowMS, 10)
+	dst = append(dst, `,"burst":`...)
+	dst = strconv.AppendInt(dst, s.Burst, 10)
+	dst = append(dst, `,"cost":`...)
+	dst = strconv.AppendInt(dst, s.Cost, 10)
+	if shadow {
+		dst = append(dst, `,"shadow":true`...)
+	}
+	if p := s.Penalty; p != nil && p.Enabled {
+		dst = append(dst, `,"penalty":{"window_ms":`...)
+		dst = strconv.AppendInt(dst, p.DetectionWindowMS, 10)
+		dst = append(dst, `,"threshold":`...)
+		dst = strconv.AppendInt(dst, p.ViolationThreshold, 10)
+		dst = append(dst, `,"multipliers":[`...)
+		for i, m := range p.Multipliers {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendInt(dst, m, 10)
+		}
+		dst = append(dst, "]}"...)
+	}
+	return append(dst, '}')
+}
+
+// ErrInvalidCheck wraps every reason a check request is refused.
+var ErrInvalidCheck = errors.New("invalid check request")
+
+// DecodeCheckRequest parses and validates a check request from an untrusted
+// caller. Errors name the field (limits[1].window_ms) and wrap ErrInvalidCheck.
+func DecodeCheckRequest(body []byte) (CheckRequest, error) {
+	var req CheckRequest
+	if !gjson.ValidBytes(body) {
+		return req, fmt.Errorf("%w: body is not valid JSON", ErrInvalidCheck)
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return req, fmt.Errorf("%w: body must be a JSON object", ErrInvalidCheck)
+	}
+	if id := root.Get("request_id"); id.Exists() {
+		if id.Type != gjson.String || len(id.Str) > 128 {
+			return req, fmt.Errorf("%w: request_id: must be a string of at most 128 bytes", ErrInvalidCheck)
+		}
+		req.RequestID = id.Str
+	}
+	lims := root.Get("limits")
+	if !lims.IsArray() {
+		return req, fmt.Errorf("%w: limits: must be an array", ErrInvalidCheck)
+	}
+	arr := lims.Array()
+	if len(arr) == 0 || len(arr) > MaxLimitsPerCheck {
+		return req, fmt.Errorf("%w: limits: must hold 1 to %d limits", ErrInvalidCheck, MaxLimitsPerCheck)
+	}
+	req.Limits = make([]LimitRequest, len(arr))
+	for i, v := range arr {
+		if err := decodeLimit(v, &req.Limits[i]); err != nil {
+			return req, fmt.Errorf("%w: limits[%d].%v", ErrInvalidCheck, i, err)
+		}
+	}
+	return req, nil
+}
+
+func decodeLimit(v gjson.Result, l *LimitRequest) error {
+	if !v.IsObject() {
+		return errors.New("(limit): must be an object")
+	}
+	key := v.Get("key")
+	if key.Type != gjson.String || len(key.Str) == 0 || len(key.Str) > MaxKeyLen {
+		return fmt.Errorf("key: must be a string of 1 to %d bytes", MaxKeyLen)
+	}
+	l.Key = key.Str
+	rule := v.Get("rule")
+	if rule.Exists() && (rule.Type != gjson.String || len(rule.Str) > MaxRuleNameLen+8) {
+		return fmt.Errorf("rule: must be a string of at most %d bytes", MaxRuleNameLen+8)
+	}
+	l.Rule = rule.Str
+	alg, ok := ParseAlgorithm(v.Get("algorithm").Str)
+	if !ok {
+		return errors.New("algorithm: must be one of token_bucket, sliding_window, sliding_log, fixed_window")
+	}
+	l.Spec.Algorithm = alg
+	var err error
+	if l.Spec.Limit, err = wireInt(v, "limit", 1, MaxLimitValue, 0); err != nil {
+		return err
+	}
+	if l.Spec.WindowMS, err = wireInt(v, "window_ms", 1, MaxWindowMS, 0); err != nil {
+		return err
+	}
+	if l.Spec.Burst, err = wireInt(v, "burst", 1, MaxLimitValue, l.Spec.Limit); err != nil {
+		return err
+	}
+	if l.Spec.Cost, err = wireInt(v, "cost", 1, MaxLimitValue, 1); err != nil {
+		return err
+	}
+	if s := v.Get("shadow"); s.Exists() {
+		if s.Type != gjson.True && s.Type != gjson.False {
+			return errors.New("shadow: must be a boolean")
+		}
+		l.Shadow = s.Type == gjson.True
+	}
+	if p := v.Get("penalty"); p.Exists() {
+		if !p.IsObject() {
+			return errors.New("penalty: must be an object")
+		}
+		pen := &Penalty{Enabled: true}
+		if pen.DetectionWindowMS, err = wireInt(p, "window_ms", 1, MaxWindowMS, 0); err != nil {
+			return fmt.Errorf("penalty.%w", err)
+		}
+		if pen.ViolationThreshold, err = wireInt(p, "threshold", 1, MaxViolations, 0); err != nil {
+			return fmt.Errorf("penalty.%w", err)
+		}
+		ms := p.Get("multipliers")
+		if !ms.IsArray() {
+			return errors.New("penalty.multipliers: must be an array")
+		}
+		marr := ms.Array()
+		if len(marr) == 0 || len(marr) > MaxMultipliers {
+			return fmt.Errorf("penalty.multipliers: must hold 1 to %d numbers", MaxMultipliers)
+		}
+		pen.Multipliers = make([]int64, len(marr))
+		for j, m := range marr {
+			n, ok := exactInt(m)
+			if !ok || n < 1 || n > MaxMultiplier {
+				return fmt.Errorf("penalty.multipliers[%d]: must be an integer from 1 to %d", j, MaxMultiplier)
+			}
+			pen.Multipliers[j] = n
+		}
+		l.Spec.Penalty = pen
+	}
+	return nil
+}
+
+// wireInt reads an integer field; def applies when absent and def > 0.
+func wireInt(v gjson.Result, name string, lo, hi, def int64) (int64, error) {
+	f := v.Get(name)
+	if !f.Exists() && def > 0 {
+		return def, nil
+	}
+	n, ok := exactInt(f)
+	if !ok || n < lo || n > hi {
+		return 0, fmt.Errorf("%s: must be an integer from %d to %d", name, lo, hi)
+	}
+	return n, nil
+}
+
+// exactInt accepts only JSON numbers written as plain integers, so that
+// 1e400, 1.5 or -0 never turn into a silently rounded limit.
+func exactInt(r gjson.Result) (int64, bool) {
+	if r.Type != gjson.Number {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(r.Raw, 10, 64)
+	return n, err == nil
+}
+
+// AppendCheckResponse encodes resp and appends it to dst.
+func AppendCheckResponse(dst []byte, resp *CheckResponse) []byte {
+	dst = append(dst, `{"allowed":`...)
+	dst = strconv.AppendBool(dst, resp.Allowed)
+	dst = append(dst, `,"now_ms":`...)
+	dst = strconv.AppendInt(dst, resp.NowMS, 10)
+	dst = append(dst, `,"decisions":[`...)
+	for i := range resp.Decisions {
+		d := &resp.Decisions[i]
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"allowed":`...)
+		dst = strconv.AppendBool(dst, d.Allowed)
+		dst = append(dst, `,"limit":`...)
+		dst = strconv.AppendInt(dst, d.Limit, 10)
+		dst = append(dst, `,"remaining":`...)
+		dst = strconv.AppendInt(dst, d.Remaining, 10)
+		dst = append(dst, `,"reset_ms":`...)
+		dst = strconv.AppendInt(dst, d.ResetMS, 10)
+		dst = append(dst, `,"retry_after_ms":`...)
+		dst = strconv.AppendInt(dst, d.RetryAfterMS, 10)
+		dst = append(dst, '}')
+	}
+	return append(dst, "]}"...)
+}
+
+// DecodeCheckResponse parses a bridge answer into resp, reusing its
+// Decisions slice. want is the number of limits that were asked for; an
+// answer with another count is refused, so a confused bridge cannot make
+// the plugin read decisions for the wrong limits.
+func DecodeCheckResponse(body []byte, want int, resp *CheckResponse) error {
+	if !gjson.ValidBytes(body) {
+		return errors.New("check response: not valid JSON")
+	}
+	root := gjson.ParseBytes(body)
+	allowed := root.Get("allowed")
+	if allowed.Type != gjson.True && allowed.Type != gjson.False {
+		return errors.New("check response: allowed: must be a boolean")
+	}
+	resp.Allowed = allowed.Type == gjson.True
+	resp.NowMS = root.Get("now_ms").Int()
+	resp.Decisions = resp.Decisions[:0]
+	var bad error
+	root.Get("decisions").ForEach(func(_, d gjson.Result) bool {
+		if len(resp.Decisions) == want {
+			bad = errors.New("check response: decisions: more than asked for")
+			return false
+		}
+		resp.Decisions = append(resp.Decisions, Decision{
+			Allowed:      d.Get("allowed").Type == gjson.True,
+			Limit:        d.Get("limit").Int(),
+			Remaining:    d.Get("remaining").Int(),
+			ResetMS:      d.Get("reset_ms").Int(),
+			RetryAfterMS: d.Get("retry_after_ms").Int(),
+		})
+		return true
+	})
+	if bad != nil {
+		return bad
+	}
+	if len(resp.Decisions) != want {
+		return fmt.Errorf("check response: decisions: got %d, want %d", len(resp.Decisions), want)
+	}
+	return nil
+}
+
+const hexDigits = "0123456789abcdef"
+
+func appendJSONString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		dst = appendJSONByte(dst, s[i])
+	}
+	return append(dst, '"')
+}
+
+func appendJSONBytes(dst, s []byte) []byte {
+	dst = append(dst, '"')
+	for _, c := range s {
+		dst = appendJSONByte(dst, c)
+	}
+	return append(dst, '"')
+}
+
+// appendJSONByte escapes quotes, backslashes and control bytes. Bytes >= 0x80
+// pass through: callers hand in keys and ids that are ASCII or already
+// validated UTF-8; invalid UTF-8 is escaped byte-wise as \u00XX so the
+// output stays valid JSON.
+func appendJSONByte(dst []byte, c byte) []byte {
+	switch {
+	case c == '"' || c == '\\':
+		return append(dst, '\\', c)
+	case c < 0x20 || c >= 0x80:
+		return append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+	}
+	return append(dst, c)
+}
