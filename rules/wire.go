@@ -18,7 +18,7 @@ const (
 	MaxLimitsPerCheck = 32
 	MaxKeyLen         = 512
 	MaxRuleNameLen    = 64
-	MaxLimitValue     = 1 << 40          // requests per window
+	MaxLimitValue     = 1 << 40         // requests per window
 	MaxWindowMS       = 366 * 86400_000 // one year
 	MaxMultipliers    = 16
 	MaxMultiplier     = 1 << 16
@@ -31,12 +31,17 @@ type LimitRequest struct {
 	Rule   string
 	Spec   LimitSpec
 	Shadow bool // log_only: its denial does not deny the request
+	// PerUser marks limits kept per client identity; overrides set through
+	// the bridge's config API for (User, Endpoint) replace their Spec.
+	PerUser bool
 }
 
 // CheckRequest carries every limit of one HTTP request. The bridge decides
 // them together: when any non-shadow limit denies, nothing is consumed.
 type CheckRequest struct {
 	RequestID string
+	User      string // the client identity the per-user limits are kept for ("" if none)
+	Endpoint  string // request path, for per-identity overrides
 	Limits    []LimitRequest
 }
 
@@ -59,43 +64,54 @@ type CheckResponse struct {
 // PlannedLimit is a limit that matched a request, as the plugin holds it.
 // Key points into the plan's buffer and is valid until the next Evaluate.
 type PlannedLimit struct {
-	Key    []byte
-	Name   string     // rule, category or "tier:<name>"
-	Spec   *LimitSpec // points into the Config
-	Action Action
+	Key     []byte
+	Name    string     // rule, category or "tier:<name>"
+	Spec    *LimitSpec // points into the Config
+	Action  Action
+	PerUser bool
 }
 
 // AppendCheckRequest encodes a check for limits and appends it to dst.
-func AppendCheckRequest(dst []byte, requestID string, limits []PlannedLimit) []byte {
-	dst = append(dst, `{"request_id":`...)
-	dst = appendJSONString(dst, requestID)
-	dst = append(dst, `,"limits":[`...)
+func AppendCheckRequest(dst []byte, requestID, user, endpoint string, limits []PlannedLimit) []byte {
+	dst = appendCheckHead(dst, requestID, user, endpoint)
 	for i := range limits {
 		l := &limits[i]
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendLimit(dst, l.Key, l.Name, l.Spec, l.Action == LogOnly)
+		dst = appendLimit(dst, l.Key, l.Name, l.Spec, l.Action == LogOnly, l.PerUser)
 	}
 	return append(dst, "]}"...)
 }
 
 // AppendCheckRequestFrom encodes an already decoded request (bridge tests, tools).
 func AppendCheckRequestFrom(dst []byte, req *CheckRequest) []byte {
-	dst = append(dst, `{"request_id":`...)
-	dst = appendJSONString(dst, req.RequestID)
-	dst = append(dst, `,"limits":[`...)
+	dst = appendCheckHead(dst, req.RequestID, req.User, req.Endpoint)
 	for i := range req.Limits {
 		l := &req.Limits[i]
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.Shadow)
+		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.Shadow, l.PerUser)
 	}
 	return append(dst, "]}"...)
 }
 
-func appendLimit(dst, key []byte, name string, s *LimitSpec, shadow bool) []byte {
+func appendCheckHead(dst []byte, requestID, user, endpoint string) []byte {
+	dst = append(dst, `{"request_id":`...)
+	dst = appendJSONString(dst, requestID)
+	if user != "" {
+		dst = append(dst, `,"user":`...)
+		dst = appendJSONString(dst, user)
+	}
+	if endpoint != "" {
+		dst = append(dst, `,"endpoint":`...)
+		dst = appendJSONString(dst, endpoint)
+	}
+	return append(dst, `,"limits":[`...)
+}
+
+func appendLimit(dst, key []byte, name string, s *LimitSpec, shadow, perUser bool) []byte {
 	dst = append(dst, `{"key":`...)
 	dst = appendJSONBytes(dst, key)
 	dst = append(dst, `,"rule":`...)
@@ -112,6 +128,9 @@ func appendLimit(dst, key []byte, name string, s *LimitSpec, shadow bool) []byte
 	dst = strconv.AppendInt(dst, s.Cost, 10)
 	if shadow {
 		dst = append(dst, `,"shadow":true`...)
+	}
+	if perUser {
+		dst = append(dst, `,"per_user":true`...)
 	}
 	if p := s.Penalty; p != nil && p.Enabled {
 		dst = append(dst, `,"penalty":{"window_ms":`...)
@@ -149,6 +168,19 @@ func DecodeCheckRequest(body []byte) (CheckRequest, error) {
 			return req, fmt.Errorf("%w: request_id: must be a string of at most 128 bytes", ErrInvalidCheck)
 		}
 		req.RequestID = id.Str
+	}
+	for _, f := range [...]struct {
+		name string
+		dst  *string
+	}{{"user", &req.User}, {"endpoint", &req.Endpoint}} {
+		v := root.Get(f.name)
+		if !v.Exists() {
+			continue
+		}
+		if v.Type != gjson.String || len(v.Str) > MaxKeyLen {
+			return req, fmt.Errorf("%w: %s: must be a string of at most %d bytes", ErrInvalidCheck, f.name, MaxKeyLen)
+		}
+		*f.dst = v.Str
 	}
 	lims := root.Get("limits")
 	if !lims.IsArray() {
@@ -199,11 +231,11 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 	if l.Spec.Cost, err = wireInt(v, "cost", 1, MaxLimitValue, 1); err != nil {
 		return err
 	}
-	if s := v.Get("shadow"); s.Exists() {
-		if s.Type != gjson.True && s.Type != gjson.False {
-			return errors.New("shadow: must be a boolean")
-		}
-		l.Shadow = s.Type == gjson.True
+	if l.Shadow, err = wireBool(v, "shadow"); err != nil {
+		return err
+	}
+	if l.PerUser, err = wireBool(v, "per_user"); err != nil {
+		return err
 	}
 	if p := v.Get("penalty"); p.Exists() {
 		if !p.IsObject() {
@@ -235,6 +267,17 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 		l.Spec.Penalty = pen
 	}
 	return nil
+}
+
+func wireBool(v gjson.Result, name string) (bool, error) {
+	f := v.Get(name)
+	if !f.Exists() {
+		return false, nil
+	}
+	if f.Type != gjson.True && f.Type != gjson.False {
+		return false, fmt.Errorf("%s: must be a boolean", name)
+	}
+	return f.Type == gjson.True, nil
 }
 
 // wireInt reads an integer field; def applies when absent and def > 0.
