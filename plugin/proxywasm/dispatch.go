@@ -1,0 +1,121 @@
+package proxywasm
+
+// Context bookkeeping behind the exported callbacks. The exports in
+// exports_wasip1.go are thin wrappers over these functions so that the
+// dispatch logic builds and tests natively.
+
+var (
+	vmContext VMContext
+	roots     = map[uint32]PluginContext{}
+	streams   = map[uint32]HTTPContext{}
+)
+
+// SetVMContext registers the plugin. Call it from an init function of the
+// plugin's main package: a c-shared module runs package initializers from
+// _initialize, and main is never called.
+func SetVMContext(ctx VMContext) { vmContext = ctx }
+
+func onContextCreate(contextID, parentID uint32) {
+	if parentID == 0 {
+		if vmContext == nil {
+			vmContext = DefaultVMContext{}
+		}
+		roots[contextID] = vmContext.NewPluginContext(contextID)
+		return
+	}
+	root, ok := roots[parentID]
+	if !ok {
+		return // the host broke the ABI; later callbacks for contextID are ignored
+	}
+	streams[contextID] = root.NewHTTPContext(contextID)
+}
+
+func onVMStart(vmConfigSize uint32) bool {
+	if vmContext == nil {
+		vmContext = DefaultVMContext{}
+	}
+	return vmContext.OnVMStart(int(vmConfigSize))
+}
+
+func onConfigure(rootID, configSize uint32) bool {
+	root, ok := roots[rootID]
+	return ok && root.OnPluginStart(int(configSize))
+}
+
+func onTick(rootID uint32) {
+	if root, ok := roots[rootID]; ok {
+		root.OnTick()
+	}
+}
+
+func onHTTPCallResponse(rootID, calloutID, numHeaders, bodySize, numTrailers uint32) {
+	if root, ok := roots[rootID]; ok {
+		root.OnHTTPCallResponse(calloutID, int(numHeaders), int(bodySize), int(numTrailers))
+	}
+}
+
+func onRequestHeaders(contextID, numHeaders uint32, endOfStream bool) Action {
+	if s, ok := streams[contextID]; ok {
+		return s.OnRequestHeaders(int(numHeaders), endOfStream)
+	}
+	return Continue
+}
+
+func onResponseHeaders(contextID, numHeaders uint32, endOfStream bool) Action {
+	if s, ok := streams[contextID]; ok {
+		return s.OnResponseHeaders(int(numHeaders), endOfStream)
+	}
+	return Continue
+}
+
+func onRequestBody(contextID, size uint32, endOfStream bool) Action {
+	if h, ok := streams[contextID].(RequestBodyHandler); ok {
+		return h.OnRequestBody(int(size), endOfStream)
+	}
+	return Continue
+}
+
+func onRequestTrailers(contextID, n uint32) Action {
+	if h, ok := streams[contextID].(RequestTrailersHandler); ok {
+		return h.OnRequestTrailers(int(n))
+	}
+	return Continue
+}
+
+func onResponseBody(contextID, size uint32, endOfStream bool) Action {
+	if h, ok := streams[contextID].(ResponseBodyHandler); ok {
+		return h.OnResponseBody(int(size), endOfStream)
+	}
+	return Continue
+}
+
+func onResponseTrailers(contextID, n uint32) Action {
+	if h, ok := streams[contextID].(ResponseTrailersHandler); ok {
+		return h.OnResponseTrailers(int(n))
+	}
+	return Continue
+}
+
+func onLog(contextID uint32) {
+	if s, ok := streams[contextID]; ok {
+		s.OnLog()
+	}
+}
+
+// onDone reports whether the host may delete the context now. Stream
+// contexts always may; a root context asks the plugin.
+func onDone(contextID uint32) bool {
+	if root, ok := roots[contextID]; ok {
+		return root.OnPluginDone()
+	}
+	return true
+}
+
+func onDelete(contextID uint32) {
+	if s, ok := streams[contextID]; ok {
+		delete(streams, contextID)
+		s.OnDone()
+		return
+	}
+	delete(roots, contextID)
+}
