@@ -214,12 +214,16 @@ type Tier struct {
 	Spec      LimitSpec
 	Scope     Scope // default user
 	Endpoints []EndpointOverride
+
+	keyName string // "tier.<name>"
 }
 
 // EndpointOverride replaces the tier limit for matching requests.
 type EndpointOverride struct {
 	Match PathPattern
 	Spec  LimitSpec
+
+	keyName string // "tier.<name>.<index>"
 }
 
 // Category groups endpoints under one limit (chat, upload, auth).
@@ -306,6 +310,10 @@ type HeaderConfig struct {
 	Draft      bool   // IETF draft-11 RateLimit and RateLimit-Policy
 	RetryAfter bool   // Retry-After on 429, default true
 	Disabled   bool   // no rate limit headers at all
+
+	// Header names with the prefix applied, built once at parse time so
+	// rendering does not concatenate per request.
+	limitName, remainingName, resetName, strategyName string
 }
 
 // DenyConfig shapes the 429 answer.

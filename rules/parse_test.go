@@ -1,0 +1,235 @@
+package rules
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestParseConfig_Example(t *testing.T) {
+	data, err := os.ReadFile("../examples/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ParseConfig(data)
+	if err != nil {
+		t.Fatalf("examples/config.json: %v", err)
+	}
+	if c.FailureMode != FailOpen || c.Bridge.TimeoutMS != 250 || c.Bridge.Path != "/v1/rate-limit/check" {
+		t.Errorf("bridge/failure mode: %+v %v", c.Bridge, c.FailureMode)
+	}
+	if got := len(c.Tiers.List); got != 4 {
+		t.Fatalf("tiers: got %d", got)
+	}
+	prem := c.Tiers.Find("premium")
+	if prem == nil || len(prem.Endpoints) != 1 || prem.Endpoints[0].Spec.Limit != 50 || prem.Endpoints[0].Spec.WindowMS != 60_000 {
+		t.Errorf("premium override: %+v", prem)
+	}
+	if prem.Endpoints[0].Spec.Algorithm != SlidingLog {
+		t.Errorf("override inherits the tier algorithm, got %v", prem.Endpoints[0].Spec.Algorithm)
+	}
+	ent := c.Tiers.Find("enterprise")
+	if ent.Spec.Burst != 2000 || ent.Spec.Limit != 10000 {
+		t.Errorf("enterprise burst: %+v", ent.Spec)
+	}
+	// Seed 003 defaults fill in what the categories leave out.
+	want := map[string]struct {
+		limit, window int64
+		scope         Scope
+	}{"chat": {10, 60_000, Scope(ScopeUser)}, "upload": {2, 600_000, Scope(ScopeUser)}, "auth": {5, 60_000, Scope(ScopeIP)}}
+	for _, cat := range c.Categories {
+		w := want[cat.Name]
+		if cat.Spec.Limit != w.limit || cat.Spec.WindowMS != w.window || cat.Scope != w.scope {
+			t.Errorf("category %s: got %d/%dms %v, want %+v", cat.Name, cat.Spec.Limit, cat.Spec.WindowMS, cat.Scope, w)
+		}
+		if cat.Spec.Penalty == nil || cat.Spec.Penalty.ViolationThreshold != 3 {
+			t.Errorf("category %s: top-level penalty not inherited", cat.Name)
+		}
+	}
+	if c.Rules[0].Action != LogOnly {
+		t.Errorf("rule action: %v", c.Rules[0].Action)
+	}
+}
+
+func TestParseConfig_Defaults(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"rules":[{"name":"r","limit":5,"window":"1s"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := c.Rules[0]
+	if !c.Enabled || c.FailureMode != FailOpen || c.Bridge.Cluster != "sluice_bridge" || c.Bridge.TimeoutMS != 200 {
+		t.Errorf("top-level defaults: %+v", c)
+	}
+	if r.Spec.Algorithm != SlidingWindow || r.Spec.Burst != 5 || r.Spec.Cost != 1 || r.Scope != Scope(ScopeUser) ||
+		r.Action != Reject || r.Priority != 100 || !r.Enabled || r.Spec.Penalty != nil {
+		t.Errorf("rule defaults: %+v", r)
+	}
+	if c.Headers.Prefix != "X-RateLimit-" || !c.Headers.RetryAfter || c.Headers.Strategy || c.Headers.Draft {
+		t.Errorf("header defaults: %+v", c.Headers)
+	}
+	if c.Deny.Status != 429 || c.Deny.FailClosedStatus != 503 || !c.LocalCache.Enabled || c.LocalCache.MaxEntries != 10000 {
+		t.Errorf("deny/cache defaults: %+v %+v", c.Deny, c.LocalCache)
+	}
+	if c.Identity.Anonymous != AnonymousIP {
+		t.Errorf("anonymous default: %v", c.Identity.Anonymous)
+	}
+}
+
+func TestParseConfig_Priority(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"rules":[
+		{"name":"c","limit":1,"window":"1s"},
+		{"name":"a","limit":1,"window":"1s","priority":5},
+		{"name":"b","limit":1,"window":"1s","priority":5},
+		{"name":"d","limit":1,"window":"1s","priority":-1}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range c.Rules {
+		got = append(got, r.Name)
+	}
+	if strings.Join(got, ",") != "d,a,b,c" {
+		t.Errorf("order: %v", got)
+	}
+}
+
+func TestParseConfig_Errors(t *testing.T) {
+	rule := func(extra string) string {
+		return `{"rules":[{"name":"ok","limit":1,"window":"1s"},{"name":"r"` + extra + `}]}`
+	}
+	tests := []struct {
+		name, config, path, msg string
+	}{
+		{"empty", ``, "", "empty"},
+		{"not json", `{`, "", "not valid JSON"},
+		{"not object", `[]`, "", "must be an object"},
+		{"unknown top field", `{"rulez":[]}`, "rulez", "unknown field"},
+		{"failure mode", `{"failure_mode":"maybe"}`, "failure_mode", "fail_open"},
+		{"enabled type", `{"enabled":"yes"}`, "enabled", "true or false"},
+		{"limit zero", rule(`,"limit":0,"window":"1s"`), "rules[1].limit", "must be from 1"},
+		{"limit missing", rule(`,"window":"1s"`), "rules[1].limit", "required"},
+		{"limit float", rule(`,"limit":1.5,"window":"1s"`), "rules[1].limit", "integer"},
+		{"limit huge", rule(`,"limit":1e30,"window":"1s"`), "rules[1].limit", "integer"},
+		{"limit negative", rule(`,"limit":-3,"window":"1s"`), "rules[1].limit", "must be from 1"},
+		{"window missing", rule(`,"limit":1`), "rules[1].window", "required"},
+		{"window bad unit", rule(`,"limit":1,"window":"1y"`), "rules[1].window", "unit"},
+		{"window number", rule(`,"limit":1,"window":60`), "rules[1].window", "duration string"},
+		{"window too long", rule(`,"limit":1,"window":"400d"`), "rules[1].window", "must be from"},
+		{"algorithm", rule(`,"limit":1,"window":"1s","algorithm":"leaky"`), "rules[1].algorithm", "token_bucket"},
+		{"burst not tb", rule(`,"limit":1,"window":"1s","burst":5`), "rules[1].burst", "only for algorithm token_bucket"},
+		{"cost over limit", rule(`,"limit":2,"window":"1s","cost":3`), "rules[1].cost", "no request could ever pass"},
+		{"scope unknown", rule(`,"limit":1,"window":"1s","scope":"planet"`), "rules[1].scope", "unknown scope"},
+		{"scope global combo", rule(`,"limit":1,"window":"1s","scope":"global+ip"`), "rules[1].scope", "cannot be combined"},
+		{"scope twice", rule(`,"limit":1,"window":"1s","scope":"ip+ip"`), "rules[1].scope", "twice"},
+		{"action", rule(`,"limit":1,"window":"1s","action":"throttle"`), "rules[1].action", "log_only"},
+		{"name chars", `{"rules":[{"name":"Bad Name","limit":1,"window":"1s"}]}`, "rules[0].name", "may hold only"},
+		{"name missing", `{"rules":[{"limit":1,"window":"1s"}]}`, "rules[0].name", "required"},
+		{"name duplicate", `{"rules":[{"name":"a","limit":1,"window":"1s"},{"name":"a","limit":1,"window":"1s"}]}`, "rules[1].name", "already"},
+		{"unknown rule field", rule(`,"limt":1`), "rules[1].limt", "unknown field"},
+		{"match path", rule(`,"limit":1,"window":"1s","match":{"paths":["api"]}`), "rules[1].match.paths", "api"},
+		{"match header both", rule(`,"limit":1,"window":"1s","match":{"headers":[{"name":"x","present":true,"equals":"y"}]}`), "rules[1].match.headers[0]", "not both"},
+		{"match header neither", rule(`,"limit":1,"window":"1s","match":{"headers":[{"name":"x"}]}`), "rules[1].match.headers[0]", "needs present or equals"},
+		{"penalty multipliers shrink", rule(`,"limit":1,"window":"1s","penalty":{"multipliers":[4,2]}`), "rules[1].penalty.multipliers[1]", "only lengthen"},
+		{"penalty threshold", `{"penalty":{"violation_threshold":0}}`, "penalty.violation_threshold", "must be from 1"},
+		{"category no paths", `{"categories":[{"name":"chat"}]}`, "categories[0].paths", "at least one"},
+		{"category custom needs limit", `{"categories":[{"name":"misc","paths":["/x"]}]}`, "categories[0].limit", "required"},
+		{"category clashes rule", `{"rules":[{"name":"chat","limit":1,"window":"1s"}],"categories":[{"name":"chat","paths":["/c"]}]}`, "categories[0].name", "already"},
+		{"tiers empty", `{"tiers":{"list":[]}}`, "tiers.list", "non-empty"},
+		{"tier default unknown", `{"tiers":{"default":"gold","list":[{"name":"free","limit":1,"window":"1m"}]}}`, "tiers.default", "not one of"},
+		{"tier unlimited with limit", `{"tiers":{"list":[{"name":"u","unlimited":true,"limit":5}]}}`, "tiers.list[0].limit", "no limits"},
+		{"tier override bad path", `{"tiers":{"list":[{"name":"f","limit":5,"window":"1m","endpoints":{"nope":1}}]}}`, `tiers.list[0].endpoints["nope"]`, "/"},
+		{"tier override zero", `{"tiers":{"list":[{"name":"f","limit":5,"window":"1m","endpoints":{"/a":0}}]}}`, `tiers.list[0].endpoints["/a"]`, "must be from 1"},
+		{"tier claim needs jwt", `{"tiers":{"claim":"plan","list":[{"name":"f","limit":5,"window":"1m"}]}}`, "tiers.claim", "jwt"},
+		{"jwt without keys", `{"identity":{"sources":[{"type":"jwt"}]}}`, "identity.sources[0].keys", "at least one"},
+		{"jwt weak secret", `{"identity":{"sources":[{"type":"jwt","keys":[{"alg":"HS256","secret":"short"}]}]}}`, "identity.sources[0].keys[0]", ""},
+		{"jwt alg none", `{"identity":{"sources":[{"type":"jwt","keys":[{"alg":"none","secret":"0123456789abcdef0123456789abcdef"}]}]}}`, "identity.sources[0].keys[0]", ""},
+		{"source type", `{"identity":{"sources":[{"type":"cookie","header":"x"}]}}`, "identity.sources[0].type", "jwt"},
+		{"header source no header", `{"identity":{"sources":[{"type":"header"}]}}`, "identity.sources[0].header", "required"},
+		{"header source claim", `{"identity":{"sources":[{"type":"header","header":"x-user","claim":"sub"}]}}`, "identity.sources[0].claim", "only for"},
+		{"header name", `{"identity":{"api_key_header":"x api"}}`, "identity.api_key_header", "not a valid header name"},
+		{"trusted proxy", `{"identity":{"client_ip":{"trusted_proxies":["10.0.0.0/99"]}}}`, "identity.client_ip.trusted_proxies", "10.0.0.0/99"},
+		{"depth negative", `{"identity":{"client_ip":{"trusted_proxy_depth":-1}}}`, "identity.client_ip.trusted_proxy_depth", "must be from 0"},
+		{"anonymous", `{"identity":{"anonymous":"none"}}`, "identity.anonymous", "shared"},
+		{"exempt ip", `{"exemptions":{"ips":["1.2.3"]}}`, "exemptions.ips[0]", "not an IP"},
+		{"exempt user empty", `{"exemptions":{"users":[""]}}`, "exemptions.users[0]", "empty"},
+		{"bridge timeout", `{"bridge":{"timeout":"2m"}}`, "bridge.timeout", "must be from"},
+		{"bridge path", `{"bridge":{"path":"check"}}`, "bridge.path", "start with"},
+		{"header prefix", `{"headers":{"prefix":"X Rate"}}`, "headers.prefix", "not a valid"},
+		{"deny status", `{"deny":{"status":200}}`, "deny.status", "must be from 400"},
+		{"cache entries", `{"local_cache":{"max_entries":0}}`, "local_cache.max_entries", "must be from 1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseConfig([]byte(tc.config))
+			if err == nil {
+				t.Fatalf("accepted: %+v", c)
+			}
+			if c != nil {
+				t.Error("a refused config must not be returned half-built")
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %T is not a *ConfigError: %v", err, err)
+			}
+			if ce.Path != tc.path {
+				t.Errorf("path: got %q, want %q (error: %v)", ce.Path, tc.path, err)
+			}
+			if !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("error %q does not mention %q", err, tc.msg)
+			}
+		})
+	}
+}
+
+func TestParseDurationMS(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"250ms", 250, true}, {"30s", 30_000, true}, {"1m", 60_000, true}, {"1h", 3600_000, true},
+		{"1d", 86400_000, true}, {"1m30s", 90_000, true}, {"0s", 0, true},
+		{"", 0, false}, {"1", 0, false}, {"s", 0, false}, {"1.5s", 0, false}, {"-1s", 0, false},
+		{"1us", 0, false}, {"99999999999999s", 0, false},
+	}
+	for _, tc := range tests {
+		got, err := ParseDurationMS(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParseDurationMS(%q) = %d, %v; want %d ok=%v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+	if FormatDurationMS(60_000) != "1m" || FormatDurationMS(90_000) != "90s" || FormatDurationMS(1500) != "1500ms" {
+		t.Error("FormatDurationMS")
+	}
+}
+
+func FuzzParseConfig(f *testing.F) {
+	if data, err := os.ReadFile("../examples/config.json"); err == nil {
+		f.Add(data)
+	}
+	f.Add([]byte(`{"rules":[{"name":"r","limit":5,"window":"1s","match":{"paths":["/a/**"]}}]}`))
+	f.Add([]byte(`{"tiers":{"list":[{"name":"f","limit":5,"window":"1m","endpoints":{"/a":{"limit":2}}}]}}`))
+	f.Add([]byte(`{"identity":{"client_ip":{"trusted_proxies":["10.0.0.0/8"]}},"exemptions":{"ips":["::1"]}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseConfig(data)
+		if err != nil {
+			if c != nil {
+				t.Fatal("config returned with an error")
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("error is not a ConfigError: %v", err)
+			}
+			return
+		}
+		// Whatever is accepted must be usable per request without panicking.
+		var plan Plan
+		c.Evaluate(&Request{Method: "GET", Path: "/a/b?q", Host: "h", Source: "1.2.3.4:5", Headers: mapHeaders{}}, &plan)
+		for _, l := range plan.Limits {
+			if l.Spec.Limit <= 0 || l.Spec.WindowMS <= 0 || l.Spec.Cost <= 0 || l.Spec.Burst <= 0 {
+				t.Fatalf("accepted an unusable limit %+v", *l.Spec)
+			}
+		}
+	})
+}

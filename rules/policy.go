@@ -1,0 +1,269 @@
+package rules
+
+import "strconv"
+
+// HeaderSource gives the request headers. Names are lower-case; "" means
+// absent. The plugin implements it over the proxy's header map, tests over
+// a map.
+type HeaderSource interface {
+	Header(name string) string
+}
+
+// Request is what the policy sees of an HTTP request.
+type Request struct {
+	Method  string
+	Path    string // may carry a query string; matching ignores it
+	Host    string // :authority, port allowed
+	Source  string // connection peer, Envoy source.address ("1.2.3.4:5678")
+	Headers HeaderSource
+	NowUnix int64 // for JWT exp/nbf
+}
+
+// Plan is the outcome of evaluating a request: its identity, whether it is
+// exempt, and the limits that apply with their counter keys. Reuse one Plan
+// per worker: Evaluate overwrites it without allocating once its buffers
+// have grown.
+type Plan struct {
+	Exempt   bool
+	Identity Identity
+	// IdentitySource says where the user id came from: "jwt", "jwt_payload",
+	// "header", or "" when anonymous.
+	IdentitySource string
+	// JWTError is set when a bearer token was present but did not verify;
+	// the request is then anonymous.
+	JWTError error
+	Endpoint string // path without query
+	Limits   []PlannedLimit
+
+	keys []byte
+	ends []int
+}
+
+// Evaluate resolves the identity of r and collects every applicable limit
+// into plan. Limits come in order: rules by priority, then categories, then
+// the tier limit. A disabled config or an exempt client yields no limits.
+func (c *Config) Evaluate(r *Request, plan *Plan) {
+	plan.Exempt = false
+	plan.Limits = plan.Limits[:0]
+	plan.keys = plan.keys[:0]
+	plan.ends = plan.ends[:0]
+	plan.IdentitySource = ""
+	plan.JWTError = nil
+	plan.Endpoint = stripQuery(r.Path)
+	plan.Identity = Identity{}
+	if !c.Enabled {
+		return
+	}
+	c.identify(r, plan)
+	if c.exempt(&plan.Identity) {
+		plan.Exempt = true
+		return
+	}
+	id := &plan.Identity
+	for i := range c.Rules {
+		rule := &c.Rules[i]
+		if rule.Enabled && rule.Match.matches(r, plan.Endpoint) {
+			plan.add(c, rule.Name, &rule.Spec, rule.Action, rule.Scope, id, r.Method)
+		}
+	}
+	for i := range c.Categories {
+		cat := &c.Categories[i]
+		for j := range cat.Paths {
+			if cat.Paths[j].Match(plan.Endpoint) {
+				plan.add(c, cat.Name, &cat.Spec, cat.Action, cat.Scope, id, r.Method)
+				break
+			}
+		}
+	}
+	if tier := c.Tiers.Find(id.Tier); tier != nil && !tier.Unlimited {
+		spec, name := &tier.Spec, tier.keyName
+		for j := range tier.Endpoints {
+			if tier.Endpoints[j].Match.Match(plan.Endpoint) {
+				spec, name = &tier.Endpoints[j].Spec, tier.Endpoints[j].keyName
+				break
+			}
+		}
+		plan.add(c, name, spec, Reject, tier.Scope, id, r.Method)
+	}
+	// Keys were appended to one buffer that may have moved while growing;
+	// slice it only now.
+	start := 0
+	for i := range plan.Limits {
+		plan.Limits[i].Key = plan.keys[start:plan.ends[i]:plan.ends[i]]
+		start = plan.ends[i]
+	}
+}
+
+func (p *Plan) add(c *Config, name string, spec *LimitSpec, action Action, scope Scope, id *Identity, method string) {
+	p.keys = AppendKey(p.keys, name, scope, id, c.Identity.Anonymous, method, p.Endpoint)
+	p.ends = append(p.ends, len(p.keys))
+	p.Limits = append(p.Limits, PlannedLimit{
+		Name: name, Spec: spec, Action: action, PerUser: scope.Has(ScopeUser),
+	})
+}
+
+// WireUser is the identity per-user overrides are looked up by: the user id,
+// or the client IP for anonymous clients.
+func (p *Plan) WireUser(buf []byte) []byte {
+	if p.Identity.User != "" {
+		return append(buf, p.Identity.User...)
+	}
+	if p.Identity.IP.IsValid() {
+		return p.Identity.IP.AppendTo(buf)
+	}
+	return buf
+}
+
+func (c *Config) identify(r *Request, plan *Plan) {
+	id := &plan.Identity
+	h := r.Headers
+	ipc := &c.Identity.ClientIP
+	var xff, xri string
+	if ipc.TrustedProxyDepth > 0 || len(ipc.TrustedProxies) > 0 {
+		xff = h.Header("x-forwarded-for")
+	}
+	if ipc.UseXRealIP {
+		xri = h.Header("x-real-ip")
+	}
+	id.IP = ClientIP(ipc, xff, xri, r.Source)
+
+	var payload []byte // the verified JWT payload, for the tier claim
+	for i := range c.Identity.Sources {
+		src := &c.Identity.Sources[i]
+		v := h.Header(src.Header)
+		if v == "" {
+			continue
+		}
+		switch src.Kind {
+		case SourceJWT:
+			pl, err := VerifyJWT(v, src, r.NowUnix)
+			if err != nil {
+				plan.JWTError = err
+				continue
+			}
+			if user, ok := Claim(pl, src.Claim); ok {
+				id.User, payload, plan.IdentitySource = user, pl, "jwt"
+			}
+		case SourceJWTPayload:
+			pl, err := DecodeJWTPayload(v)
+			if err != nil {
+				continue
+			}
+			if user, ok := Claim(pl, src.Claim); ok {
+				id.User, payload, plan.IdentitySource = user, pl, "jwt_payload"
+			}
+		case SourceHeader:
+			if len(v) <= maxUserIDLen {
+				id.User, plan.IdentitySource = v, "header"
+			}
+		}
+		if id.User != "" {
+			break
+		}
+	}
+	if c.Identity.APIKeyHeader != "" {
+		id.APIKey = h.Header(c.Identity.APIKeyHeader)
+	}
+	if c.Identity.TenantHeader != "" {
+		id.Tenant = h.Header(c.Identity.TenantHeader)
+	}
+	id.Tier = c.Tiers.Default
+	if len(c.Tiers.List) == 0 {
+		return
+	}
+	var named string
+	if c.Tiers.Claim != "" && payload != nil {
+		named, _ = Claim(payload, c.Tiers.Claim)
+	} else if c.Tiers.Header != "" {
+		named = h.Header(c.Tiers.Header)
+	}
+	if named != "" && c.Tiers.Find(named) != nil {
+		id.Tier = named
+	}
+}
+
+// maxUserIDLen bounds a user id taken from a header (seed 000: 255).
+const maxUserIDLen = 255
+
+func (c *Config) exempt(id *Identity) bool {
+	if id.IP.IsValid() {
+		for _, p := range c.Exemptions.IPs {
+			if p.Contains(id.IP) {
+				return true
+			}
+		}
+	}
+	if id.User != "" {
+		for _, u := range c.Exemptions.Users {
+			if u == id.User {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (m *Match) matches(r *Request, path string) bool {
+	if len(m.Paths) > 0 {
+		ok := false
+		for i := range m.Paths {
+			if m.Paths[i].Match(path) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	if len(m.Methods) > 0 {
+		ok := false
+		for _, meth := range m.Methods {
+			if meth == r.Method {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	if len(m.Hosts) > 0 {
+		ok := false
+		for _, host := range m.Hosts {
+			if MatchHost(host, r.Host) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	for i := range m.Headers {
+		hm := &m.Headers[i]
+		v := r.Headers.Header(hm.Name)
+		var hold bool
+		if hm.Present {
+			hold = v != ""
+		} else {
+			hold = v == hm.Value
+		}
+		if hold == hm.Invert {
+			return false
+		}
+	}
+	return true
+}
+
+// setKeyNames fixes the counter names of tier limits: "tier.free" for the
+// tier, "tier.free.0", ... for its endpoint overrides in config order.
+func (t *TierConfig) setKeyNames() {
+	for i := range t.List {
+		tier := &t.List[i]
+		tier.keyName = "tier." + tier.Name
+		for j := range tier.Endpoints {
+			tier.Endpoints[j].keyName = tier.keyName + "." + strconv.Itoa(j)
+		}
+	}
+}

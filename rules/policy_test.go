@@ -1,0 +1,206 @@
+package rules
+
+import (
+	"strings"
+	"testing"
+)
+
+// mapHeaders is a HeaderSource over lower-case names.
+type mapHeaders map[string]string
+
+func (m mapHeaders) Header(name string) string { return m[name] }
+
+func mustConfig(t testing.TB, js string) *Config {
+	t.Helper()
+	c, err := ParseConfig([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+const policyConfig = `{
+  "identity": {
+    "sources": [{"type": "header", "header": "x-user-id"}],
+    "api_key_header": "x-api-key",
+    "tenant_header": "x-tenant",
+    "client_ip": {"trusted_proxy_depth": 1}
+  },
+  "tiers": {"header": "x-tier", "default": "free", "list": [
+    {"name": "free", "limit": 100, "window": "1m"},
+    {"name": "premium", "limit": 1000, "window": "1m", "endpoints": {"/api/v1/request": 50, "/api/v1/bulk/**": {"limit": 5, "window": "1h"}}},
+    {"name": "unlimited", "unlimited": true}
+  ]},
+  "categories": [{"name": "chat", "paths": ["/api/v1/chat/**"]}, {"name": "auth", "paths": ["/api/v1/login"]}],
+  "rules": [
+    {"name": "writes", "match": {"methods": ["POST"], "paths": ["/api/**"]}, "scope": "tenant", "limit": 20, "window": "1s"},
+    {"name": "beta", "match": {"hosts": ["*.beta.example.com"], "headers": [{"name": "x-canary", "present": true}]}, "scope": "global", "limit": 7, "window": "1s", "priority": 1},
+    {"name": "keys", "match": {"headers": [{"name": "x-api-key", "present": true}]}, "scope": "api_key+endpoint", "limit": 3, "window": "1s"},
+    {"name": "off", "enabled": false, "limit": 1, "window": "1s"}
+  ],
+  "exemptions": {"ips": ["10.0.0.0/8", "2001:db8::1"], "users": ["ops"]}
+}`
+
+func TestConfig_Evaluate(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	tests := []struct {
+		name    string
+		req     Request
+		exempt  bool
+		keys    []string
+		perUser []bool
+	}{
+		{
+			name: "anonymous free tier keyed by client ip from xff",
+			req:  Request{Method: "GET", Path: "/api/v1/items?x=1", Source: "192.0.2.9:1234", Headers: mapHeaders{"x-forwarded-for": "6.6.6.6, 203.0.113.7"}},
+			keys: []string{"rl:{a:203.0.113.7}:tier.free"}, perUser: []bool{true},
+		},
+		{
+			name: "user premium endpoint override",
+			req:  Request{Method: "GET", Path: "/api/v1/request", Source: "192.0.2.9:1", Headers: mapHeaders{"x-user-id": "alice", "x-tier": "premium"}},
+			keys: []string{"rl:{u:alice}:tier.premium.0"}, perUser: []bool{true},
+		},
+		{
+			name: "premium second override by glob",
+			req:  Request{Method: "GET", Path: "/api/v1/bulk/a/b", Source: "192.0.2.9:1", Headers: mapHeaders{"x-user-id": "alice", "x-tier": "premium"}},
+			keys: []string{"rl:{u:alice}:tier.premium.1"}, perUser: []bool{true},
+		},
+		{
+			name: "unknown tier falls back to default",
+			req:  Request{Method: "GET", Path: "/x", Source: "192.0.2.9:1", Headers: mapHeaders{"x-user-id": "bob", "x-tier": "gold"}},
+			keys: []string{"rl:{u:bob}:tier.free"}, perUser: []bool{true},
+		},
+		{
+			name: "unlimited tier has no tier limit",
+			req:  Request{Method: "GET", Path: "/x", Source: "192.0.2.9:1", Headers: mapHeaders{"x-user-id": "bob", "x-tier": "unlimited"}},
+		},
+		{
+			name: "category chat per user, auth per ip, rule by tenant",
+			req:  Request{Method: "POST", Path: "/api/v1/chat/send", Source: "192.0.2.9:1", Headers: mapHeaders{"x-user-id": "carol", "x-tenant": "acme"}},
+			keys: []string{"rl:{t:acme}:writes", "rl:{u:carol}:chat", "rl:{u:carol}:tier.free"}, perUser: []bool{false, true, true},
+		},
+		{
+			name: "auth category keyed by ip even for a user",
+			req:  Request{Method: "GET", Path: "/api/v1/login", Source: "[2001:db8::7]:443", Headers: mapHeaders{"x-user-id": "carol"}},
+			keys: []string{"rl:{ip:2001:db8::7}:auth", "rl:{u:carol}:tier.free"}, perUser: []bool{false, true},
+		},
+		{
+			name: "host and header match, priority first",
+			req:  Request{Method: "POST", Path: "/api/x", Host: "App.Beta.Example.com:8443", Source: "192.0.2.9:1", Headers: mapHeaders{"x-canary": "1", "x-tenant": "t1"}},
+			keys: []string{"rl:{g}:beta", "rl:{t:t1}:writes", "rl:{a:192.0.2.9}:tier.free"}, perUser: []bool{false, false, true},
+		},
+		{
+			name: "api key is never stored in clear",
+			req:  Request{Method: "GET", Path: "/v", Source: "192.0.2.9:1", Headers: mapHeaders{"x-api-key": "sk_live_secret"}},
+			keys: []string{"rl:{k:~", "rl:{a:192.0.2.9}:tier.free"}, perUser: []bool{false, true},
+		},
+		{name: "exempt ip", req: Request{Method: "GET", Path: "/x", Source: "10.1.2.3:1", Headers: mapHeaders{}}, exempt: true},
+		{name: "exempt ipv6 in canonical form", req: Request{Method: "GET", Path: "/x", Source: "[2001:0db8:0:0::1]:1", Headers: mapHeaders{}}, exempt: true},
+		{name: "exempt user", req: Request{Method: "GET", Path: "/x", Source: "192.0.2.9:1", Headers: mapHeaders{"x-user-id": "ops"}}, exempt: true},
+	}
+	var plan Plan
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c.Evaluate(&tc.req, &plan)
+			if plan.Exempt != tc.exempt {
+				t.Fatalf("exempt: got %v", plan.Exempt)
+			}
+			if len(plan.Limits) != len(tc.keys) {
+				var got []string
+				for _, l := range plan.Limits {
+					got = append(got, string(l.Key))
+				}
+				t.Fatalf("limits: got %q, want %q", got, tc.keys)
+			}
+			for i, l := range plan.Limits {
+				if !strings.HasPrefix(string(l.Key), tc.keys[i]) {
+					t.Errorf("key %d: got %q, want %q", i, l.Key, tc.keys[i])
+				}
+				if l.PerUser != tc.perUser[i] {
+					t.Errorf("key %d: per_user %v", i, l.PerUser)
+				}
+			}
+			if strings.Contains(string(plan.keys), "sk_live_secret") {
+				t.Error("api key written in clear")
+			}
+		})
+	}
+}
+
+func TestConfig_EvaluateDisabled(t *testing.T) {
+	c := mustConfig(t, `{"enabled":false,"rules":[{"name":"r","limit":1,"window":"1s"}]}`)
+	var plan Plan
+	c.Evaluate(&Request{Method: "GET", Path: "/", Source: "1.2.3.4:5", Headers: mapHeaders{}}, &plan)
+	if len(plan.Limits) != 0 {
+		t.Errorf("disabled config produced limits: %d", len(plan.Limits))
+	}
+}
+
+func TestConfig_EvaluateHeaderInvert(t *testing.T) {
+	c := mustConfig(t, `{"rules":[
+		{"name":"no-auth","match":{"headers":[{"name":"authorization","present":false}]},"scope":"ip","limit":1,"window":"1s"},
+		{"name":"not-prod","match":{"headers":[{"name":"x-env","equals":"prod","invert":true}]},"scope":"ip","limit":1,"window":"1s"}]}`)
+	var plan Plan
+	count := func(h mapHeaders) int {
+		c.Evaluate(&Request{Method: "GET", Path: "/", Source: "1.2.3.4:5", Headers: h}, &plan)
+		return len(plan.Limits)
+	}
+	if n := count(mapHeaders{}); n != 2 {
+		t.Errorf("no headers: %d limits, want 2", n)
+	}
+	if n := count(mapHeaders{"authorization": "x", "x-env": "prod"}); n != 0 {
+		t.Errorf("auth+prod: %d limits, want 0", n)
+	}
+	if n := count(mapHeaders{"authorization": "x", "x-env": "dev"}); n != 1 {
+		t.Errorf("auth+dev: %d limits, want 1", n)
+	}
+}
+
+func TestConfig_EvaluateAnonymousShared(t *testing.T) {
+	c := mustConfig(t, `{"identity":{"anonymous":"shared"},"rules":[{"name":"r","limit":1,"window":"1s"}]}`)
+	var plan Plan
+	c.Evaluate(&Request{Method: "GET", Path: "/", Source: "1.2.3.4:5", Headers: mapHeaders{}}, &plan)
+	if got := string(plan.Limits[0].Key); got != "rl:{a}:r" {
+		t.Errorf("shared anonymous key: %q", got)
+	}
+}
+
+// A hostile user id cannot reach another client's counter or break out of
+// its place in the key.
+func TestConfig_EvaluateHostileIDs(t *testing.T) {
+	c := mustConfig(t, `{"identity":{"sources":[{"type":"header","header":"x-user-id"}]},"rules":[{"name":"r","scope":"user+endpoint","limit":1,"window":"1s"}]}`)
+	seen := map[string]string{}
+	var plan Plan
+	for _, id := range []string{"alice", "alice}:r", "{alice}", "alice:e:/", "~alice", strings.Repeat("a", 65), strings.Repeat("a", 64), "al\x00ice", "ALICE"} {
+		c.Evaluate(&Request{Method: "GET", Path: "/p", Source: "1.2.3.4:5", Headers: mapHeaders{"x-user-id": id}}, &plan)
+		key := string(plan.Limits[0].Key)
+		if prev, dup := seen[key]; dup {
+			t.Errorf("ids %q and %q share key %q", prev, id, key)
+		}
+		seen[key] = id
+		if strings.Count(key, "{") != 1 || strings.Count(key, "}") != 1 || len(key) > 128 {
+			t.Errorf("id %q made key %q", id, key)
+		}
+	}
+}
+
+func BenchmarkConfig_Evaluate(b *testing.B) {
+	c := mustConfig(b, policyConfig)
+	cases := []struct {
+		name string
+		req  Request
+	}{
+		{"anonymous", Request{Method: "GET", Path: "/api/v1/items?x=1", Source: "192.0.2.9:1234", Headers: mapHeaders{"x-forwarded-for": "6.6.6.6, 203.0.113.7"}}},
+		{"user-category", Request{Method: "POST", Path: "/api/v1/chat/send", Source: "192.0.2.9:1", Headers: mapHeaders{"x-user-id": "carol", "x-tenant": "acme"}}},
+		{"exempt", Request{Method: "GET", Path: "/x", Source: "10.1.2.3:1", Headers: mapHeaders{}}},
+	}
+	for _, tc := range cases {
+		b.Run(tc.name, func(b *testing.B) {
+			var plan Plan
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				c.Evaluate(&tc.req, &plan)
+			}
+		})
+	}
+}
