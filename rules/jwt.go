@@ -1,0 +1,407 @@
+package rules
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/hmac"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
+
+// JWTs are verified in the plugin so that the user id a limit is kept for
+// cannot be chosen by the client: decoding a token without checking its
+// signature would let anyone spend someone else's quota, or make up a
+// fresh identity per request. Only HS256, RS256 and ES256 are accepted,
+// each key is bound to one algorithm, and the token's alg must equal it.
+
+// MaxJWTLen bounds a token and a forwarded payload.
+const MaxJWTLen = 8 << 10
+
+// maxClaimLen bounds a claim value used as an identity.
+const maxClaimLen = 255
+
+// Sentinel errors of VerifyJWT and DecodeJWTPayload; the returned errors
+// wrap one of them with detail.
+var (
+	ErrJWTMalformed = errors.New("jwt: malformed token")
+	ErrJWTSignature = errors.New("jwt: invalid signature")
+	ErrJWTExpired   = errors.New("jwt: token outside its validity period")
+	ErrJWTClaims    = errors.New("jwt: claims rejected")
+	ErrJWTNoKey     = errors.New("jwt: no key for token")
+)
+
+// jwtError adds detail to a sentinel. The values below are built once, so
+// a rejected token costs no formatting and no allocation for the error.
+type jwtError struct {
+	kind error
+	msg  string
+}
+
+func (e *jwtError) Error() string { return e.kind.Error() + ": " + e.msg }
+func (e *jwtError) Unwrap() error { return e.kind }
+
+var (
+	errJWTEmpty       = &jwtError{ErrJWTMalformed, "no token"}
+	errJWTTooLong     = &jwtError{ErrJWTMalformed, "token longer than 8 KiB"}
+	errJWTParts       = &jwtError{ErrJWTMalformed, "token must have three dot-separated parts"}
+	errJWTBase64      = &jwtError{ErrJWTMalformed, "part is not unpadded base64url"}
+	errJWTHeader      = &jwtError{ErrJWTMalformed, "header is not a JSON object"}
+	errJWTAlg         = &jwtError{ErrJWTMalformed, "alg must be HS256, RS256 or ES256"}
+	errJWTKid         = &jwtError{ErrJWTMalformed, "kid must be a string"}
+	errJWTCrit        = &jwtError{ErrJWTMalformed, "crit header extensions are not supported"}
+	errJWTPayload     = &jwtError{ErrJWTMalformed, "payload is not a JSON object"}
+	errJWTPayloadLen  = &jwtError{ErrJWTMalformed, "payload longer than 8 KiB"}
+	errJWTNoKey       = &jwtError{ErrJWTNoKey, "no configured key has the token's alg and kid"}
+	errJWTBadSig      = &jwtError{ErrJWTSignature, "signature does not verify with any matching key"}
+	errJWTExp         = &jwtError{ErrJWTExpired, "token has expired (exp)"}
+	errJWTNbf         = &jwtError{ErrJWTExpired, "token is not valid yet (nbf)"}
+	errJWTExpType     = &jwtError{ErrJWTClaims, "exp must be a number"}
+	errJWTNbfType     = &jwtError{ErrJWTClaims, "nbf must be a number"}
+	errJWTIss         = &jwtError{ErrJWTClaims, "iss is not the configured issuer"}
+	errJWTAud         = &jwtError{ErrJWTClaims, "aud names none of the configured audiences"}
+	errJWTSrcNoSource = &jwtError{ErrJWTNoKey, "no identity source"}
+)
+
+var b64url = base64.RawURLEncoding.Strict()
+
+// ParseJWTKey builds a verification key. HS256 takes secret (at least 32
+// bytes, RFC 7518 §3.2); RS256 and ES256 take pemText holding a "PUBLIC
+// KEY" (PKIX), a "CERTIFICATE", or for RS256 an "RSA PUBLIC KEY" (PKCS #1).
+func ParseJWTKey(alg, kid string, secret []byte, pemText string) (JWTKey, error) {
+	k := JWTKey{ID: kid, Alg: alg}
+	switch alg {
+	case "HS256":
+		if pemText != "" {
+			return k, errors.New("HS256 takes a secret, not a PEM key")
+		}
+		if len(secret) < 32 {
+			return k, errors.New("HS256 secret must be at least 32 bytes")
+		}
+		k.Secret = append([]byte(nil), secret...)
+		return k, nil
+	case "RS256", "ES256":
+		if len(secret) != 0 {
+			return k, errors.New(alg + " takes a PEM public key, not a secret")
+		}
+		pub, err := parsePEMPublicKey(pemText)
+		if err != nil {
+			return k, err
+		}
+		switch pk := pub.(type) {
+		case *rsa.PublicKey:
+			if alg != "RS256" {
+				return k, errors.New("ES256 needs an EC P-256 key, the PEM holds an RSA key")
+			}
+			if pk.N.BitLen() < 2048 {
+				return k, errors.New("RS256 key must have at least 2048 bits")
+			}
+		case *ecdsa.PublicKey:
+			if alg != "ES256" {
+				return k, errors.New("RS256 needs an RSA key, the PEM holds an EC key")
+			}
+			if pk.Curve != elliptic.P256() {
+				return k, errors.New("ES256 key must be on curve P-256")
+			}
+		default:
+			return k, errors.New(alg + ": the PEM holds an unsupported key type")
+		}
+		k.PublicKey = pub
+		return k, nil
+	case "":
+		return k, errors.New("alg is required (HS256, RS256 or ES256)")
+	}
+	return k, errors.New("alg " + quote(alg) + " is not supported (HS256, RS256 or ES256)")
+}
+
+func parsePEMPublicKey(text string) (any, error) {
+	block, rest := pem.Decode([]byte(text))
+	if block == nil {
+		return nil, errors.New("no PEM block found in the key")
+	}
+	if len(strings.TrimSpace(string(rest))) != 0 {
+		return nil, errors.New("the key holds more than one PEM block")
+	}
+	switch block.Type {
+	case "PUBLIC KEY":
+		pub, err := x509.ParsePKIXPublicKey(block.Bytes)
+		if err != nil {
+			return nil, errors.New("PUBLIC KEY: " + err.Error())
+		}
+		return pub, nil
+	case "RSA PUBLIC KEY":
+		pub, err := x509.ParsePKCS1PublicKey(block.Bytes)
+		if err != nil {
+			return nil, errors.New("RSA PUBLIC KEY: " + err.Error())
+		}
+		return pub, nil
+	case "CERTIFICATE":
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, errors.New("CERTIFICATE: " + err.Error())
+		}
+		return cert.PublicKey, nil
+	}
+	return nil, errors.New("PEM block " + quote(block.Type) + " is not a public key (want PUBLIC KEY, RSA PUBLIC KEY or CERTIFICATE)")
+}
+
+func quote(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "..."
+	}
+	return `"` + s + `"`
+}
+
+// VerifyJWT verifies the bearer token in authValue (an Authorization header
+// value, "Bearer " optional) with src's keys and claim checks at time
+// nowUnix, and returns the decoded payload JSON for reading claims.
+func VerifyJWT(authValue string, src *IdentitySource, nowUnix int64) ([]byte, error) {
+	if src == nil {
+		return nil, errJWTSrcNoSource
+	}
+	token := bearerToken(authValue)
+	if token == "" {
+		return nil, errJWTEmpty
+	}
+	if len(token) > MaxJWTLen {
+		return nil, errJWTTooLong
+	}
+	dot1 := strings.IndexByte(token, '.')
+	if dot1 < 0 {
+		return nil, errJWTParts
+	}
+	dot2 := dot1 + 1 + strings.IndexByte(token[dot1+1:], '.')
+	if dot2 <= dot1 || strings.IndexByte(token[dot2+1:], '.') >= 0 {
+		return nil, errJWTParts
+	}
+	headerB64, payloadB64, sigB64 := token[:dot1], token[dot1+1:dot2], token[dot2+1:]
+	if headerB64 == "" || payloadB64 == "" || sigB64 == "" {
+		return nil, errJWTParts
+	}
+
+	// The header: decoded into a stack buffer, it is small.
+	var hbuf [MaxJWTLen * 3 / 4]byte
+	hn, err := b64url.Decode(hbuf[:], []byte(headerB64))
+	if err != nil {
+		return nil, errJWTBase64
+	}
+	header := hbuf[:hn]
+	if !gjson.ValidBytes(header) {
+		return nil, errJWTHeader
+	}
+	h := gjson.ParseBytes(header)
+	if !h.IsObject() {
+		return nil, errJWTHeader
+	}
+	algRes := h.Get("alg")
+	if algRes.Type != gjson.String {
+		return nil, errJWTAlg
+	}
+	alg := algRes.Str
+	if alg != "HS256" && alg != "RS256" && alg != "ES256" {
+		return nil, errJWTAlg
+	}
+	kidRes := h.Get("kid")
+	if kidRes.Exists() && kidRes.Type != gjson.String {
+		return nil, errJWTKid
+	}
+	// RFC 7515 §4.1.11: extensions listed in crit must be understood; we
+	// understand none (this also refuses unencoded payloads, RFC 7797).
+	if h.Get("crit").Exists() {
+		return nil, errJWTCrit
+	}
+
+	var sbuf [1024]byte
+	sig := sbuf[:0]
+	if b64url.DecodedLen(len(sigB64)) > len(sbuf) {
+		sig = make([]byte, 0, b64url.DecodedLen(len(sigB64)))
+	}
+	sn, err := b64url.Decode(sig[:cap(sig)], []byte(sigB64))
+	if err != nil {
+		return nil, errJWTBase64
+	}
+	sig = sig[:sn]
+
+	signed := token[:dot2]
+	digest := sha256.Sum256([]byte(signed))
+	matched, verified := false, false
+	for i := range src.Keys {
+		k := &src.Keys[i]
+		if k.Alg != alg || (k.ID != "" && k.ID != kidRes.Str) {
+			continue
+		}
+		matched = true
+		if verifyJWTSignature(k, signed, digest[:], sig) {
+			verified = true
+			break
+		}
+	}
+	if !matched {
+		return nil, errJWTNoKey
+	}
+	if !verified {
+		return nil, errJWTBadSig
+	}
+
+	payload, err := b64url.DecodeString(payloadB64)
+	if err != nil {
+		return nil, errJWTBase64
+	}
+	if !gjson.ValidBytes(payload) {
+		return nil, errJWTPayload
+	}
+	p := gjson.ParseBytes(payload)
+	if !p.IsObject() {
+		return nil, errJWTPayload
+	}
+	if err := checkClaims(p, src, nowUnix); err != nil {
+		return nil, err
+	}
+	return payload, nil
+}
+
+// bearerToken strips a "Bearer" scheme (any case, one or more spaces) and
+// surrounding whitespace.
+func bearerToken(v string) string {
+	v = strings.TrimSpace(v)
+	const scheme = "bearer"
+	if len(v) > len(scheme) && (v[len(scheme)] == ' ' || v[len(scheme)] == '\t') && equalFoldLower(v[:len(scheme)], scheme) {
+		v = strings.TrimLeft(v[len(scheme):], " \t")
+	}
+	return v
+}
+
+func verifyJWTSignature(k *JWTKey, signed string, digest, sig []byte) bool {
+	switch k.Alg {
+	case "HS256":
+		if len(k.Secret) == 0 || len(sig) != sha256.Size {
+			return false
+		}
+		mac := hmac.New(sha256.New, k.Secret)
+		mac.Write([]byte(signed))
+		var sum [sha256.Size]byte
+		return hmac.Equal(mac.Sum(sum[:0]), sig)
+	case "RS256":
+		pub, ok := k.PublicKey.(*rsa.PublicKey)
+		return ok && rsa.VerifyPKCS1v15(pub, crypto.SHA256, digest, sig) == nil
+	case "ES256":
+		pub, ok := k.PublicKey.(*ecdsa.PublicKey)
+		// JOSE writes ECDSA signatures as fixed-size r||s (RFC 7518 §3.4),
+		// not ASN.1.
+		if !ok || len(sig) != 64 {
+			return false
+		}
+		r := new(big.Int).SetBytes(sig[:32])
+		s := new(big.Int).SetBytes(sig[32:])
+		return ecdsa.Verify(pub, digest, r, s)
+	}
+	return false
+}
+
+func checkClaims(p gjson.Result, src *IdentitySource, now int64) error {
+	if exp := p.Get("exp"); exp.Exists() {
+		if exp.Type != gjson.Number {
+			return errJWTExpType
+		}
+		if !(exp.Num > float64(now-src.LeewaySec)) {
+			return errJWTExp
+		}
+	}
+	if nbf := p.Get("nbf"); nbf.Exists() {
+		if nbf.Type != gjson.Number {
+			return errJWTNbfType
+		}
+		if !(nbf.Num <= float64(now+src.LeewaySec)) {
+			return errJWTNbf
+		}
+	}
+	if src.Issuer != "" {
+		if iss := p.Get("iss"); iss.Type != gjson.String || iss.Str != src.Issuer {
+			return errJWTIss
+		}
+	}
+	if len(src.Audiences) > 0 {
+		aud := p.Get("aud")
+		ok := false
+		switch {
+		case aud.Type == gjson.String:
+			ok = containsString(src.Audiences, aud.Str)
+		case aud.IsArray():
+			aud.ForEach(func(_, v gjson.Result) bool {
+				ok = v.Type == gjson.String && containsString(src.Audiences, v.Str)
+				return !ok
+			})
+		}
+		if !ok {
+			return errJWTAud
+		}
+	}
+	return nil
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// DecodeJWTPayload decodes a payload that a verifying filter forwarded in a
+// header (Envoy jwt_authn forward_payload_header): base64url, padded or
+// not, of a JSON object of at most 8 KiB. The header must only be trusted
+// when the proxy strips it from client requests.
+func DecodeJWTPayload(headerValue string) ([]byte, error) {
+	v := strings.TrimSpace(headerValue)
+	if v == "" {
+		return nil, errJWTEmpty
+	}
+	if len(v) > base64.URLEncoding.EncodedLen(MaxJWTLen) {
+		return nil, errJWTPayloadLen
+	}
+	if len(v)%4 == 0 {
+		// Padded: at most two '=' at the very end.
+		for i := 0; i < 2 && strings.HasSuffix(v, "="); i++ {
+			v = v[:len(v)-1]
+		}
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(v)
+	if err != nil {
+		return nil, errJWTBase64
+	}
+	if len(payload) > MaxJWTLen {
+		return nil, errJWTPayloadLen
+	}
+	if !gjson.ValidBytes(payload) || !gjson.ParseBytes(payload).IsObject() {
+		return nil, errJWTPayload
+	}
+	return payload, nil
+}
+
+// Claim reads the claim at a gjson path in a payload as an identity: a
+// non-empty string of at most 255 bytes, or a number as its JSON text.
+func Claim(payload []byte, path string) (string, bool) {
+	r := gjson.GetBytes(payload, path)
+	var s string
+	switch r.Type {
+	case gjson.String:
+		s = r.Str
+	case gjson.Number:
+		s = r.Raw
+	default:
+		return "", false
+	}
+	if s == "" || len(s) > maxClaimLen {
+		return "", false
+	}
+	return s, true
+}
