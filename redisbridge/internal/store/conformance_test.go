@@ -1,0 +1,550 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/redisbridge/redistest"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// harness runs one store for the conformance suite. Memory uses an
+// injected clock that only moves on sleep; Redis takes its time from TIME,
+// so its expectations allow for the milliseconds a test takes (tol).
+type harness struct {
+	name  string
+	s     Store
+	tol   int64
+	sleep func(ms int64)
+	// keys lists every stored key with its remaining time to live in ms.
+	keys func(t *testing.T) map[string]int64
+}
+
+func memoryHarness(t *testing.T) *harness {
+	var now atomic.Int64
+	now.Store(1_700_000_000_123)
+	m := NewMemory(MemoryOptions{Now: now.Load})
+	return &harness{
+		name: "memory", s: m,
+		sleep: func(ms int64) { now.Add(ms) },
+		keys: func(t *testing.T) map[string]int64 {
+			out := map[string]int64{}
+			for i := range m.shards {
+				for k, e := range m.shards[i].m {
+					out[k] = e.expireAt - now.Load()
+				}
+			}
+			return out
+		},
+	}
+}
+
+func redisHarness(t *testing.T, split bool) *harness {
+	srv := redistest.Start(t)
+	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: time.Second, splitSlots: split})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	name := "redis"
+	if split {
+		name = "redis-split"
+	}
+	return &harness{
+		name: name, s: s, tol: 150,
+		sleep: func(ms int64) { time.Sleep(time.Duration(ms) * time.Millisecond) },
+		keys: func(t *testing.T) map[string]int64 {
+			ctx := context.Background()
+			out := map[string]int64{}
+			for _, k := range s.c.Keys(ctx, "*").Val() {
+				if k == overridesKey {
+					continue // configuration, kept until changed
+				}
+				out[k] = s.c.PTTL(ctx, k).Val().Milliseconds()
+			}
+			return out
+		},
+	}
+}
+
+func harnesses(t *testing.T) []*harness {
+	return []*harness{memoryHarness(t), redisHarness(t, false), redisHarness(t, true)}
+}
+
+func spec(alg rules.Algorithm, limit, windowMS int64) rules.LimitSpec {
+	return rules.LimitSpec{Algorithm: alg, Limit: limit, WindowMS: windowMS, Burst: limit, Cost: 1}
+}
+
+func lim(key string, s rules.LimitSpec) rules.LimitRequest {
+	return rules.LimitRequest{Key: key, Rule: "r", Spec: s}
+}
+
+func (h *harness) check(t *testing.T, ls ...rules.LimitRequest) rules.CheckResponse {
+	t.Helper()
+	return h.checkAs(t, "", "", ls...)
+}
+
+func (h *harness) checkAs(t *testing.T, user, endpoint string, ls ...rules.LimitRequest) rules.CheckResponse {
+	t.Helper()
+	req := rules.CheckRequest{User: user, Endpoint: endpoint, Limits: append([]rules.LimitRequest(nil), ls...)}
+	var resp rules.CheckResponse
+	if err := h.s.Check(context.Background(), &req, &resp); err != nil {
+		t.Fatalf("%s: check: %v", h.name, err)
+	}
+	if len(resp.Decisions) != len(ls) {
+		t.Fatalf("%s: %d decisions for %d limits", h.name, len(resp.Decisions), len(ls))
+	}
+	return resp
+}
+
+// near reports whether got is in [want-tol, want]: Redis time only moves forward.
+func (h *harness) near(got, want int64) bool { return got <= want && got >= want-h.tol }
+
+var algs = []rules.Algorithm{rules.TokenBucket, rules.SlidingWindow, rules.SlidingLog, rules.FixedWindow}
+
+const hour = 3_600_000
+
+func TestStore_CountsUntilLimit(t *testing.T) {
+	for _, h := range harnesses(t) {
+		for _, alg := range algs {
+			t.Run(h.name+"/"+alg.String(), func(t *testing.T) {
+				l := lim("rl:{u:count}:"+alg.String(), spec(alg, 3, hour))
+				for i, wantRem := range []int64{2, 1, 0} {
+					r := h.check(t, l)
+					d := r.Decisions[0]
+					if !r.Allowed || !d.Allowed || d.Remaining != wantRem || d.Limit != 3 || d.RetryAfterMS != 0 {
+						t.Fatalf("check %d: %+v allowed=%v, want allowed remaining %d", i, d, r.Allowed, wantRem)
+					}
+				}
+				r := h.check(t, l)
+				d := r.Decisions[0]
+				if r.Allowed || d.Allowed || d.Remaining != 0 || d.RetryAfterMS <= 0 || d.ResetMS <= r.NowMS {
+					t.Fatalf("4th check: %+v allowed=%v, want denied with retry and reset", d, r.Allowed)
+				}
+				// Algorithm-specific waits, from the store's own clock.
+				switch alg {
+				case rules.TokenBucket: // one token per hour/3
+					if !h.near(d.RetryAfterMS, hour/3) || !h.near(d.ResetMS-r.NowMS, hour) {
+						t.Errorf("token bucket: retry %d reset in %d, want %d and %d", d.RetryAfterMS, d.ResetMS-r.NowMS, hour/3, hour)
+					}
+				case rules.SlidingLog: // the oldest entry leaves the window
+					if !h.near(d.RetryAfterMS, hour) {
+						t.Errorf("sliding log: retry %d, want %d", d.RetryAfterMS, hour)
+					}
+				case rules.FixedWindow: // the window ends
+					if end := (r.NowMS/hour + 1) * hour; d.RetryAfterMS != end-r.NowMS || d.ResetMS != end {
+						t.Errorf("fixed window: retry %d reset %d, want %d and %d", d.RetryAfterMS, d.ResetMS, end-r.NowMS, end)
+					}
+				case rules.SlidingWindow: // next window, when 3 × weight + 1 <= 3
+					start := (r.NowMS/hour + 1) * hour
+					if want := start - r.NowMS + hour/3; d.RetryAfterMS != want {
+						t.Errorf("sliding window: retry %d, want %d", d.RetryAfterMS, want)
+					}
+					if d.ResetMS != start+hour {
+						t.Errorf("sliding window: reset %d, want %d", d.ResetMS, start+hour)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestStore_Cost(t *testing.T) {
+	for _, h := range harnesses(t) {
+		for _, alg := range algs {
+			t.Run(h.name+"/"+alg.String(), func(t *testing.T) {
+				s := spec(alg, 10, hour)
+				s.Cost = 4
+				l := lim("rl:{u:cost}:"+alg.String(), s)
+				for i, want := range []struct {
+					ok  bool
+					rem int64
+				}{{true, 6}, {true, 2}, {false, 2}} {
+					d := h.check(t, l).Decisions[0]
+					if d.Allowed != want.ok || d.Remaining != want.rem {
+						t.Fatalf("check %d: %+v, want allowed=%v remaining=%d", i, d, want.ok, want.rem)
+					}
+				}
+				// A cost above the limit never passes: retry a whole window.
+				s.Cost = 11
+				r := h.check(t, lim("rl:{u:cost}:big"+alg.String(), s))
+				if d := r.Decisions[0]; r.Allowed || d.Allowed || d.RetryAfterMS != hour {
+					t.Fatalf("cost > limit: %+v, want denied with retry %d", d, hour)
+				}
+			})
+		}
+	}
+}
+
+func TestStore_AllOrNothing(t *testing.T) {
+	for _, h := range harnesses(t) {
+		t.Run(h.name, func(t *testing.T) {
+			// Different hash tags: on redis-split these are two slots, and
+			// the allowed slot is refunded when the other denies.
+			for _, keyB := range []string{"rl:{u:aon}:b", "rl:{u:aon2}:b"} {
+				a := lim("rl:{u:aon}:a"+keyB, spec(rules.FixedWindow, 1, hour))
+				b := lim(keyB, spec(rules.TokenBucket, 5, hour))
+				c := lim(keyB+"log", spec(rules.SlidingLog, 5, hour))
+				if r := h.check(t, a, b, c); !r.Allowed {
+					t.Fatalf("first check denied: %+v", r)
+				}
+				r := h.check(t, a, b, c)
+				if r.Allowed || r.Decisions[0].Allowed || !r.Decisions[1].Allowed || !r.Decisions[2].Allowed {
+					t.Fatalf("second check: %+v, want denied by the first limit only", r)
+				}
+				if r.Decisions[1].Remaining != 3 || r.Decisions[2].Remaining != 3 {
+					t.Fatalf("second check: remaining %d %d, want 3 3 (as if consumed)", r.Decisions[1].Remaining, r.Decisions[2].Remaining)
+				}
+				// Nothing of the denied check was consumed.
+				r = h.check(t, b, c)
+				if !r.Allowed || r.Decisions[0].Remaining != 3 || r.Decisions[1].Remaining != 3 {
+					t.Fatalf("third check: %+v, want remaining 3 3", r.Decisions)
+				}
+			}
+		})
+	}
+}
+
+func TestStore_Shadow(t *testing.T) {
+	for _, h := range harnesses(t) {
+		t.Run(h.name, func(t *testing.T) {
+			sh := lim("rl:{u:sh}:shadow", spec(rules.FixedWindow, 1, hour))
+			sh.Shadow = true
+			sh.Spec.Penalty = &rules.Penalty{Enabled: true, DetectionWindowMS: hour, ViolationThreshold: 1, Multipliers: []int64{1}}
+			b := lim("rl:{u:sh}:b", spec(rules.FixedWindow, 5, hour))
+			for i := range 3 {
+				r := h.check(t, sh, b)
+				if !r.Allowed || r.Decisions[0].Allowed != (i == 0) || !r.Decisions[1].Allowed {
+					t.Fatalf("check %d: %+v, want allowed, shadow denying after the first", i, r)
+				}
+			}
+			if d := h.check(t, b).Decisions[0]; d.Remaining != 1 {
+				t.Fatalf("b remaining %d, want 1: the shadow denials must not stop consumption", d.Remaining)
+			}
+			// A shadow denial records no violation, so no block either.
+			if d := h.check(t, sh).Decisions[0]; d.RetryAfterMS >= hour {
+				t.Fatalf("shadow limit got blocked: %+v", d)
+			}
+		})
+	}
+}
+
+func TestStore_WindowsPass(t *testing.T) {
+	for _, h := range harnesses(t) {
+		for _, alg := range algs {
+			t.Run(h.name+"/"+alg.String(), func(t *testing.T) {
+				t.Parallel()
+				l := lim("rl:{u:pass}:"+alg.String(), spec(alg, 2, 300))
+				for range 2 {
+					h.check(t, l)
+				}
+				d := h.check(t, l).Decisions[0]
+				if d.Allowed || d.RetryAfterMS <= 0 || d.RetryAfterMS > 600 {
+					t.Fatalf("third: %+v, want denied with 0 < retry <= 600", d)
+				}
+				h.sleep(d.RetryAfterMS + 5)
+				if d := h.check(t, l).Decisions[0]; !d.Allowed {
+					t.Fatalf("after retry_after: %+v, want allowed", d)
+				}
+			})
+		}
+	}
+}
+
+func TestStore_PenaltyEscalates(t *testing.T) {
+	for _, h := range harnesses(t) {
+		t.Run(h.name, func(t *testing.T) {
+			t.Parallel()
+			s := spec(rules.FixedWindow, 1, 200)
+			s.Penalty = &rules.Penalty{Enabled: true, DetectionWindowMS: hour, ViolationThreshold: 2, Multipliers: []int64{1, 3}}
+			l := lim("rl:{u:pen}:x", s)
+			if r := h.check(t, l); !r.Allowed {
+				t.Fatalf("first: %+v", r)
+			}
+			if d := h.check(t, l).Decisions[0]; d.Allowed || d.RetryAfterMS > 200 {
+				t.Fatalf("second (1 violation, below threshold): %+v", d)
+			}
+			d := h.check(t, l).Decisions[0] // 2 violations: blocked 200 × 1
+			if d.Allowed || !h.near(d.RetryAfterMS, 200) {
+				t.Fatalf("third: %+v, want blocked for 200 ms", d)
+			}
+			d = h.check(t, l).Decisions[0] // while blocked: no new violation
+			if d.Allowed || d.Remaining != 0 || d.RetryAfterMS > 200 || d.RetryAfterMS <= 0 {
+				t.Fatalf("while blocked: %+v", d)
+			}
+			h.sleep(d.RetryAfterMS + 5)
+			if d := h.check(t, l).Decisions[0]; !d.Allowed {
+				t.Fatalf("after the block, next window: %+v", d)
+			}
+			d = h.check(t, l).Decisions[0] // 3 violations: blocked 200 × 3
+			if d.Allowed || !h.near(d.RetryAfterMS, 600) || d.ResetMS < 600 {
+				t.Fatalf("after a further violation: %+v, want blocked for 600 ms", d)
+			}
+		})
+	}
+}
+
+func TestStore_ExpiryOnEveryKey(t *testing.T) {
+	for _, h := range harnesses(t) {
+		t.Run(h.name, func(t *testing.T) {
+			pen := &rules.Penalty{Enabled: true, DetectionWindowMS: hour, ViolationThreshold: 1, Multipliers: []int64{2}}
+			for _, alg := range algs {
+				s := spec(alg, 1, 60_000)
+				s.Penalty = pen
+				l := lim("rl:{u:ttl}:"+alg.String(), s)
+				h.check(t, l)
+				h.check(t, l) // violation and block keys
+			}
+			keys := h.keys(t)
+			if len(keys) != 12 { // 4 counters, 4 violation sets, 4 blocks
+				t.Fatalf("%d keys, want 12: %v", len(keys), keys)
+			}
+			for k, ttl := range keys {
+				if ttl <= 0 || ttl > hour+1000 {
+					t.Errorf("%s: ttl %d ms, want 0 < ttl <= %d", k, ttl, hour+1000)
+				}
+			}
+		})
+	}
+}
+
+func TestStore_Overrides(t *testing.T) {
+	ctx := context.Background()
+	for _, h := range harnesses(t) {
+		t.Run(h.name, func(t *testing.T) {
+			base := spec(rules.FixedWindow, 5, hour)
+			per := lim("rl:{u:alice}:api", base)
+			per.PerUser = true
+			shared := lim("rl:{u:alice}:all", base)
+			o := Override{User: "alice", Endpoint: "/x", Algorithm: rules.TokenBucket, Limit: 1, WindowMS: hour}
+			if _, had, err := h.s.SetOverride(ctx, o); err != nil || had {
+				t.Fatalf("SetOverride: had=%v err=%v", had, err)
+			}
+			r := h.checkAs(t, "alice", "/x", per, shared)
+			if d := r.Decisions[0]; !r.Allowed || d.Limit != 1 || d.Remaining != 0 {
+				t.Fatalf("first: %+v, want the override (limit 1) on the per-user limit", r.Decisions)
+			}
+			if d := r.Decisions[1]; d.Limit != 5 || d.Remaining != 4 {
+				t.Fatalf("first: shared limit %+v, want untouched", d)
+			}
+			if r := h.checkAs(t, "alice", "/x", per); r.Allowed {
+				t.Fatalf("second: %+v, want denied by the override", r)
+			}
+			// Other endpoint and other user: the config's limit (fixed window key, untouched).
+			if r := h.checkAs(t, "alice", "/y", per); !r.Allowed || r.Decisions[0].Limit != 5 {
+				t.Fatalf("other endpoint: %+v", r)
+			}
+			bob := per
+			bob.Key = "rl:{u:bob}:api"
+			if r := h.checkAs(t, "bob", "/x", bob); !r.Allowed || r.Decisions[0].Limit != 5 {
+				t.Fatalf("other user: %+v", r)
+			}
+			// "*" covers every endpoint; an exact endpoint wins over it.
+			star := Override{User: "alice", Endpoint: "*", Algorithm: rules.SlidingLog, Limit: 7, WindowMS: hour}
+			if _, _, err := h.s.SetOverride(ctx, star); err != nil {
+				t.Fatal(err)
+			}
+			if r := h.checkAs(t, "alice", "/z", per); r.Decisions[0].Limit != 7 {
+				t.Fatalf("star override: %+v", r.Decisions[0])
+			}
+			if r := h.checkAs(t, "alice", "/x", per); r.Decisions[0].Limit != 1 {
+				t.Fatalf("exact override should win over star: %+v", r.Decisions[0])
+			}
+			o.Limit = 3
+			prev, had, err := h.s.SetOverride(ctx, o)
+			if err != nil || !had || prev.Limit != 1 || prev.Algorithm != rules.TokenBucket {
+				t.Fatalf("replace: prev=%+v had=%v err=%v", prev, had, err)
+			}
+			if got, ok := h.s.Override("alice", "/x"); !ok || got.Limit != 3 {
+				t.Fatalf("Override lookup: %+v %v", got, ok)
+			}
+		})
+	}
+}
+
+func TestRedis_OverridesReachOtherBridges(t *testing.T) {
+	srv := redistest.Start(t)
+	a, err := NewRedis(RedisOptions{URL: srv.URL, RefreshEvery: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := NewRedis(RedisOptions{URL: srv.URL, RefreshEvery: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	o := Override{User: "u1", Endpoint: "/e", Algorithm: rules.SlidingWindow, Limit: 9, WindowMS: 1000}
+	if _, _, err := a.SetOverride(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if got, ok := b.Override("u1", "/e"); ok {
+			if got.Limit != 9 || got.Algorithm != rules.SlidingWindow || got.WindowMS != 1000 {
+				t.Fatalf("b sees %+v", got)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("override did not reach the second bridge")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestStore_StatusAndReset(t *testing.T) {
+	ctx := context.Background()
+	for _, h := range harnesses(t) {
+		for _, alg := range algs {
+			t.Run(h.name+"/"+alg.String(), func(t *testing.T) {
+				key := "rl:{u:st}:" + alg.String()
+				s := spec(alg, 5, hour)
+				for range 2 {
+					h.check(t, lim(key, s))
+				}
+				for range 2 { // status consumes nothing
+					d, now, err := h.s.Status(ctx, key, s)
+					if err != nil || d.Remaining != 3 || !d.Allowed || d.Limit != 5 || now <= 0 {
+						t.Fatalf("status: %+v now=%d err=%v, want remaining 3", d, now, err)
+					}
+				}
+				for range 3 {
+					h.check(t, lim(key, s))
+				}
+				if d, _, _ := h.s.Status(ctx, key, s); d.Allowed || d.Remaining != 0 {
+					t.Fatalf("status at the limit: %+v", d)
+				}
+				if err := h.s.Reset(ctx, key); err != nil {
+					t.Fatal(err)
+				}
+				if d := h.check(t, lim(key, s)).Decisions[0]; !d.Allowed || d.Remaining != 4 {
+					t.Fatalf("after reset: %+v", d)
+				}
+			})
+		}
+	}
+}
+
+// Concurrent checks on one counter admit exactly the limit.
+func TestStore_Hammer(t *testing.T) {
+	for _, h := range harnesses(t) {
+		for _, alg := range algs {
+			t.Run(h.name+"/"+alg.String(), func(t *testing.T) {
+				s := spec(alg, 100, hour)
+				other := spec(rules.FixedWindow, 1000, hour)
+				var allowed atomic.Int64
+				var wg sync.WaitGroup
+				for range 20 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range 15 {
+							r := h.check(t, lim("rl:{u:hammer}:"+alg.String(), s), lim("rl:{u:h2}:"+alg.String(), other))
+							if r.Allowed {
+								allowed.Add(1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if n := allowed.Load(); n != 100 {
+					t.Fatalf("%d admitted, want exactly 100", n)
+				}
+			})
+		}
+	}
+}
+
+func TestMemory_BoundedKeys(t *testing.T) {
+	var now atomic.Int64
+	now.Store(1_000_000)
+	m := NewMemory(MemoryOptions{MaxKeys: 640, Now: now.Load})
+	for i := range 10_000 {
+		req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:"+strconv.Itoa(i)+"}:x", spec(rules.FixedWindow, 1, hour))}}
+		var resp rules.CheckResponse
+		if err := m.Check(context.Background(), &req, &resp); err != nil || !resp.Allowed {
+			t.Fatalf("check %d: %v %+v", i, err, resp)
+		}
+	}
+	if n := m.Len(); n > 640 {
+		t.Fatalf("%d keys stored, want at most 640", n)
+	}
+}
+
+func TestRedis_UnavailableThenRecovers(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check := func() error {
+		req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:down}:x", spec(rules.TokenBucket, 10, hour))}}
+		var resp rules.CheckResponse
+		return s.Check(context.Background(), &req, &resp)
+	}
+	if err := check(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	start := time.Now()
+	err = check()
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("with redis down: %v, want ErrUnavailable", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("failing took %v, want within the 300ms timeout (+ slack)", d)
+	}
+	// The restarted server has no scripts loaded: NOSCRIPT must be handled.
+	srv.Restart()
+	if err := check(); err != nil {
+		t.Fatalf("after restart: %v", err)
+	}
+}
+
+func TestRedis_URLs(t *testing.T) {
+	for _, tc := range []struct {
+		url     string
+		wantErr string
+	}{
+		{"redis://127.0.0.1:1/0", ""},
+		{"rediss://user:pass@127.0.0.1:1/2", ""},
+		{"redis+sentinel://u:p@127.0.0.1:1,127.0.0.1:2/mymaster?db=1", ""},
+		{"redis+cluster://127.0.0.1:1,127.0.0.1:2", ""},
+		{"redis+sentinel://127.0.0.1:1", "master name"},
+		{"redis+sentinel://127.0.0.1:1/m?db=x", "db"},
+		{"redis+cluster://127.0.0.1:1/3", "no path"},
+		{"127.0.0.1:6379", "missing scheme"},
+		{"http://x", "unknown scheme"},
+		{"redis+cluster://a:1,,b:2", "empty host"},
+	} {
+		c, _, err := newClient(RedisOptions{URL: tc.url})
+		if tc.wantErr == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.url, err)
+			} else {
+				c.Close()
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%s: error %v, want one containing %q", tc.url, err, tc.wantErr)
+		}
+	}
+}
+
+func TestSlot(t *testing.T) {
+	// Reference values from Redis CLUSTER KEYSLOT.
+	for key, want := range map[string]int{"foo": 12182, "{user1000}.following": 3443, "rl:{u:alice}:x": Slot("u:alice"), "bar": 5061} {
+		if got := Slot(key); got != want {
+			t.Errorf("Slot(%q) = %d, want %d", key, got, want)
+		}
+	}
+}

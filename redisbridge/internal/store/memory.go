@@ -1,0 +1,472 @@
+package store
+
+import (
+	"context"
+	"hash/maphash"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/rules"
+)
+
+// Memory keeps counters in this process, for a single bridge. It runs the
+// same algorithms as check.lua with the same floating point operations in
+// the same order, so both stores round alike.
+type Memory struct {
+	now       func() int64
+	seed      maphash.Seed
+	shards    [memShards]memShard
+	maxShard  int
+	overrides atomic.Pointer[overrideTable]
+	omu       sync.Mutex // serializes override writers
+}
+
+const memShards = 64
+
+type memShard struct {
+	mu sync.Mutex
+	m  map[string]*entry
+}
+
+// entry is one key. Which fields are used depends on the key's suffix.
+type entry struct {
+	expireAt int64 // unix ms; the entry is gone from then on
+	tokens   float64
+	ts       int64   // token bucket: last refill
+	w, c, p  int64   // windows: index, count, previous count
+	log      []int64 // sliding log and violations: ms times, ascending
+	until    int64   // block-until
+}
+
+// MemoryOptions configure a Memory store.
+type MemoryOptions struct {
+	MaxKeys int          // bound on stored keys, default 1,000,000
+	Now     func() int64 // clock in unix ms, default time.Now
+}
+
+// NewMemory returns an empty memory store.
+func NewMemory(o MemoryOptions) *Memory {
+	if o.MaxKeys <= 0 {
+		o.MaxKeys = 1_000_000
+	}
+	if o.Now == nil {
+		o.Now = func() int64 { return time.Now().UnixMilli() }
+	}
+	s := &Memory{now: o.Now, seed: maphash.MakeSeed(), maxShard: max(1, o.MaxKeys/memShards)}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*entry)
+	}
+	s.overrides.Store(&overrideTable{})
+	return s
+}
+
+func (s *Memory) shard(key string) int {
+	return int(maphash.String(s.seed, key) % memShards)
+}
+
+// get returns the live entry for key or nil. The shard must be locked.
+func (s *Memory) get(key string, now int64) *entry {
+	sh := &s.shards[s.shard(key)]
+	e := sh.m[key]
+	if e != nil && e.expireAt <= now {
+		delete(sh.m, key)
+		return nil
+	}
+	return e
+}
+
+// put returns the entry for key, creating it (and evicting when the shard
+// is full) if needed. The shard must be locked.
+func (s *Memory) put(key string, now int64) *entry {
+	sh := &s.shards[s.shard(key)]
+	if e := sh.m[key]; e != nil {
+		if e.expireAt <= now {
+			*e = entry{log: e.log[:0]}
+		}
+		return e
+	}
+	if len(sh.m) >= s.maxShard {
+		s.evict(sh, now)
+	}
+	e := &entry{}
+	sh.m[key] = e
+	return e
+}
+
+// evict drops expired entries among a sample, or else the sampled entry
+// closest to expiry, in the manner of Redis's approximated eviction.
+func (s *Memory) evict(sh *memShard, now int64) {
+	victim, soonest, n := "", int64(math.MaxInt64), 0
+	for k, e := range sh.m {
+		if e.expireAt <= now {
+			delete(sh.m, k)
+			victim = ""
+			soonest = math.MinInt64
+		} else if e.expireAt < soonest {
+			victim, soonest = k, e.expireAt
+		}
+		if n++; n >= 16 {
+			break
+		}
+	}
+	if victim != "" {
+		delete(sh.m, victim)
+	}
+}
+
+// lock locks the shards of keys in ascending order (no deadlock between
+// checks that share shards) and returns them for unlock.
+func (s *Memory) lock(keys []string, buf []int) []int {
+	for _, k := range keys {
+		buf = append(buf, s.shard(k))
+	}
+	slices.Sort(buf)
+	buf = slices.Compact(buf)
+	for _, i := range buf {
+		s.shards[i].mu.Lock()
+	}
+	return buf
+}
+
+func (s *Memory) unlock(idx []int) {
+	for _, i := range idx {
+		s.shards[i].mu.Unlock()
+	}
+}
+
+// memLimit is one limit while a check is being decided.
+type memLimit struct {
+	spec             rules.LimitSpec
+	shadow           bool
+	key, vkey, bkey  string
+	ok, blocked      bool
+	cap              int64
+	remaining, reset int64
+	retry            int64
+	// state to write when the request is allowed
+	tokens  float64
+	w, c, p int64
+	count   int64
+	ttl     int64
+}
+
+// Check implements Store.
+func (s *Memory) Check(_ context.Context, req *rules.CheckRequest, resp *rules.CheckResponse) error {
+	(*s.overrides.Load()).apply(req)
+	ls := make([]memLimit, len(req.Limits))
+	keys := make([]string, 0, 3*len(req.Limits))
+	for i := range req.Limits {
+		l := &req.Limits[i]
+		m := &ls[i]
+		m.spec, m.shadow = l.Spec, l.Shadow
+		m.key = l.Key + algSuffix(l.Spec.Algorithm)
+		keys = append(keys, m.key)
+		if p := l.Spec.Penalty; p != nil && p.Enabled {
+			m.vkey, m.bkey = l.Key+suffixViolations, l.Key+suffixBlock
+			keys = append(keys, m.vkey, m.bkey)
+		}
+	}
+	var buf [16]int
+	locked := s.lock(keys, buf[:0])
+	defer s.unlock(locked)
+	now := s.now()
+	resp.NowMS = now
+	resp.Allowed = s.decide(ls, now, true)
+	resp.Decisions = resp.Decisions[:0]
+	for i := range ls {
+		m := &ls[i]
+		resp.Decisions = append(resp.Decisions, rules.Decision{
+			Allowed: m.ok, Limit: m.cap, Remaining: m.remaining, ResetMS: m.reset, RetryAfterMS: m.retry,
+		})
+	}
+	return nil
+}
+
+// decide is check.lua's main part. The shards of all keys must be locked.
+func (s *Memory) decide(ls []memLimit, now int64, consume bool) bool {
+	allowed := true
+	for i := range ls {
+		m := &ls[i]
+		switch m.spec.Algorithm {
+		case rules.TokenBucket:
+			s.tokenBucket(m, now)
+		case rules.SlidingWindow:
+			s.slidingWindow(m, now)
+		case rules.SlidingLog:
+			s.slidingLog(m, now)
+		default:
+			s.fixedWindow(m, now)
+		}
+		if m.bkey != "" {
+			if b := s.get(m.bkey, now); b != nil && b.until > now {
+				m.ok, m.blocked, m.remaining, m.retry, m.reset = false, true, 0, b.until-now, max(m.reset, b.until)
+			}
+		}
+		if !m.ok && !m.shadow {
+			allowed = false
+		}
+	}
+	if !consume {
+		return allowed
+	}
+	for i := range ls {
+		m := &ls[i]
+		if allowed {
+			if m.ok {
+				s.write(m, now)
+			}
+		} else if !m.ok && !m.shadow && m.vkey != "" && !m.blocked {
+			s.violate(m, now)
+		}
+	}
+	return allowed
+}
+
+func ceilInt(f float64) int64  { return int64(math.Ceil(f)) }
+func floorInt(f float64) int64 { return int64(math.Floor(f)) }
+
+func (s *Memory) tokenBucket(m *memLimit, now int64) {
+	capa, limit, w, cost := float64(m.spec.Burst), float64(m.spec.Limit), float64(m.spec.WindowMS), float64(m.spec.Cost)
+	m.cap = m.spec.Burst
+	tokens := capa
+	if e := s.get(m.key, now); e != nil {
+		tokens = min(capa, e.tokens+float64(max(0, now-e.ts))*limit/w)
+	}
+	m.ok = tokens >= cost
+	after := tokens
+	if m.ok {
+		after = tokens - cost
+	}
+	m.remaining = floorInt(after)
+	m.reset = now + ceilInt((capa-after)*w/limit)
+	if !m.ok {
+		if cost > capa {
+			m.retry = m.spec.WindowMS
+		} else {
+			m.retry = ceilInt((cost - tokens) * w / limit)
+		}
+	}
+	m.tokens = after
+	m.ttl = ceilInt(capa*w/limit) + 1000
+}
+
+func (s *Memory) slidingWindow(m *memLimit, now int64) {
+	limit, W, cost := m.spec.Limit, m.spec.WindowMS, m.spec.Cost
+	m.cap = limit
+	idx := now / W
+	var cur, prev int64
+	if e := s.get(m.key, now); e != nil {
+		if e.w == idx {
+			cur, prev = e.c, e.p
+		} else if e.w == idx-1 {
+			prev = e.c
+		}
+	}
+	elapsed := now - idx*W
+	// The explicit conversion keeps the compiler from fusing multiply and
+	// add, which Lua does not do.
+	est := float64(float64(prev)*(float64(W-elapsed)/float64(W))) + float64(cur)
+	m.ok = est+float64(cost) <= float64(limit)
+	after, rem := cur, float64(limit)-est
+	if m.ok {
+		after, rem = cur+cost, rem-float64(cost)
+	}
+	m.remaining = max(0, floorInt(rem))
+	switch {
+	case after > 0:
+		m.reset = (idx + 2) * W
+	case prev > 0:
+		m.reset = (idx + 1) * W
+	default:
+		m.reset = now
+	}
+	if !m.ok {
+		if cost > limit {
+			m.retry = W
+		} else {
+			if room := limit - cost - cur; room >= 0 {
+				m.retry = ceilInt(float64(W) - float64(room)*float64(W)/float64(prev) - float64(elapsed))
+			} else {
+				m.retry = (idx+1)*W - now + ceilInt(float64(W)-float64(limit-cost)*float64(W)/float64(cur))
+			}
+			m.retry = max(1, m.retry)
+		}
+	}
+	m.w, m.c, m.p = idx, after, prev
+	m.ttl = 2*W + 1000
+}
+
+func (s *Memory) slidingLog(m *memLimit, now int64) {
+	limit, W, cost := m.spec.Limit, m.spec.WindowMS, m.spec.Cost
+	m.cap = limit
+	var inWindow []int64
+	if e := s.get(m.key, now); e != nil {
+		from, _ := slices.BinarySearch(e.log, now-W+1)
+		inWindow = e.log[from:]
+	}
+	count := int64(len(inWindow))
+	m.ok = count+cost <= limit
+	after := count
+	if m.ok {
+		after = count + cost
+	}
+	m.remaining = limit - after
+	switch {
+	case after == 0:
+		m.reset = now
+	case m.ok && cost > 0:
+		m.reset = now + W
+	default:
+		m.reset = inWindow[len(inWindow)-1] + W
+	}
+	if !m.ok {
+		if cost > limit {
+			m.retry = W
+		} else {
+			m.retry = max(1, inWindow[count+cost-limit-1]+W-now)
+		}
+	}
+	m.count = count
+	m.ttl = W
+}
+
+func (s *Memory) fixedWindow(m *memLimit, now int64) {
+	limit, W, cost := m.spec.Limit, m.spec.WindowMS, m.spec.Cost
+	m.cap = limit
+	idx := now / W
+	var cur int64
+	if e := s.get(m.key, now); e != nil && e.w == idx {
+		cur = e.c
+	}
+	m.ok = cur+cost <= limit
+	after := cur
+	if m.ok {
+		after = cur + cost
+	}
+	m.remaining = limit - after
+	if after > 0 {
+		m.reset = (idx + 1) * W
+	} else {
+		m.reset = now
+	}
+	if !m.ok {
+		if cost > limit {
+			m.retry = W
+		} else {
+			m.retry = (idx+1)*W - now
+		}
+	}
+	m.w, m.c = idx, after
+	m.ttl = (idx+1)*W - now + 1000
+}
+
+// write stores the state decided for an admitted limit.
+func (s *Memory) write(m *memLimit, now int64) {
+	e := s.put(m.key, now)
+	switch m.spec.Algorithm {
+	case rules.TokenBucket:
+		e.tokens, e.ts = m.tokens, now
+	case rules.SlidingWindow:
+		e.w, e.c, e.p = m.w, m.c, m.p
+	case rules.SlidingLog:
+		from, _ := slices.BinarySearch(e.log, now-m.spec.WindowMS+1)
+		e.log = append(e.log[:0], e.log[from:]...)
+		for range m.spec.Cost {
+			e.log = append(e.log, now)
+		}
+	default:
+		e.w, e.c = m.w, m.c
+	}
+	e.expireAt = now + m.ttl
+}
+
+// violate records a violation and blocks the limit once there are enough.
+func (s *Memory) violate(m *memLimit, now int64) {
+	p := m.spec.Penalty
+	v := s.put(m.vkey, now)
+	from, _ := slices.BinarySearch(v.log, now-p.DetectionWindowMS+1)
+	v.log = append(v.log[:0], v.log[from:]...)
+	v.log = append(v.log, now)
+	if len(v.log) > rules.MaxViolations {
+		v.log = append(v.log[:0], v.log[len(v.log)-rules.MaxViolations:]...)
+	}
+	v.expireAt = now + p.DetectionWindowMS
+	n := int64(len(v.log))
+	if n >= p.ViolationThreshold {
+		block := m.spec.WindowMS * p.Multipliers[min(n-p.ViolationThreshold, int64(len(p.Multipliers)-1))]
+		b := s.put(m.bkey, now)
+		b.until, b.expireAt = now+block, now+block
+		m.retry, m.reset = max(m.retry, block), max(m.reset, now+block)
+	}
+}
+
+// Status implements Store.
+func (s *Memory) Status(_ context.Context, key string, spec rules.LimitSpec) (rules.Decision, int64, error) {
+	spec.Cost = 0
+	ls := []memLimit{{spec: spec, key: key + algSuffix(spec.Algorithm)}}
+	keys := []string{ls[0].key}
+	if p := spec.Penalty; p != nil && p.Enabled {
+		ls[0].vkey, ls[0].bkey = key+suffixViolations, key+suffixBlock
+		keys = append(keys, ls[0].vkey, ls[0].bkey)
+	}
+	var buf [4]int
+	locked := s.lock(keys, buf[:0])
+	defer s.unlock(locked)
+	now := s.now()
+	s.decide(ls, now, false)
+	m := &ls[0]
+	return rules.Decision{Allowed: m.ok && m.remaining > 0, Limit: m.cap, Remaining: m.remaining, ResetMS: m.reset, RetryAfterMS: m.retry}, now, nil
+}
+
+// Reset implements Store.
+func (s *Memory) Reset(_ context.Context, keys ...string) error {
+	for _, k := range keys {
+		for _, suf := range allSuffixes {
+			sh := &s.shards[s.shard(k+suf)]
+			sh.mu.Lock()
+			delete(sh.m, k+suf)
+			sh.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// SetOverride implements Store.
+func (s *Memory) SetOverride(_ context.Context, o Override) (Override, bool, error) {
+	s.omu.Lock()
+	defer s.omu.Unlock()
+	old := *s.overrides.Load()
+	prev, had := old[overrideKey{o.User, o.Endpoint}]
+	t := make(overrideTable, len(old)+1)
+	for k, v := range old {
+		t[k] = v
+	}
+	t[overrideKey{o.User, o.Endpoint}] = o
+	s.overrides.Store(&t)
+	return prev, had, nil
+}
+
+// Override implements Store.
+func (s *Memory) Override(user, endpoint string) (Override, bool) {
+	return (*s.overrides.Load()).lookup(user, endpoint)
+}
+
+// Ping implements Store.
+func (s *Memory) Ping(context.Context) error { return nil }
+
+// Close implements Store.
+func (s *Memory) Close() error { return nil }
+
+// Len reports the number of stored keys, expired ones included (tests).
+func (s *Memory) Len() int {
+	n := 0
+	for i := range s.shards {
+		s.shards[i].mu.Lock()
+		n += len(s.shards[i].m)
+		s.shards[i].mu.Unlock()
+	}
+	return n
+}

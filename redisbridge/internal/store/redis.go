@@ -1,0 +1,729 @@
+package store
+
+import (
+	"context"
+	"crypto/tls"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/rules"
+)
+
+var (
+	//go:embed lua/check.lua
+	checkLua string
+	//go:embed lua/refund.lua
+	refundLua string
+
+	checkScript  = redis.NewScript(checkLua)
+	refundScript = redis.NewScript(refundLua)
+)
+
+// CheckScript returns the check script's source, for benchmarks with redis-benchmark.
+func CheckScript() string { return checkLua }
+
+// RedisOptions configure a Redis store.
+type RedisOptions struct {
+	// URL is redis://, rediss://, redis+sentinel://, rediss+sentinel://,
+	// redis+cluster:// or rediss+cluster:// (docs/bridge.md).
+	URL      string
+	PoolSize int           // connections per node, default 10 per CPU (go-redis)
+	Timeout  time.Duration // dial, read and write timeout; also bounds a check
+	// Pipelines is how many pipelines may be in flight at once; requests that
+	// arrive meanwhile wait and go out together in the next one. Default 4.
+	Pipelines int
+	MaxBatch  int // commands per pipeline, default 128
+	// RefreshEvery is how often overrides are looked up in Redis, default 1s.
+	RefreshEvery time.Duration
+	Logger       *slog.Logger
+	// splitSlots decides per hash tag even on a single node, so tests can
+	// exercise the Redis Cluster path with one redis-server.
+	splitSlots bool
+}
+
+// Redis keeps counters in Redis (single, Sentinel or Cluster).
+type Redis struct {
+	c         redis.UniversalClient
+	cluster   bool
+	split     bool
+	timeout   time.Duration
+	log       *slog.Logger
+	in        chan *call
+	overrides atomic.Pointer[overrideTable]
+	version   atomic.Int64
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// overridesKey holds one field per override plus the "version" counter that
+// bridges poll to notice changes.
+const overridesKey = "sluice:overrides"
+
+// NewRedis connects lazily: a Redis that is down at start makes checks fail
+// until it is up, it does not stop the bridge.
+func NewRedis(o RedisOptions) (*Redis, error) {
+	c, cluster, err := newClient(o)
+	if err != nil {
+		return nil, err
+	}
+	if o.Pipelines <= 0 {
+		o.Pipelines = 4
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 128
+	}
+	if o.RefreshEvery <= 0 {
+		o.RefreshEvery = time.Second
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Redis{
+		c: c, cluster: cluster, split: cluster || o.splitSlots, timeout: o.Timeout, log: o.Logger,
+		in: make(chan *call, 4096), stop: make(chan struct{}),
+	}
+	s.overrides.Store(&overrideTable{})
+	s.version.Store(-1)
+	for range o.Pipelines {
+		s.wg.Add(1)
+		go s.pipeline(o.MaxBatch)
+	}
+	s.wg.Add(1)
+	go s.refreshLoop(o.RefreshEvery)
+	return s, nil
+}
+
+// newClient builds a go-redis client from our URL forms.
+func newClient(o RedisOptions) (redis.UniversalClient, bool, error) {
+	scheme, rest, ok := strings.Cut(o.URL, "://")
+	if !ok {
+		return nil, false, fmt.Errorf("redis url: missing scheme (redis://, rediss://, redis+sentinel://, redis+cluster://)")
+	}
+	setup := func(dial, rw *time.Duration, pool *int, retries *int) {
+		if o.Timeout > 0 {
+			*dial, *rw = o.Timeout, o.Timeout
+		}
+		if o.PoolSize > 0 {
+			*pool = o.PoolSize
+		}
+		// A retried script may already have run: never retry, fail the check.
+		*retries = -1
+	}
+	switch scheme {
+	case "redis", "rediss", "unix":
+		opt, err := redis.ParseURL(o.URL)
+		if err != nil {
+			return nil, false, fmt.Errorf("redis url: %w", err)
+		}
+		setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
+		opt.WriteTimeout = opt.ReadTimeout
+		return redis.NewClient(opt), false, nil
+	case "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster":
+	default:
+		return nil, false, fmt.Errorf("redis url: unknown scheme %q", scheme)
+	}
+	u, err := splitMultiHostURL(rest)
+	if err != nil {
+		return nil, false, fmt.Errorf("redis url: %w", err)
+	}
+	var tlsConf *tls.Config
+	if strings.HasPrefix(scheme, "rediss") {
+		host, _, _ := strings.Cut(u.hosts[0], ":")
+		tlsConf = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+	}
+	if strings.HasSuffix(scheme, "+cluster") {
+		if u.path != "" {
+			return nil, false, errors.New("redis url: a cluster URL has no path (Redis Cluster has only db 0)")
+		}
+		opt := &redis.ClusterOptions{Addrs: u.hosts, Username: u.user, Password: u.pass, TLSConfig: tlsConf}
+		setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
+		opt.WriteTimeout = opt.ReadTimeout
+		return redis.NewClusterClient(opt), true, nil
+	}
+	if u.path == "" {
+		return nil, false, errors.New("redis url: a sentinel URL needs the master name as its path: redis+sentinel://host:26379/mymaster")
+	}
+	opt := &redis.FailoverOptions{
+		MasterName: u.path, SentinelAddrs: u.hosts, Username: u.user, Password: u.pass, TLSConfig: tlsConf,
+		SentinelPassword: u.query.Get("sentinel_password"),
+	}
+	if db := u.query.Get("db"); db != "" {
+		if opt.DB, err = strconv.Atoi(db); err != nil || opt.DB < 0 {
+			return nil, false, fmt.Errorf("redis url: db: %q is not a database number", db)
+		}
+	}
+	setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
+	opt.WriteTimeout = opt.ReadTimeout
+	return redis.NewFailoverClient(opt), false, nil
+}
+
+type multiHostURL struct {
+	user, pass string
+	hosts      []string
+	path       string
+	query      url.Values
+}
+
+// splitMultiHostURL parses "[user:pass@]h1:p1,h2:p2[/path][?query]", which
+// net/url does not accept because of the comma-separated hosts.
+func splitMultiHostURL(rest string) (multiHostURL, error) {
+	var u multiHostURL
+	rest, q, _ := strings.Cut(rest, "?")
+	var err error
+	if u.query, err = url.ParseQuery(q); err != nil {
+		return u, fmt.Errorf("query: %w", err)
+	}
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		info := rest[:at]
+		rest = rest[at+1:]
+		user, pass, _ := strings.Cut(info, ":")
+		if u.user, err = url.PathUnescape(user); err != nil {
+			return u, fmt.Errorf("user: %w", err)
+		}
+		if u.pass, err = url.PathUnescape(pass); err != nil {
+			return u, fmt.Errorf("password: %w", err)
+		}
+	}
+	hosts, path, _ := strings.Cut(rest, "/")
+	u.path = strings.Trim(path, "/")
+	for _, h := range strings.Split(hosts, ",") {
+		if h == "" {
+			return u, errors.New("empty host")
+		}
+		if !strings.Contains(h, ":") {
+			h += ":6379"
+		}
+		u.hosts = append(u.hosts, h)
+	}
+	return u, nil
+}
+
+// call is one script call waiting for a pipeline.
+type call struct {
+	cmd  *redis.Cmd
+	done chan struct{}
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// pipeline sends queued script calls: it takes one, adds whatever else is
+// waiting (up to max), and sends them all in one round trip. With several
+// of these running, a pipeline fills while the others wait for Redis.
+func (s *Redis) pipeline(maxBatch int) {
+	defer s.wg.Done()
+	batch := make([]*call, 0, maxBatch)
+	for {
+		select {
+		case <-s.stop:
+			return
+		case first := <-s.in:
+			batch = append(batch[:0], first)
+		fill:
+			for len(batch) < maxBatch {
+				select {
+				case c := <-s.in:
+					batch = append(batch, c)
+				default:
+					break fill
+				}
+			}
+			s.exec(batch)
+			for i, c := range batch {
+				c.done <- struct{}{}
+				batch[i] = nil
+			}
+		}
+	}
+}
+
+func (s *Redis) exec(batch []*call) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	p := s.c.Pipeline()
+	for _, c := range batch {
+		_ = p.Process(ctx, c.cmd)
+	}
+	_, _ = p.Exec(ctx) // errors are read per command
+	// A Redis that restarted or flushed its scripts answers NOSCRIPT: load
+	// the script once and send those calls again.
+	var again []*call
+	for _, c := range batch {
+		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+			again = append(again, c)
+		}
+	}
+	if len(again) == 0 {
+		return
+	}
+	// EVAL caches the script on whichever node the call lands (cluster).
+	for _, c := range again {
+		args := c.cmd.Args()
+		c.cmd = redis.NewCmd(ctx, append([]any{"eval", checkLua}, args[2:]...)...)
+	}
+	p = s.c.Pipeline()
+	for _, c := range again {
+		_ = p.Process(ctx, c.cmd)
+	}
+	_, _ = p.Exec(ctx)
+}
+
+// run queues cmd for a pipeline and waits for its answer.
+func (s *Redis) run(ctx context.Context, cmd *redis.Cmd) (*redis.Cmd, error) {
+	c := callPool.Get().(*call)
+	c.cmd = cmd
+	select {
+	case s.in <- c:
+	case <-ctx.Done():
+		callPool.Put(c)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+	case <-s.stop:
+		return nil, fmt.Errorf("%w: store closed", ErrUnavailable)
+	}
+	select {
+	case <-c.done:
+		cmd = c.cmd
+		c.cmd = nil
+		callPool.Put(c)
+		return cmd, nil
+	case <-ctx.Done():
+		// The pipeline still owns c; it is dropped, not pooled.
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+	}
+}
+
+// group is the limits of a check that live in one slot.
+type group struct {
+	idx  []int
+	slot int
+}
+
+// Check implements Store.
+func (s *Redis) Check(ctx context.Context, req *rules.CheckRequest, resp *rules.CheckResponse) error {
+	(*s.overrides.Load()).apply(req)
+	if len(req.Limits) == 0 {
+		return errors.New("check: no limits")
+	}
+	resp.Decisions = append(resp.Decisions[:0], make([]rules.Decision, len(req.Limits))...)
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if s.split {
+		if gs := groupBySlot(req.Limits); len(gs) > 1 {
+			return s.checkGroups(ctx, req, gs, resp)
+		}
+	}
+	cmd, err := s.run(ctx, checkCmd(ctx, "c", req.Limits, nil))
+	if err != nil {
+		return err
+	}
+	return readCheck(cmd, nil, resp)
+}
+
+// checkCmd builds the EVALSHA of check.lua for the limits idx of ls (all when nil).
+func checkCmd(ctx context.Context, mode string, ls []rules.LimitRequest, idx []int) *redis.Cmd {
+	n := len(ls)
+	if idx != nil {
+		n = len(idx)
+	}
+	keys := make([]string, 0, 3*n)
+	args := make([]any, 0, 4+3*n+9*n)
+	args = append(args, "evalsha", checkScript.Hash(), 0, mode, n)
+	for j := range n {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		l := &ls[i]
+		sp := &l.Spec
+		keys = append(keys, l.Key+algSuffix(sp.Algorithm))
+		shadow := 0
+		if l.Shadow {
+			shadow = 1
+		}
+		args = append(args, int(sp.Algorithm), sp.Limit, sp.WindowMS, sp.Burst, sp.Cost, shadow)
+		if p := sp.Penalty; p != nil && p.Enabled {
+			args = append(args, p.DetectionWindowMS, p.ViolationThreshold, len(p.Multipliers))
+			for _, m := range p.Multipliers {
+				args = append(args, m)
+			}
+			keys = append(keys, l.Key+suffixViolations, l.Key+suffixBlock)
+		} else {
+			args = append(args, 0)
+		}
+	}
+	// KEYS go between the key count and ARGV.
+	args[2] = len(keys)
+	full := make([]any, 0, len(args)+len(keys))
+	full = append(full, args[:3]...)
+	for _, k := range keys {
+		full = append(full, k)
+	}
+	full = append(full, args[3:]...)
+	return redis.NewCmd(ctx, full...)
+}
+
+// storeErr classifies a command error: a Redis error reply is a bug (ours or
+// a hostile setup), anything else means Redis could not be reached in time.
+func storeErr(err error) error {
+	var rerr redis.Error
+	if errors.As(err, &rerr) && !redis.HasErrorPrefix(err, "LOADING") && !redis.HasErrorPrefix(err, "CLUSTERDOWN") &&
+		!redis.HasErrorPrefix(err, "TRYAGAIN") && !redis.HasErrorPrefix(err, "MASTERDOWN") && !redis.HasErrorPrefix(err, "READONLY") {
+		return fmt.Errorf("redis script: %w", err)
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// readCheck copies a check.lua answer into resp.Decisions (at idx when not
+// nil) and returns the script's allowed flag.
+func readCheck(cmd *redis.Cmd, idx []int, resp *rules.CheckResponse) error {
+	_, err := readGroup(cmd, idx, resp)
+	return err
+}
+
+func readGroup(cmd *redis.Cmd, idx []int, resp *rules.CheckResponse) (bool, error) {
+	if err := cmd.Err(); err != nil {
+		return false, storeErr(err)
+	}
+	v, err := cmd.Int64Slice()
+	n := len(resp.Decisions)
+	if idx != nil {
+		n = len(idx)
+	}
+	if err != nil || len(v) != 2+5*n {
+		return false, fmt.Errorf("redis script: unexpected answer (%d values, %v)", len(v), err)
+	}
+	resp.NowMS = max(resp.NowMS, v[0])
+	for j := range n {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		o := 2 + 5*j
+		resp.Decisions[i] = rules.Decision{Allowed: v[o] == 1, Limit: v[o+1], Remaining: v[o+2], ResetMS: v[o+3], RetryAfterMS: v[o+4]}
+	}
+	allowed := v[1] == 1
+	if idx == nil {
+		resp.Allowed = allowed
+	}
+	return allowed, nil
+}
+
+// groupBySlot splits limits by Redis Cluster slot, keeping their order.
+func groupBySlot(ls []rules.LimitRequest) []group {
+	var gs []group
+	for i := range ls {
+		slot := Slot(ls[i].Key)
+		j := 0
+		for j < len(gs) && gs[j].slot != slot {
+			j++
+		}
+		if j == len(gs) {
+			gs = append(gs, group{slot: slot})
+		}
+		gs[j].idx = append(gs[j].idx, i)
+	}
+	return gs
+}
+
+// checkGroups decides a check whose keys span several slots: one script call
+// per slot, each consuming only when its own limits allow; when another slot
+// denied, the slots that consumed are refunded.
+func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []group, resp *rules.CheckResponse) error {
+	type result struct {
+		cmd *redis.Cmd
+		err error
+	}
+	res := make([]result, len(gs))
+	var wg sync.WaitGroup
+	for g := range gs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[g].cmd, res[g].err = s.run(ctx, checkCmd(ctx, "c", req.Limits, gs[g].idx))
+		}()
+	}
+	wg.Wait()
+	resp.Allowed = true
+	consumed := make([]bool, len(gs))
+	var firstErr error
+	for g := range gs {
+		err := res[g].err
+		ok := false
+		if err == nil {
+			ok, err = readGroup(res[g].cmd, gs[g].idx, resp)
+		}
+		if err != nil {
+			firstErr = cmp(firstErr, err)
+			resp.Allowed = false
+			continue
+		}
+		consumed[g] = ok
+		for _, i := range gs[g].idx {
+			if !resp.Decisions[i].Allowed && !req.Limits[i].Shadow {
+				resp.Allowed = false
+			}
+		}
+	}
+	if !resp.Allowed {
+		for g := range gs {
+			if consumed[g] {
+				if err := s.refund(ctx, req.Limits, gs[g].idx, resp); err != nil {
+					s.log.Error("refund failed; the limits of this slot stay consumed", "slot", gs[g].slot, "err", err)
+				}
+			}
+		}
+	}
+	return firstErr
+}
+
+func cmp(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// refund gives back what the group idx consumed.
+func (s *Redis) refund(ctx context.Context, ls []rules.LimitRequest, idx []int, resp *rules.CheckResponse) error {
+	keys := make([]string, 0, len(idx))
+	args := make([]any, 0, 1+3*len(idx))
+	args = append(args, 0)
+	for _, i := range idx {
+		if !resp.Decisions[i].Allowed {
+			continue
+		}
+		sp := &ls[i].Spec
+		keys = append(keys, ls[i].Key+algSuffix(sp.Algorithm))
+		args = append(args, int(sp.Algorithm), sp.Burst, sp.Cost)
+	}
+	args[0] = len(keys)
+	if len(keys) == 0 {
+		return nil
+	}
+	return refundScript.Run(ctx, s.c, keys, args...).Err()
+}
+
+// Slot is the Redis Cluster slot of key: CRC16 (XMODEM) of its hash tag, mod 16384.
+func Slot(key string) int {
+	tag := rules.HashTag(key)
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
+
+// Status implements Store.
+func (s *Redis) Status(ctx context.Context, key string, spec rules.LimitSpec) (rules.Decision, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	spec.Cost = 0
+	ls := []rules.LimitRequest{{Key: key, Spec: spec}}
+	var resp rules.CheckResponse
+	resp.Decisions = make([]rules.Decision, 1)
+	cmd, err := s.run(ctx, checkCmd(ctx, "p", ls, nil))
+	if err == nil {
+		err = readCheck(cmd, nil, &resp)
+	}
+	if err != nil {
+		return rules.Decision{}, 0, err
+	}
+	d := resp.Decisions[0]
+	d.Allowed = d.Allowed && d.Remaining > 0
+	return d, resp.NowMS, nil
+}
+
+// Reset implements Store. The keys of one base key share its hash tag, so
+// one DEL per base key works on Redis Cluster too.
+func (s *Redis) Reset(ctx context.Context, keys ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	p := s.c.Pipeline()
+	for _, k := range keys {
+		ks := make([]string, len(allSuffixes))
+		for i, suf := range allSuffixes {
+			ks[i] = k + suf
+		}
+		p.Del(ctx, ks...)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		return storeErr(err)
+	}
+	return nil
+}
+
+type storedOverride struct {
+	Override
+	Strategy string `json:"strategy"`
+}
+
+func overrideField(user, endpoint string) string {
+	b, _ := json.Marshal([2]string{user, endpoint})
+	return string(b)
+}
+
+// SetOverride implements Store. The override and the version bump go in one
+// MULTI, so a bridge that sees the new version reads the new override.
+func (s *Redis) SetOverride(ctx context.Context, o Override) (Override, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	val, err := json.Marshal(storedOverride{o, o.Algorithm.String()})
+	if err != nil {
+		return Override{}, false, err
+	}
+	field := overrideField(o.User, o.Endpoint)
+	var prevCmd *redis.StringCmd
+	var verCmd *redis.IntCmd
+	_, err = s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		prevCmd = p.HGet(ctx, overridesKey, field)
+		p.HSet(ctx, overridesKey, field, val)
+		verCmd = p.HIncrBy(ctx, overridesKey, "version", 1)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Override{}, false, storeErr(err)
+	}
+	var prev Override
+	had := false
+	if raw, err := prevCmd.Bytes(); err == nil {
+		prev, had = decodeOverride(raw)
+	}
+	s.mergeOverride(o, verCmd.Val())
+	return prev, had, nil
+}
+
+// mergeOverride puts o in the local table at once, so the bridge that took
+// the PUT applies it from the next check on.
+func (s *Redis) mergeOverride(o Override, version int64) {
+	for {
+		old := s.overrides.Load()
+		t := make(overrideTable, len(*old)+1)
+		for k, v := range *old {
+			t[k] = v
+		}
+		t[overrideKey{o.User, o.Endpoint}] = o
+		if s.overrides.CompareAndSwap(old, &t) {
+			break
+		}
+	}
+	// Only a refresh that read the whole table may advance the version past
+	// changes this bridge has not seen; one step ahead is ours.
+	s.version.CompareAndSwap(version-1, version)
+}
+
+func decodeOverride(raw []byte) (Override, bool) {
+	var so storedOverride
+	if err := json.Unmarshal(raw, &so); err != nil {
+		return Override{}, false
+	}
+	alg, ok := rules.ParseAlgorithm(so.Strategy)
+	if !ok || so.Limit <= 0 || so.WindowMS <= 0 {
+		return Override{}, false
+	}
+	so.Override.Algorithm = alg
+	return so.Override, true
+}
+
+// Override implements Store.
+func (s *Redis) Override(user, endpoint string) (Override, bool) {
+	return (*s.overrides.Load()).lookup(user, endpoint)
+}
+
+func (s *Redis) refreshLoop(every time.Duration) {
+	defer s.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if err := s.refresh(); err != nil {
+			s.log.Warn("override refresh failed", "err", err)
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// refresh reads the overrides when their version changed: one HGET a
+// second in steady state, so checks stay at one command each.
+func (s *Redis) refresh() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	v, err := s.c.HGet(ctx, overridesKey, "version").Int64()
+	if errors.Is(err, redis.Nil) {
+		v, err = 0, nil
+	}
+	if err != nil {
+		return err
+	}
+	if v == s.version.Load() {
+		return nil
+	}
+	all, err := s.c.HGetAll(ctx, overridesKey).Result()
+	if err != nil {
+		return err
+	}
+	t := make(overrideTable, len(all))
+	for f, raw := range all {
+		if f == "version" {
+			if n, err := strconv.ParseInt(raw, 10, 64); err == nil {
+				v = n
+			}
+			continue
+		}
+		if o, ok := decodeOverride([]byte(raw)); ok {
+			t[overrideKey{o.User, o.Endpoint}] = o
+		} else {
+			s.log.Warn("ignoring a malformed override", "field", f)
+		}
+	}
+	s.overrides.Store(&t)
+	s.version.Store(v)
+	return nil
+}
+
+// Ping implements Store.
+func (s *Redis) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Close implements Store.
+func (s *Redis) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		s.wg.Wait()
+		err = s.c.Close()
+	})
+	return err
+}
+
+// Client is the underlying go-redis client (tests, tools).
+func (s *Redis) Client() redis.UniversalClient { return s.c }
