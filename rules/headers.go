@@ -150,7 +150,7 @@ func (c *Config) AppendDenyBody(dst []byte, l *PlannedLimit, d *Decision, nowMS 
 		dst = append(dst, `"Rate limit exceeded: `...)
 		dst = strconv.AppendInt(dst, d.Limit, 10)
 		dst = append(dst, " requests per "...)
-		dst = append(dst, FormatDurationMS(l.Spec.WindowMS)...)
+		dst = AppendDurationMS(dst, l.Spec.WindowMS)
 		dst = append(dst, ` allowed."`...)
 	}
 	dst = append(dst, `,"details":{"limit":`...)

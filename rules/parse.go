@@ -951,14 +951,17 @@ func ParseDurationMS(s string) (int64, error) {
 }
 
 // FormatDurationMS renders ms in the largest whole unit: 60000 → "1m".
-func FormatDurationMS(ms int64) string {
-	for _, u := range []struct {
+func FormatDurationMS(ms int64) string { return string(AppendDurationMS(nil, ms)) }
+
+// AppendDurationMS appends ms as FormatDurationMS does.
+func AppendDurationMS(dst []byte, ms int64) []byte {
+	for _, u := range [...]struct {
 		n    int64
-		unit string
-	}{{86400_000, "d"}, {3600_000, "h"}, {60_000, "m"}, {1000, "s"}} {
+		unit byte
+	}{{86400_000, 'd'}, {3600_000, 'h'}, {60_000, 'm'}, {1000, 's'}} {
 		if ms >= u.n && ms%u.n == 0 {
-			return strconv.FormatInt(ms/u.n, 10) + u.unit
+			return append(strconv.AppendInt(dst, ms/u.n, 10), u.unit)
 		}
 	}
-	return strconv.FormatInt(ms, 10) + "ms"
+	return append(strconv.AppendInt(dst, ms, 10), "ms"...)
 }

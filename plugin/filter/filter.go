@@ -1,0 +1,153 @@
+// Package filter is Sluice's HTTP filter: the logic of the proxy-wasm
+// plugin, in plain Go so that it runs natively in unit tests as well as in
+// the built .wasm (plugin/main.go only adapts Host to the ABI binding).
+//
+// Per request it resolves the client, matches limits (rules.Config.Evaluate),
+// answers 429 at once when a limit is known to be over (a cache in shared
+// data, seen by every worker VM), and otherwise asks the bridge in one
+// call-out for all limits together. Configuration is parsed once, in
+// OnPluginStart; an invalid one is refused there and the previous stays.
+package filter
+
+import (
+	"strconv"
+	"unsafe"
+
+	"github.com/sluicehq/sluice/plugin/proxywasm"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// Host is what the filter needs from the proxy. Byte slices and strings it
+// returns are views valid only during the current callback.
+type Host interface {
+	PluginConfig() ([]byte, error)
+	RequestHeader(name string) string
+	Property(path string) string
+	AddResponseHeader(name string, value []byte)
+	SendLocalResponse(status uint32, headers [][2]string, body []byte)
+	ResumeRequest()
+	// Dispatch sends an HTTP call-out; its answer comes to OnHTTPCallResponse.
+	Dispatch(cluster string, headers [][2]string, body []byte, timeoutMS uint32) (uint32, error)
+	// CallResponse returns the :status and body of the call-out being answered.
+	CallResponse(bodySize int) (status string, body []byte)
+	SetEffectiveContext(contextID uint32)
+	SharedGet(key string) []byte
+	SharedSet(key string, value []byte)
+	NowNanos() int64
+	Log(level proxywasm.LogLevel, msg []byte)
+	DefineCounter(name string) uint32
+	IncCounter(id uint32)
+}
+
+// Metric names, as the proxy exports them (Envoy prefixes wasmcustom.).
+const (
+	MetricRequests      = "sluice_requests_total"
+	MetricAllowed       = "sluice_allowed_total"
+	MetricDenied        = "sluice_denied_total"
+	MetricShadowDenied  = "sluice_shadow_denied_total"
+	MetricBridgeErrors  = "sluice_bridge_errors_total"
+	MetricFailOpen      = "sluice_fail_open_total"
+	MetricFailClosed    = "sluice_fail_closed_total"
+	MetricCacheHits     = "sluice_local_cache_hits_total"
+	MetricExempt        = "sluice_exempt_total"
+	MetricConfigRefused = "sluice_config_refused_total"
+)
+
+type metrics struct {
+	requests, allowed, denied, shadowDenied, bridgeErrors, failOpen, failClosed, cacheHits, exempt, configRefused uint32
+}
+
+// Plugin is the root context of one VM.
+type Plugin struct {
+	host Host
+	id   uint32
+	cfg  *rules.Config
+	// bridgeAuth is the call-out's Authorization value, built once per config.
+	bridgeAuth string
+	m          metrics
+	pending    map[uint32]*Stream // call-out id → waiting stream
+	free       []*Stream          // recycled streams: no allocation per request
+	// Shared scratch for one callback at a time (a VM is single-threaded).
+	scratch []byte
+	event   []byte
+}
+
+// NewPlugin creates the root context contextID.
+func NewPlugin(host Host, contextID uint32) *Plugin {
+	p := &Plugin{host: host, id: contextID, pending: map[uint32]*Stream{}}
+	p.m = metrics{
+		requests: host.DefineCounter(MetricRequests), allowed: host.DefineCounter(MetricAllowed),
+		denied: host.DefineCounter(MetricDenied), shadowDenied: host.DefineCounter(MetricShadowDenied),
+		bridgeErrors: host.DefineCounter(MetricBridgeErrors), failOpen: host.DefineCounter(MetricFailOpen),
+		failClosed: host.DefineCounter(MetricFailClosed), cacheHits: host.DefineCounter(MetricCacheHits),
+		exempt: host.DefineCounter(MetricExempt), configRefused: host.DefineCounter(MetricConfigRefused),
+	}
+	return p
+}
+
+// Config returns the configuration in force, nil before the first valid one.
+func (p *Plugin) Config() *rules.Config { return p.cfg }
+
+// OnPluginStart parses the configuration. An invalid one is logged with its
+// field path and refused; the previous configuration stays in force.
+func (p *Plugin) OnPluginStart(int) bool {
+	data, err := p.host.PluginConfig()
+	if err != nil {
+		p.logf(proxywasm.LogLevelError, "sluice: reading the plugin configuration: ", err.Error())
+		p.host.IncCounter(p.m.configRefused)
+		return false
+	}
+	cfg, err := rules.ParseConfig(data)
+	if err != nil {
+		p.logf(proxywasm.LogLevelError, "sluice: configuration refused: ", err.Error())
+		p.host.IncCounter(p.m.configRefused)
+		return false
+	}
+	p.cfg = cfg
+	p.bridgeAuth = ""
+	if cfg.Bridge.Token != "" {
+		p.bridgeAuth = "Bearer " + cfg.Bridge.Token
+	}
+	p.logf(proxywasm.LogLevelInfo, "sluice: configuration loaded, failure mode ", cfg.FailureMode.String())
+	return true
+}
+
+func (p *Plugin) OnPluginDone() bool { return true }
+func (p *Plugin) OnTick()            {}
+
+// NewHTTPContext returns a recycled stream when one is free.
+func (p *Plugin) NewHTTPContext(contextID uint32) proxywasm.HTTPContext {
+	var s *Stream
+	if n := len(p.free); n > 0 {
+		s = p.free[n-1]
+		p.free = p.free[:n-1]
+	} else {
+		s = &Stream{p: p}
+		s.hdrs.s = s
+	}
+	s.id = contextID
+	s.cfg = p.cfg
+	s.state = stateNew
+	s.respHeaders.Reset()
+	return s
+}
+
+func (p *Plugin) logf(level proxywasm.LogLevel, parts ...string) {
+	b := p.scratch[:0]
+	for _, s := range parts {
+		b = append(b, s...)
+	}
+	p.scratch = b
+	p.host.Log(level, b)
+}
+
+// bytesString views b as a string without copying; b must not change while
+// the string is in use.
+func bytesString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+func itoa(dst []byte, n int64) []byte { return strconv.AppendInt(dst, n, 10) }

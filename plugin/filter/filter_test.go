@@ -1,0 +1,402 @@
+package filter
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/plugin/proxywasm"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// fakeHost is a single-VM proxy for native tests: it records what the
+// filter does and lets the test answer call-outs.
+type fakeHost struct {
+	config      []byte
+	reqHeaders  map[string]string
+	props       map[string]string
+	respHeaders [][2]string
+	local       *localResponse
+	resumed     int
+	calls       []call
+	callStatus  string
+	callBody    []byte
+	dispatchErr error
+	effective   uint32
+	shared      map[string][]byte
+	nowMS       int64
+	logs        []string
+	metricNames []string
+	counters    map[string]int64
+}
+
+type localResponse struct {
+	status  uint32
+	headers map[string]string
+	body    string
+}
+
+type call struct {
+	cluster string
+	headers map[string]string
+	body    string
+	timeout uint32
+}
+
+func newFakeHost(config string) *fakeHost {
+	return &fakeHost{
+		config: []byte(config), shared: map[string][]byte{}, counters: map[string]int64{},
+		nowMS: 1_700_000_000_000, props: map[string]string{"source.address": "203.0.113.9:5555"},
+	}
+}
+
+func (h *fakeHost) PluginConfig() ([]byte, error) { return h.config, nil }
+func (h *fakeHost) RequestHeader(n string) string { return h.reqHeaders[n] }
+func (h *fakeHost) Property(p string) string      { return h.props[p] }
+func (h *fakeHost) AddResponseHeader(n string, v []byte) {
+	h.respHeaders = append(h.respHeaders, [2]string{n, string(v)})
+}
+func (h *fakeHost) SendLocalResponse(status uint32, hdrs [][2]string, body []byte) {
+	m := map[string]string{}
+	for _, kv := range hdrs {
+		m[kv[0]] = kv[1]
+	}
+	h.local = &localResponse{status, m, string(body)}
+}
+func (h *fakeHost) ResumeRequest() { h.resumed++ }
+func (h *fakeHost) Dispatch(cluster string, hdrs [][2]string, body []byte, timeout uint32) (uint32, error) {
+	if h.dispatchErr != nil {
+		return 0, h.dispatchErr
+	}
+	m := map[string]string{}
+	for _, kv := range hdrs {
+		m[kv[0]] = kv[1]
+	}
+	h.calls = append(h.calls, call{cluster, m, string(body), timeout})
+	return uint32(len(h.calls)), nil
+}
+func (h *fakeHost) CallResponse(int) (string, []byte) { return h.callStatus, h.callBody }
+func (h *fakeHost) SetEffectiveContext(id uint32)     { h.effective = id }
+func (h *fakeHost) SharedGet(k string) []byte         { return h.shared[k] }
+func (h *fakeHost) SharedSet(k string, v []byte)      { h.shared[k] = append([]byte(nil), v...) }
+func (h *fakeHost) NowNanos() int64                   { return h.nowMS * 1e6 }
+func (h *fakeHost) Log(_ proxywasm.LogLevel, m []byte) {
+	h.logs = append(h.logs, string(m))
+}
+func (h *fakeHost) DefineCounter(name string) uint32 {
+	h.metricNames = append(h.metricNames, name)
+	return uint32(len(h.metricNames) - 1)
+}
+func (h *fakeHost) IncCounter(id uint32) { h.counters[h.metricNames[id]]++ }
+
+// request runs one request's headers through p and returns its stream.
+func (h *fakeHost) request(p *Plugin, ctxID uint32, headers map[string]string) (*Stream, proxywasm.Action) {
+	h.reqHeaders = map[string]string{":method": "GET", ":path": "/api/v1/items", ":authority": "api.example.com", "x-request-id": "req-1"}
+	for k, v := range headers {
+		h.reqHeaders[k] = v
+	}
+	h.local, h.respHeaders = nil, nil
+	s := p.NewHTTPContext(ctxID).(*Stream)
+	return s, s.OnRequestHeaders(len(h.reqHeaders), true)
+}
+
+// answer delivers a bridge answer to the last call-out.
+func (h *fakeHost) answer(p *Plugin, status string, body string) {
+	h.callStatus, h.callBody = status, []byte(body)
+	p.OnHTTPCallResponse(uint32(len(h.calls)), 3, len(body), 0)
+}
+
+const testConfig = `{
+  "failure_mode": "%MODE%",
+  "bridge": {"cluster": "bridge", "timeout": "150ms", "token": "t0k"},
+  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+  "rules": [
+    {"name": "api", "match": {"paths": ["/api/**"]}, "limit": 10, "window": "1m", "algorithm": "fixed_window"},
+    {"name": "shadow", "match": {"paths": ["/api/**"]}, "limit": 1, "window": "1m", "action": "log_only"}
+  ],
+  "exemptions": {"users": ["ops"]},
+  "headers": {"strategy": true}
+}`
+
+func newPlugin(t *testing.T, mode string) (*fakeHost, *Plugin) {
+	t.Helper()
+	h := newFakeHost(strings.ReplaceAll(testConfig, "%MODE%", mode))
+	p := NewPlugin(h, 1)
+	if !p.OnPluginStart(len(h.config)) {
+		t.Fatalf("config refused: %v", h.logs)
+	}
+	return h, p
+}
+
+func allowAnswer(now int64) string {
+	return string(rules.AppendCheckResponse(nil, &rules.CheckResponse{Allowed: true, NowMS: now, Decisions: []rules.Decision{
+		{Allowed: true, Limit: 10, Remaining: 7, ResetMS: now + 30_000},
+		{Allowed: false, Limit: 1, Remaining: 0, ResetMS: now + 30_000, RetryAfterMS: 30_000},
+	}}))
+}
+
+func denyAnswer(now int64) string {
+	return string(rules.AppendCheckResponse(nil, &rules.CheckResponse{Allowed: false, NowMS: now, Decisions: []rules.Decision{
+		{Allowed: false, Limit: 10, Remaining: 0, ResetMS: now + 40_000, RetryAfterMS: 40_000},
+		{Allowed: true, Limit: 1, Remaining: 0, ResetMS: now + 40_000},
+	}}))
+}
+
+func TestPlugin_OnPluginStart(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	good := p.Config()
+	h.config = []byte(`{"rules":[{"name":"x","limit":0,"window":"1s"}]}`)
+	if p.OnPluginStart(len(h.config)) {
+		t.Fatal("invalid config accepted")
+	}
+	if p.Config() != good {
+		t.Error("the previous config must stay in force")
+	}
+	if last := h.logs[len(h.logs)-1]; !strings.Contains(last, "rules[0].limit") {
+		t.Errorf("refusal log does not name the field: %q", last)
+	}
+	if h.counters[MetricConfigRefused] != 1 {
+		t.Error("refusal not counted")
+	}
+}
+
+func TestStream_OnRequestHeaders_NoMatchAndExempt(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	if _, a := h.request(p, 2, map[string]string{":path": "/health"}); a != proxywasm.Continue || len(h.calls) != 0 {
+		t.Errorf("unmatched path: action %v, %d call-outs", a, len(h.calls))
+	}
+	if _, a := h.request(p, 3, map[string]string{"x-user-id": "ops"}); a != proxywasm.Continue || len(h.calls) != 0 {
+		t.Errorf("exempt user: action %v, %d call-outs", a, len(h.calls))
+	}
+	if h.counters[MetricExempt] != 1 || h.counters[MetricRequests] != 2 {
+		t.Errorf("counters: %v", h.counters)
+	}
+}
+
+func TestStream_Allowed(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	s, a := h.request(p, 7, map[string]string{"x-user-id": "alice"})
+	if a != proxywasm.Pause || len(h.calls) != 1 {
+		t.Fatalf("action %v, %d call-outs", a, len(h.calls))
+	}
+	c := h.calls[0]
+	if c.cluster != "bridge" || c.timeout != 150 || c.headers[":path"] != "/v1/rate-limit/check" ||
+		c.headers["authorization"] != "Bearer t0k" || c.headers[":method"] != "POST" || c.headers["x-request-id"] != "req-1" {
+		t.Errorf("call-out: %+v", c)
+	}
+	req, err := rules.DecodeCheckRequest([]byte(c.body))
+	if err != nil {
+		t.Fatalf("check body: %v", err)
+	}
+	if req.User != "alice" || req.Endpoint != "/api/v1/items" || len(req.Limits) != 2 || !req.Limits[1].Shadow || req.Limits[0].Key != "rl:{u:alice}:api" {
+		t.Errorf("check: %+v", req)
+	}
+	h.reqHeaders = nil // host memory of the first callback is gone by now
+	h.answer(p, "200", allowAnswer(h.nowMS))
+	if h.effective != 7 || h.resumed != 1 || h.local != nil {
+		t.Fatalf("effective %d resumed %d local %+v", h.effective, h.resumed, h.local)
+	}
+	s.OnResponseHeaders(0, false)
+	got := map[string]string{}
+	for _, kv := range h.respHeaders {
+		got[kv[0]] = kv[1]
+	}
+	if got["X-RateLimit-Limit"] != "10" || got["X-RateLimit-Remaining"] != "7" || got["X-RateLimit-Strategy"] != "fixed_window" || got["Retry-After"] != "" {
+		t.Errorf("response headers: %v", got)
+	}
+	// The shadow limit denied: logged, counted, not enforced.
+	if h.counters[MetricShadowDenied] != 1 || h.counters[MetricAllowed] != 1 || h.counters[MetricDenied] != 0 {
+		t.Errorf("counters: %v", h.counters)
+	}
+	if !strings.Contains(strings.Join(h.logs, "\n"), `"action":"log_only"`) || !strings.Contains(strings.Join(h.logs, "\n"), `"user_id":"alice"`) {
+		t.Errorf("shadow event missing: %v", h.logs)
+	}
+}
+
+func TestStream_DeniedThenCached(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	h.request(p, 2, map[string]string{"x-user-id": "bob"})
+	h.answer(p, "200", denyAnswer(h.nowMS))
+	if h.local == nil || h.local.status != 429 || h.resumed != 0 {
+		t.Fatalf("want a local 429, got %+v resumed %d", h.local, h.resumed)
+	}
+	if h.local.headers["Retry-After"] != "40" || h.local.headers["X-RateLimit-Remaining"] != "0" || h.local.headers["content-type"] != "application/json" {
+		t.Errorf("429 headers: %v", h.local.headers)
+	}
+	if !strings.Contains(h.local.body, `"code":"RATE_LIMITED"`) || !strings.Contains(h.local.body, `"request_id":"req-1"`) {
+		t.Errorf("429 body: %s", h.local.body)
+	}
+	var event string
+	for _, l := range h.logs {
+		if strings.Contains(l, `"event_type":"blocked"`) && strings.Contains(l, `"action":"reject"`) {
+			event = l
+		}
+	}
+	for _, field := range []string{`"user_id":"bob"`, `"ip_address":"203.0.113.9"`, `"endpoint":"/api/v1/items"`, `"limit":10`, `"policy":"api"`, `"timestamp":"2023-11-14T22:13:20.000Z"`} {
+		if !strings.Contains(event, field) {
+			t.Errorf("blocked event lacks %s: %s", field, event)
+		}
+	}
+	// Ten seconds later the same key is refused from the cache, without a call-out.
+	h.nowMS += 10_000
+	calls := len(h.calls)
+	_, a := h.request(p, 3, map[string]string{"x-user-id": "bob"})
+	if a != proxywasm.Pause || len(h.calls) != calls || h.local == nil || h.local.status != 429 {
+		t.Fatalf("cache hit: action %v, call-outs %d→%d, local %+v", a, calls, len(h.calls), h.local)
+	}
+	if h.local.headers["Retry-After"] != "30" || h.counters[MetricCacheHits] != 1 {
+		t.Errorf("cached retry-after %q, hits %d", h.local.headers["Retry-After"], h.counters[MetricCacheHits])
+	}
+	// Another user is not affected; after the retry time bob asks the bridge again.
+	h.request(p, 4, map[string]string{"x-user-id": "carol"})
+	if len(h.calls) != calls+1 {
+		t.Error("another user was answered from bob's cache entry")
+	}
+	h.nowMS += 31_000
+	h.request(p, 5, map[string]string{"x-user-id": "bob"})
+	if len(h.calls) != calls+2 {
+		t.Error("expired cache entry still used")
+	}
+}
+
+func TestStream_BridgeFailures(t *testing.T) {
+	failures := []struct {
+		name   string
+		answer func(h *fakeHost, p *Plugin)
+		reason string
+	}{
+		{"timeout", func(h *fakeHost, p *Plugin) { p.OnHTTPCallResponse(uint32(len(h.calls)), 0, 0, 0) }, "unreachable or timed out"},
+		{"status 503", func(h *fakeHost, p *Plugin) { h.answer(p, "503", `{"error":{}}`) }, "status 503"},
+		{"garbage", func(h *fakeHost, p *Plugin) { h.answer(p, "200", `<html>`) }, "not valid JSON"},
+		{"wrong count", func(h *fakeHost, p *Plugin) {
+			h.answer(p, "200", `{"allowed":true,"decisions":[{"allowed":true}]}`)
+		}, "got 1, want 2"},
+	}
+	for _, mode := range []string{"fail_open", "fail_closed"} {
+		for _, f := range failures {
+			t.Run(mode+"/"+f.name, func(t *testing.T) {
+				h, p := newPlugin(t, mode)
+				h.request(p, 2, map[string]string{"x-user-id": "dave"})
+				f.answer(h, p)
+				if h.counters[MetricBridgeErrors] != 1 {
+					t.Errorf("bridge errors: %d", h.counters[MetricBridgeErrors])
+				}
+				if !strings.Contains(strings.Join(h.logs, "\n"), f.reason) || !strings.Contains(strings.Join(h.logs, "\n"), `"event_type":"backend_error"`) {
+					t.Errorf("no backend_error event with %q: %v", f.reason, h.logs)
+				}
+				if mode == "fail_open" {
+					if h.resumed != 1 || h.local != nil || h.counters[MetricFailOpen] != 1 {
+						t.Errorf("fail_open: resumed %d local %+v", h.resumed, h.local)
+					}
+					return
+				}
+				if h.resumed != 0 || h.local == nil || h.local.status != 503 || !strings.Contains(h.local.body, "SERVICE_UNAVAILABLE") || h.counters[MetricFailClosed] != 1 {
+					t.Errorf("fail_closed: resumed %d local %+v", h.resumed, h.local)
+				}
+			})
+		}
+	}
+}
+
+func TestStream_DispatchError(t *testing.T) {
+	for _, mode := range []string{"fail_open", "fail_closed"} {
+		h, p := newPlugin(t, mode)
+		h.dispatchErr = errors.New("bad argument")
+		_, a := h.request(p, 2, map[string]string{"x-user-id": "erin"})
+		if mode == "fail_open" && (a != proxywasm.Continue || h.local != nil) {
+			t.Errorf("fail_open: action %v local %+v", a, h.local)
+		}
+		if mode == "fail_closed" && (a != proxywasm.Pause || h.local == nil || h.local.status != 503) {
+			t.Errorf("fail_closed: action %v local %+v", a, h.local)
+		}
+	}
+}
+
+func TestStream_OnDoneDropsLateAnswer(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	s, _ := h.request(p, 2, map[string]string{"x-user-id": "frank"})
+	s.OnDone()
+	h.answer(p, "200", denyAnswer(h.nowMS))
+	if h.local != nil || h.resumed != 0 || len(p.pending) != 0 {
+		t.Errorf("late answer acted on: local %+v resumed %d", h.local, h.resumed)
+	}
+	// The recycled stream serves the next request cleanly.
+	s2, _ := h.request(p, 3, map[string]string{"x-user-id": "gina"})
+	if s2 != s {
+		t.Error("stream not recycled")
+	}
+}
+
+// benchHost answers every host call from fixed data without allocating.
+type benchHost struct {
+	fakeHost
+	hdr    map[string]string
+	shared map[string][]byte
+}
+
+func (b *benchHost) RequestHeader(n string) string                 { return b.hdr[n] }
+func (b *benchHost) Property(string) string                        { return "203.0.113.9:5555" }
+func (b *benchHost) SharedGet(k string) []byte                     { return b.shared[k] }
+func (b *benchHost) Log(proxywasm.LogLevel, []byte)                {}
+func (b *benchHost) IncCounter(uint32)                             {}
+func (b *benchHost) SendLocalResponse(uint32, [][2]string, []byte) {}
+func (b *benchHost) Dispatch(string, [][2]string, []byte, uint32) (uint32, error) {
+	return 1, nil
+}
+
+// BenchmarkStream measures the filter per request, natively: (a) no rule
+// matches, (b) over-limit cache hit, (c) the call-out path without network.
+// The same paths run in the built .wasm in plugin/wasm_test.go.
+func BenchmarkStream(b *testing.B) {
+	h := &benchHost{fakeHost: *newFakeHost(strings.ReplaceAll(testConfig, "%MODE%", "fail_open")), shared: map[string][]byte{}}
+	p := NewPlugin(h, 1)
+	if !p.OnPluginStart(0) {
+		b.Fatal("config refused")
+	}
+	base := map[string]string{":method": "GET", ":authority": "api.example.com", "x-request-id": "req-1", "x-user-id": "alice"}
+	with := func(path string) map[string]string {
+		m := map[string]string{":path": path}
+		for k, v := range base {
+			m[k] = v
+		}
+		return m
+	}
+	run := func(b *testing.B, hdr map[string]string, after func()) {
+		h.hdr = hdr
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			s := p.NewHTTPContext(uint32(i + 2)).(*Stream)
+			s.OnRequestHeaders(0, true)
+			if after != nil {
+				after()
+			}
+			s.OnResponseHeaders(0, false)
+			s.OnDone()
+		}
+	}
+	b.Run("no-match", func(b *testing.B) { run(b, with("/health"), nil) })
+	b.Run("cache-hit", func(b *testing.B) {
+		p.cacheDenial(p.cfg, []byte("rl:{u:alice}:api"), &rules.Decision{Limit: 10, ResetMS: 1 << 50, RetryAfterMS: 1 << 49}, 0)
+		for k, v := range h.fakeHost.shared {
+			h.shared[k] = v
+		}
+		h.fakeHost.shared = map[string][]byte{}
+		run(b, with("/api/v1/items"), nil)
+	})
+	b.Run("call-out", func(b *testing.B) {
+		h.shared = map[string][]byte{}
+		answer := []byte(allowAnswer(h.nowMS))
+		h.callStatus, h.callBody = "200", answer
+		run(b, with("/api/v1/x"), func() { p.OnHTTPCallResponse(1, 3, len(answer), 0) })
+	})
+}
+
+func TestAppendTimestamp(t *testing.T) {
+	for _, ms := range []int64{0, 951782400000, 1_700_000_000_123, 4102444799999, 1709164800000} {
+		want := time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z")
+		if got := string(appendTimestamp(nil, ms)); got != want {
+			t.Errorf("%d: got %s, want %s", ms, got, want)
+		}
+	}
+}

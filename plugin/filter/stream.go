@@ -1,0 +1,250 @@
+package filter
+
+import (
+	"github.com/sluicehq/sluice/plugin/proxywasm"
+	"github.com/sluicehq/sluice/rules"
+)
+
+type streamState uint8
+
+const (
+	stateNew     streamState = iota
+	stateWaiting             // paused, call-out in flight
+	stateDone                // decided
+)
+
+// Stream is one HTTP request. Streams are recycled, so every buffer here is
+// reused across requests.
+type Stream struct {
+	p     *Plugin
+	id    uint32
+	cfg   *rules.Config // the config the request started under
+	state streamState
+
+	hdrs        headerView
+	req         rules.Request
+	plan        rules.Plan
+	resp        rules.CheckResponse
+	respHeaders rules.ResponseHeaders
+	nowMS       int64
+
+	// Copies of what outlives the request-headers callback (host views don't).
+	user      []byte
+	ip        []byte
+	endpoint  []byte
+	requestID []byte
+
+	body     []byte      // check request
+	callHdrs [][2]string // call-out headers
+	local    [][2]string // local response headers
+}
+
+// headerView adapts the host's request headers to rules.HeaderSource.
+type headerView struct{ s *Stream }
+
+func (h headerView) Header(name string) string { return h.s.p.host.RequestHeader(name) }
+
+// OnRequestHeaders decides what happens to the request.
+func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
+	p, h := s.p, s.p.host
+	h.IncCounter(p.m.requests)
+	if s.cfg == nil {
+		return proxywasm.Continue // never configured: the host refused every config
+	}
+	s.nowMS = h.NowNanos() / 1e6
+	s.req = rules.Request{
+		Method:  h.RequestHeader(":method"),
+		Path:    h.RequestHeader(":path"),
+		Host:    h.RequestHeader(":authority"),
+		Source:  h.Property("source.address"),
+		Headers: s.hdrs,
+		NowUnix: s.nowMS / 1000,
+	}
+	s.cfg.Evaluate(&s.req, &s.plan)
+	if s.plan.Exempt {
+		h.IncCounter(p.m.exempt)
+		return proxywasm.Continue
+	}
+	if len(s.plan.Limits) == 0 {
+		return proxywasm.Continue
+	}
+	s.keepIdentity()
+	if s.cfg.LocalCache.Enabled {
+		if i, d, ok := p.cachedDenial(s); ok {
+			h.IncCounter(p.m.cacheHits)
+			s.deny(i, &d)
+			return proxywasm.Pause
+		}
+	}
+	s.body = rules.AppendCheckRequest(s.body[:0], bytesString(s.requestID), bytesString(s.user), bytesString(s.endpoint), s.plan.Limits)
+	b := &s.cfg.Bridge
+	s.callHdrs = append(s.callHdrs[:0],
+		[2]string{":method", "POST"}, [2]string{":path", b.Path}, [2]string{":authority", b.Authority},
+		[2]string{"content-type", "application/json"}, [2]string{"x-request-id", bytesString(s.requestID)})
+	if p.bridgeAuth != "" {
+		s.callHdrs = append(s.callHdrs, [2]string{"authorization", p.bridgeAuth})
+	}
+	callID, err := h.Dispatch(b.Cluster, s.callHdrs, s.body, b.TimeoutMS)
+	if err != nil {
+		s.fail("dispatch failed: " + err.Error())
+		if s.cfg.FailureMode == rules.FailClosed {
+			return proxywasm.Pause // answered with the local 503
+		}
+		return proxywasm.Continue
+	}
+	p.pending[callID] = s
+	s.state = stateWaiting
+	return proxywasm.Pause
+}
+
+// keepIdentity copies the identity out of host memory, which is only valid
+// during this callback, into the stream's own buffers.
+func (s *Stream) keepIdentity() {
+	s.user = append(s.user[:0], s.plan.Identity.User...)
+	s.ip = s.ip[:0]
+	if s.plan.Identity.IP.IsValid() {
+		s.ip = s.plan.Identity.IP.AppendTo(s.ip)
+	}
+	s.endpoint = append(s.endpoint[:0], s.plan.Endpoint...)
+	rid := s.p.host.RequestHeader("x-request-id")
+	if rid == "" {
+		rid = s.p.host.Property("request.id")
+	}
+	if len(rid) > 128 {
+		rid = rid[:128]
+	}
+	s.requestID = append(s.requestID[:0], rid...)
+	// From now on the plan refers to the copies.
+	s.plan.Identity.User = bytesString(s.user)
+	s.plan.Endpoint = bytesString(s.endpoint)
+}
+
+// OnHTTPCallResponse delivers the bridge's answer to the waiting stream.
+func (p *Plugin) OnHTTPCallResponse(calloutID uint32, numHeaders, bodySize, _ int) {
+	s, ok := p.pending[calloutID]
+	if !ok {
+		return // the stream ended before the answer came
+	}
+	delete(p.pending, calloutID)
+	p.host.SetEffectiveContext(s.id)
+	s.state = stateDone
+	if numHeaders == 0 {
+		s.fail("bridge unreachable or timed out")
+		s.finishFailure()
+		return
+	}
+	status, body := p.host.CallResponse(bodySize)
+	if status != "200" {
+		s.fail("bridge answered status " + status)
+		s.finishFailure()
+		return
+	}
+	if err := rules.DecodeCheckResponse(body, len(s.plan.Limits), &s.resp); err != nil {
+		s.fail(err.Error())
+		s.finishFailure()
+		return
+	}
+	s.decide()
+}
+
+// decide acts on a bridge answer.
+func (s *Stream) decide() {
+	p, h := s.p, s.p.host
+	limits, decs := s.plan.Limits, s.resp.Decisions
+	now := s.resp.NowMS
+	if now == 0 {
+		now = s.nowMS
+	}
+	for i := range decs {
+		d := &decs[i]
+		if d.Allowed {
+			continue
+		}
+		if limits[i].Action == rules.LogOnly {
+			h.IncCounter(p.m.shadowDenied)
+			s.event("blocked", i, d, "log_only")
+			continue
+		}
+		if s.cfg.LocalCache.Enabled {
+			p.cacheDenial(s.cfg, limits[i].Key, d, now)
+		}
+	}
+	best := rules.Headline(limits, decs)
+	if !s.resp.Allowed && best >= 0 {
+		s.nowMS = now
+		s.deny(best, &decs[best])
+		return
+	}
+	h.IncCounter(p.m.allowed)
+	if best >= 0 {
+		s.cfg.Headers.Render(&s.respHeaders, &limits[best], &decs[best], now, false)
+	}
+	h.ResumeRequest()
+}
+
+// deny answers the request with the configured 429, headers and body.
+func (s *Stream) deny(i int, d *rules.Decision) {
+	p, h := s.p, s.p.host
+	s.state = stateDone
+	h.IncCounter(p.m.denied)
+	l := &s.plan.Limits[i]
+	s.cfg.Headers.Render(&s.respHeaders, l, d, s.nowMS, true)
+	s.local = append(s.local[:0], [2]string{"content-type", "application/json"})
+	for j := 0; j < s.respHeaders.N; j++ {
+		s.local = append(s.local, [2]string{s.respHeaders.Names[j], bytesString(s.respHeaders.Values[j])})
+	}
+	s.body = s.cfg.AppendDenyBody(s.body[:0], l, d, s.nowMS, bytesString(s.requestID))
+	s.event("blocked", i, d, "reject")
+	s.respHeaders.Reset() // the local response already carries them
+	h.SendLocalResponse(s.cfg.Deny.Status, s.local, s.body)
+}
+
+// fail records a bridge failure: counted and logged.
+func (s *Stream) fail(reason string) {
+	s.p.host.IncCounter(s.p.m.bridgeErrors)
+	s.backendError(reason)
+	if s.cfg.FailureMode == rules.FailClosed {
+		s.state = stateDone
+		s.p.host.IncCounter(s.p.m.failClosed)
+		s.body = rules.AppendUnavailableBody(s.body[:0], reason, bytesString(s.requestID))
+		s.local = append(s.local[:0], [2]string{"content-type", "application/json"})
+		s.p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, s.local, s.body)
+		return
+	}
+	s.p.host.IncCounter(s.p.m.failOpen)
+}
+
+// finishFailure resumes a paused request after fail_open.
+func (s *Stream) finishFailure() {
+	if s.cfg.FailureMode == rules.FailOpen {
+		s.p.host.ResumeRequest()
+	}
+}
+
+// OnResponseHeaders adds the rate limit headers of a request that passed.
+func (s *Stream) OnResponseHeaders(int, bool) proxywasm.Action {
+	for i := 0; i < s.respHeaders.N; i++ {
+		s.p.host.AddResponseHeader(s.respHeaders.Names[i], s.respHeaders.Values[i])
+	}
+	s.respHeaders.Reset()
+	return proxywasm.Continue
+}
+
+func (s *Stream) OnLog() {}
+
+// OnDone recycles the stream; an answer still in flight is dropped.
+func (s *Stream) OnDone() {
+	p := s.p
+	if s.state == stateWaiting {
+		for id, w := range p.pending {
+			if w == s {
+				delete(p.pending, id)
+			}
+		}
+	}
+	s.state = stateDone
+	s.cfg = nil
+	if len(p.free) < 1024 {
+		p.free = append(p.free, s)
+	}
+}

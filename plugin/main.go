@@ -1,0 +1,103 @@
+// Command plugin is Sluice's proxy-wasm HTTP filter. Build it with
+//
+//	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o build/plugin.wasm ./plugin
+//
+// It only connects the ABI binding (plugin/proxywasm) to the filter logic
+// (plugin/filter), which is plain Go and tested natively.
+package main
+
+import (
+	"unsafe"
+
+	"github.com/sluicehq/sluice/plugin/filter"
+	"github.com/sluicehq/sluice/plugin/proxywasm"
+)
+
+func init() { proxywasm.SetVMContext(vm{}) }
+
+// main never runs in a c-shared (reactor) module; init registers the plugin.
+func main() {}
+
+type vm struct{ proxywasm.DefaultVMContext }
+
+func (vm) NewPluginContext(contextID uint32) proxywasm.PluginContext {
+	return filter.NewPlugin(abiHost{}, contextID)
+}
+
+// abiHost implements filter.Host with the proxy-wasm host calls.
+type abiHost struct{}
+
+// view turns a host view into a string without copying; valid only during
+// the current callback, which is all the filter asks of it.
+func view(b []byte, err error) string {
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+func (abiHost) PluginConfig() ([]byte, error) { return proxywasm.GetPluginConfiguration() }
+
+func (abiHost) RequestHeader(name string) string {
+	return view(proxywasm.GetRequestHeaderBytes(name))
+}
+
+func (abiHost) Property(path string) string {
+	switch path {
+	case "source.address":
+		return view(proxywasm.GetProperty("source", "address"))
+	case "request.id":
+		return view(proxywasm.GetProperty("request", "id"))
+	}
+	return ""
+}
+
+func (abiHost) AddResponseHeader(name string, value []byte) {
+	_ = proxywasm.AddResponseHeaderBytes(name, value)
+}
+
+func (abiHost) SendLocalResponse(status uint32, headers [][2]string, body []byte) {
+	_ = proxywasm.SendLocalResponse(status, "sluice", body, headers)
+}
+
+func (abiHost) ResumeRequest() { _ = proxywasm.ResumeHTTPRequest() }
+
+func (abiHost) Dispatch(cluster string, headers [][2]string, body []byte, timeoutMS uint32) (uint32, error) {
+	return proxywasm.DispatchHTTPCall(cluster, headers, body, nil, timeoutMS)
+}
+
+func (abiHost) CallResponse(int) (string, []byte) {
+	status := view(proxywasm.GetHTTPCallResponseHeaderBytes(":status"))
+	body, _ := proxywasm.GetHTTPCallResponseBody()
+	return status, body
+}
+
+func (abiHost) SetEffectiveContext(id uint32) { _ = proxywasm.SetEffectiveContext(id) }
+
+func (abiHost) SharedGet(key string) []byte {
+	v, _, err := proxywasm.GetSharedData(key)
+	if err != nil {
+		return nil
+	}
+	return v
+}
+
+func (abiHost) SharedSet(key string, value []byte) { _ = proxywasm.SetSharedData(key, value, 0) }
+
+func (abiHost) NowNanos() int64 {
+	n, _ := proxywasm.GetCurrentTimeNanos()
+	return n
+}
+
+func (abiHost) Log(level proxywasm.LogLevel, msg []byte) {
+	if len(msg) > 0 {
+		_ = proxywasm.Log(level, unsafe.String(&msg[0], len(msg)))
+	}
+}
+
+func (abiHost) DefineCounter(name string) uint32 {
+	id, _ := proxywasm.DefineMetric(proxywasm.MetricCounter, name)
+	return id
+}
+
+func (abiHost) IncCounter(id uint32) { _ = proxywasm.IncrementMetric(id, 1) }
