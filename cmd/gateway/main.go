@@ -1,0 +1,204 @@
+// Command gateway is a small reverse proxy that runs the Sluice plugin
+// (build/plugin.wasm) in the e2e proxy-wasm host in front of an upstream,
+// for users without Envoy:
+//
+//	gateway --listen :8080 --plugin build/plugin.wasm --config examples/config.json \
+//	        --upstream http://127.0.0.1:9000 --cluster sluice_bridge=http://127.0.0.1:8081
+//
+// SIGHUP reloads --config; an invalid file is refused and the running
+// configuration stays. SIGINT/SIGTERM stop it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluicehq/sluice/e2e"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+type clusterFlag map[string]string
+
+func (c clusterFlag) String() string { return fmt.Sprint(map[string]string(c)) }
+
+func (c clusterFlag) Set(v string) error {
+	name, target, ok := strings.Cut(v, "=")
+	if !ok || name == "" {
+		return errors.New("want NAME=URL")
+	}
+	if u, err := url.Parse(target); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an http(s) URL", target)
+	}
+	c[name] = target
+	return nil
+}
+
+type settings struct {
+	listen, plugin, config, upstream string
+	clusters                         clusterFlag
+	workers                          int
+	failOpen, appendXFF              bool
+	logLevel                         string
+}
+
+func parseFlags(args []string, stderr *os.File) (settings, error) {
+	s := settings{clusters: clusterFlag{}}
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&s.listen, "listen", envOr("SLUICE_GATEWAY_LISTEN", ":8080"), "address to serve on")
+	fs.StringVar(&s.plugin, "plugin", envOr("SLUICE_GATEWAY_PLUGIN", "build/plugin.wasm"), "the plugin .wasm")
+	fs.StringVar(&s.config, "config", envOr("SLUICE_GATEWAY_CONFIG", "examples/config.json"), "the plugin's JSON configuration")
+	fs.StringVar(&s.upstream, "upstream", envOr("SLUICE_GATEWAY_UPSTREAM", ""), "the upstream base URL, e.g. http://127.0.0.1:9000")
+	fs.Var(s.clusters, "cluster", "a call-out cluster NAME=URL (repeatable), e.g. sluice_bridge=http://127.0.0.1:8081")
+	fs.IntVar(&s.workers, "workers", 2, "worker VMs")
+	fs.BoolVar(&s.failOpen, "fail-open", false, "pass requests when the plugin itself crashes (as Envoy's wasm fail_open)")
+	fs.BoolVar(&s.appendXFF, "append-xff", true, "append the peer address to X-Forwarded-For, as Envoy's use_remote_address does")
+	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return s, err
+	}
+	if s.upstream == "" {
+		return s, errors.New("--upstream is required")
+	}
+	if u, err := url.Parse(s.upstream); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return s, fmt.Errorf("--upstream %q is not an http(s) URL", s.upstream)
+	}
+	if s.workers < 1 || s.workers > 256 {
+		return s, fmt.Errorf("--workers %d: must be from 1 to 256", s.workers)
+	}
+	return s, nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func run(ctx context.Context, args []string, stderr *os.File) error {
+	s, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	wasm, err := os.ReadFile(s.plugin)
+	if err != nil {
+		return fmt.Errorf("--plugin: %w (build it with make wasm)", err)
+	}
+	cfg, err := os.ReadFile(s.config)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	hostLevel := e2e.LogLevel(1) // debug
+	switch {
+	case level >= slog.LevelError:
+		hostLevel = 4
+	case level >= slog.LevelWarn:
+		hostLevel = 3
+	case level >= slog.LevelInfo:
+		hostLevel = 2
+	}
+	host, err := e2e.New(ctx, wasm, e2e.Options{
+		Workers: s.workers, PluginConfig: cfg, RootID: "sluice", Clusters: s.clusters,
+		Logger: logger, FailOpen: s.failOpen, LogLevel: hostLevel,
+	})
+	if err != nil {
+		return fmt.Errorf("starting the plugin: %w", err)
+	}
+	defer host.Close()
+
+	up, _ := url.Parse(s.upstream)
+	proxy := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
+		pr.SetURL(up)
+		pr.Out.Host = pr.In.Host
+		// X-Forwarded-For already names the peer (appendXFF); pass it on as is.
+		pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+	}}
+	proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		logger.Warn("upstream error", "err", err, "path", r.URL.Path)
+		http.Error(w, "upstream unavailable", http.StatusBadGateway)
+	}
+	handler := host.Middleware(proxy)
+	if s.appendXFF {
+		handler = appendXFF(handler)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	ln, err := net.Listen("tcp", s.listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	logger.Info("gateway listening", "addr", ln.Addr().String(), "upstream", s.upstream, "workers", s.workers)
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return shutdown(srv)
+		case sig := <-sigs:
+			if sig != syscall.SIGHUP {
+				logger.Info("stopping", "signal", sig.String())
+				return shutdown(srv)
+			}
+			data, err := os.ReadFile(s.config)
+			if err == nil {
+				err = host.Configure(ctx, data)
+			}
+			if err != nil {
+				logger.Error("reload refused; the running configuration stays", "err", err)
+			} else {
+				logger.Info("configuration reloaded", "file", s.config)
+			}
+		}
+	}
+}
+
+func shutdown(srv *http.Server) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return srv.Shutdown(ctx)
+}
+
+// appendXFF adds the connection peer to X-Forwarded-For before the plugin
+// sees the request, so that trusted_proxy_depth 1 names the peer itself
+// and nothing a client writes in the header can change whose quota it uses.
+func appendXFF(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+			if prior := r.Header.Values("X-Forwarded-For"); len(prior) > 0 {
+				r.Header.Set("X-Forwarded-For", strings.Join(prior, ", ")+", "+host)
+			} else {
+				r.Header.Set("X-Forwarded-For", host)
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
