@@ -5,9 +5,9 @@ BUILD := build
 WASM := $(BUILD)/plugin.wasm
 FUZZTIME ?= 3s
 
-.PHONY: all wasm bridge gateway test test-native test-fuzz bench run lint check deps clean
+.PHONY: all wasm bridge gateway demo-upstream test test-native test-fuzz bench run lint check deps clean
 
-all: wasm bridge gateway
+all: wasm bridge gateway demo-upstream
 
 # The plugin: upstream Go, wasip1, c-shared (a reactor with _initialize).
 wasm:
@@ -23,11 +23,20 @@ gateway:
 	@mkdir -p $(BUILD)
 	$(GO) build -trimpath -o $(BUILD)/gateway ./cmd/gateway
 
+demo-upstream:
+	@mkdir -p $(BUILD)
+	$(GO) build -trimpath -o $(BUILD)/demo-upstream ./cmd/demo-upstream
+
 # Debian packages the tests and `make run` need; installed when missing (we are root in CI).
 deps:
-	@command -v redis-server >/dev/null || { \
-	  echo "installing redis-server (Debian package redis-server)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server redis-tools"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "run as root, or: sudo apt-get install -y$$missing"; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
 test: deps wasm
 	$(GO) test -count=1 ./...
@@ -44,8 +53,10 @@ test-fuzz:
 bench: deps wasm
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
 
-run:
-	@echo "make run: not implemented yet (issue 5)"; exit 1
+# Starts the bridge (memory store, or Redis when REDIS_URL is set), a demo
+# upstream and the gateway; Ctrl-C stops them all.
+run: deps all
+	./scripts/run.sh
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
