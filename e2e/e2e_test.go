@@ -1,0 +1,605 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var guestWasm []byte
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "e2e-guest")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	out := filepath.Join(dir, "testguest.wasm")
+	if err := BuildWasm("github.com/sluicehq/sluice/e2e/internal/testguest", out); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	guestWasm, err = os.ReadFile(out)
+	os.RemoveAll(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+func newHost(t testing.TB, opts Options) *Host {
+	t.Helper()
+	h, err := New(context.Background(), guestWasm, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// run sends one request with headers through a stream and closes it.
+func run(t testing.TB, h *Host, headers ...string) (Result, error) {
+	t.Helper()
+	var hs [][2]string
+	for i := 0; i+1 < len(headers); i += 2 {
+		hs = append(hs, [2]string{headers[i], headers[i+1]})
+	}
+	s := h.NewStream(context.Background(), RequestInfo{
+		Method: "GET", Path: "/api/items?x=1", Host: "example.com", Headers: hs,
+		SourceAddress: "203.0.113.7:4321", RequestID: "req-1", ConnectionID: 77, EndOfStream: true,
+	})
+	defer s.Close()
+	return s.RequestHeaders(context.Background())
+}
+
+func mustGet(t testing.TB, r Result, name string) string {
+	t.Helper()
+	v, ok := r.Get(name)
+	if !ok {
+		t.Fatalf("header %q missing from %v", name, r.Headers)
+	}
+	return v
+}
+
+func TestHost_RequestHeadersAndProperties(t *testing.T) {
+	h := newHost(t, Options{PluginConfig: []byte("cfg-1"), VMConfig: []byte("vm-cfg"), RootID: "root-x", VMID: "vm-x"})
+	r, err := run(t, h, "x-mode", "echo", "X-Remove-Me", "secret", "x-user", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Local != nil {
+		t.Fatalf("unexpected local response %+v", r.Local)
+	}
+	want := map[string]string{
+		"x-config": "cfg-1", "x-vm-config": "vm-cfg", "x-eos": "true",
+		"x-prop-source.address": "203.0.113.7:4321", "x-prop-source.port": "4321",
+		"x-prop-request.path": "/api/items?x=1", "x-prop-request.url_path": "/api/items",
+		"x-prop-request.method": "GET", "x-prop-request.host": "example.com",
+		"x-prop-request.scheme": "http", "x-prop-request.id": "req-1",
+		"x-prop-plugin_root_id": "root-x", "x-prop-plugin_name": "sluice", "x-prop-plugin_vm_id": "vm-x",
+		"x-prop-connection.id": "77", "x-metric-requests": "1", "x-user": "alice",
+		// :authority :path :method :scheme x-mode x-remove-me x-user x-request-id
+		"x-num-headers": "8", ":path": "/api/items?x=1", "x-request-id": "req-1",
+	}
+	for k, v := range want {
+		if got := mustGet(t, r, k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	for _, k := range []string{"x-remove-me", "x-prop-missing", "x-counter-negative"} {
+		if v, ok := r.Get(k); ok {
+			t.Errorf("%s present (%q)", k, v)
+		}
+	}
+	var added []string
+	for _, kv := range r.Headers {
+		if kv[0] == "x-added" {
+			added = append(added, kv[1])
+		}
+	}
+	if strings.Join(added, ",") != "a,b" {
+		t.Errorf("x-added = %v, want a,b", added)
+	}
+	now, _ := strconv.ParseInt(mustGet(t, r, "x-now"), 10, 64)
+	if d := time.Since(time.Unix(0, now)); d < 0 || d > time.Minute {
+		t.Errorf("x-now is %v away from now", d)
+	}
+}
+
+func TestHost_InjectedClock(t *testing.T) {
+	at := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
+	h := newHost(t, Options{Now: func() time.Time { return at }})
+	r, err := run(t, h, "x-mode", "echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, r, "x-now"); got != strconv.FormatInt(at.UnixNano(), 10) {
+		t.Fatalf("x-now = %s, want %d", got, at.UnixNano())
+	}
+}
+
+func TestHost_LocalResponse(t *testing.T) {
+	h := newHost(t, Options{})
+	r, err := run(t, h, "x-mode", "deny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := r.Local
+	if l == nil || l.Status != 429 || string(l.Body) != "denied" || l.Details != "rate_limited" {
+		t.Fatalf("local = %+v", l)
+	}
+	if v, _ := (Result{Headers: l.Headers}).Get("retry-after"); v != "7" {
+		t.Fatalf("local headers = %v", l.Headers)
+	}
+}
+
+func TestHost_ResponseHeaders(t *testing.T) {
+	h := newHost(t, Options{})
+	s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", Host: "h",
+		Headers: [][2]string{{"x-mode", "echo"}}})
+	defer s.Close()
+	if _, err := s.RequestHeaders(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.ResponseHeaders(context.Background(), 201, [][2]string{{"X-Secret", "s"}, {"x-replaced", "old"}, {"content-type", "text/plain"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantResp := map[string]string{":status": "201", "x-guest-saw-status": "201", "x-replaced": "new", "content-type": "text/plain"}
+	for k, v := range wantResp {
+		if got := mustGet(t, r, k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if _, ok := r.Get("x-secret"); ok {
+		t.Error("x-secret not removed")
+	}
+}
+
+func TestStream_ResponseHeadersWithoutRequest(t *testing.T) {
+	h := newHost(t, Options{})
+	s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/"})
+	defer s.Close()
+	if _, err := s.ResponseHeaders(context.Background(), 200, nil); !errors.Is(err, errNoContext) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// backend is an upstream for call-outs. /slow sleeps; /deny answers "deny";
+// every other path is echoed in the body.
+func backend(t testing.TB) (*httptest.Server, *sync.Map) {
+	seen := &sync.Map{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		seen.Store(r.URL.Path, fmt.Sprintf("%s %s host=%s from=%s body=%s", r.Method, r.URL.Path, r.Host, r.Header.Get("X-From"), b))
+		w.Header().Set("X-Upstream", "yes")
+		switch r.URL.Path {
+		case "/slow":
+			select {
+			case <-time.After(2 * time.Second):
+			case <-r.Context().Done():
+			}
+		case "/deny":
+			w.WriteHeader(200)
+			io.WriteString(w, "deny")
+			return
+		}
+		w.WriteHeader(202)
+		io.WriteString(w, r.URL.Path)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, seen
+}
+
+func TestHost_Callout(t *testing.T) {
+	srv, seen := backend(t)
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closedURL := closed.URL
+	closed.Close()
+	h := newHost(t, Options{Workers: 3, Clusters: map[string]string{"backend": srv.URL, "down": closedURL}})
+
+	tests := []struct {
+		name       string
+		headers    []string
+		wantLocal  int    // 0: continued
+		wantBody   string // local body or x-callout-body
+		wantStatus string // x-callout-status when continued
+	}{
+		{"continue", []string{"x-callout-path", "/check/1"}, 0, "/check/1", "202"},
+		{"deny body", []string{"x-callout-path", "/deny"}, 403, "deny", ""},
+		{"timeout", []string{"x-callout-path", "/slow", "x-timeout", "50"}, 503, "call-out failed", ""},
+		{"connection refused", []string{"x-cluster", "down"}, 503, "call-out failed", ""},
+		{"unknown cluster", []string{"x-cluster", "nope"}, 502, "proxywasm: bad argument", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			r, err := run(t, h, append([]string{"x-mode", "callout"}, tt.headers...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.wantLocal == 0 {
+				if r.Local != nil {
+					t.Fatalf("local = %+v (%s)", r.Local, r.Local.Body)
+				}
+				if got := mustGet(t, r, "x-callout-body"); got != tt.wantBody {
+					t.Errorf("x-callout-body = %q, want %q", got, tt.wantBody)
+				}
+				if got := mustGet(t, r, "x-callout-status"); got != tt.wantStatus {
+					t.Errorf("x-callout-status = %q", got)
+				}
+				if got := mustGet(t, r, "x-callout-upstream"); got != "yes" {
+					t.Errorf("x-callout-upstream = %q", got)
+				}
+				return
+			}
+			if r.Local == nil || r.Local.Status != tt.wantLocal || string(r.Local.Body) != tt.wantBody {
+				t.Fatalf("local = %+v, want %d %q", r.Local, tt.wantLocal, tt.wantBody)
+			}
+			if tt.name == "timeout" && time.Since(start) > time.Second {
+				t.Errorf("timeout took %v", time.Since(start))
+			}
+		})
+	}
+	got, _ := seen.Load("/check/1")
+	if got != "POST /check/1 host=backend.local from=guest body=payload" {
+		t.Errorf("upstream saw %q", got)
+	}
+}
+
+func TestStream_PausedRequestHonoursContext(t *testing.T) {
+	srv, _ := backend(t)
+	h := newHost(t, Options{Clusters: map[string]string{"backend": srv.URL}})
+	s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", Host: "h",
+		Headers: [][2]string{{"x-mode", "callout"}, {"x-callout-path", "/slow"}, {"x-timeout", "5000"}}})
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.RequestHeaders(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want deadline exceeded", err)
+	}
+}
+
+func TestHost_SharedDataCAS(t *testing.T) {
+	h := newHost(t, Options{Workers: 2})
+	r, err := run(t, h, "x-mode", "shared", "x-key", "k", "x-value", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mustGet(t, r, "x-shared-old") != "<none>" || mustGet(t, r, "x-shared-result") != "ok" {
+		t.Fatalf("first set: %v", r.Headers)
+	}
+	_, cas1, ok := h.SharedData("k")
+	if !ok {
+		t.Fatal("k not stored")
+	}
+	// The second request runs on the other VM: shared data spans VMs.
+	r, _ = run(t, h, "x-mode", "shared", "x-key", "k", "x-value", "v2")
+	if mustGet(t, r, "x-shared-old") != "v1" || mustGet(t, r, "x-shared-cas") != strconv.Itoa(int(cas1)) || mustGet(t, r, "x-shared-result") != "ok" {
+		t.Fatalf("second set: %v", r.Headers)
+	}
+	// A stale token loses.
+	r, _ = run(t, h, "x-mode", "shared", "x-key", "k", "x-value", "v3", "x-cas", strconv.Itoa(int(cas1)))
+	if got := mustGet(t, r, "x-shared-result"); got != "proxywasm: CAS mismatch" {
+		t.Fatalf("stale cas result = %q", got)
+	}
+	if v, _, _ := h.SharedData("k"); string(v) != "v2" {
+		t.Fatalf("k = %q, want v2", v)
+	}
+}
+
+func TestHost_MetricsAggregateAcrossVMs(t *testing.T) {
+	h := newHost(t, Options{Workers: 3})
+	for i := 0; i < 9; i++ {
+		if _, err := run(t, h, "x-mode", "echo"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantMetrics := map[string]int64{"test_requests": 9, "test_gauge": 42, "test_hist": 9, "test_logs": 9, "test_deletes": 9}
+	for name, want := range wantMetrics {
+		if got, ok := h.Metric(name); !ok || got != want {
+			t.Errorf("%s = %d (%v), want %d", name, got, ok, want)
+		}
+	}
+	if s := h.Histogram("test_hist"); len(s) != 9 || s[0] != 7 {
+		t.Errorf("histogram = %v", s)
+	}
+	if _, ok := h.Metric("nope"); ok {
+		t.Error("unknown metric reported")
+	}
+}
+
+func TestHost_Tick(t *testing.T) {
+	h := newHost(t, Options{Workers: 2, PluginConfig: []byte("tick=5")})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, _ := h.Metric("test_ticks")
+		if n >= 6 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ticks = %d after 5s", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Reconfiguring without a tick stops the timers.
+	if err := h.Configure(context.Background(), []byte("quiet")); err != nil {
+		t.Fatal(err)
+	}
+	n1, _ := h.Metric("test_ticks")
+	time.Sleep(50 * time.Millisecond)
+	if n2, _ := h.Metric("test_ticks"); n2 != n1 {
+		t.Fatalf("ticks went on after SetTickPeriod(0): %d → %d", n1, n2)
+	}
+}
+
+func TestHost_Logs(t *testing.T) {
+	var mu sync.Mutex
+	var cb []LogEntry
+	h := newHost(t, Options{OnLog: func(e LogEntry) { mu.Lock(); cb = append(cb, e); mu.Unlock() }, LogLevel: LogLevelDebug})
+	if _, err := run(t, h, "x-mode", "log", "x-log-level", "3", "x-log", "hello warn"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, h, "x-mode", "log", "x-log-level", "0", "x-log", "dropped trace"); err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, e := range h.Logs() {
+		if e.Message == "dropped trace" {
+			t.Error("trace entry below LogLevel recorded")
+		}
+		if e.Message == "hello warn" && e.Level == LogLevelWarn {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("warn entry missing from %v", h.Logs())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(cb) != len(h.Logs()) {
+		t.Errorf("callback saw %d entries, Logs %d", len(cb), len(h.Logs()))
+	}
+}
+
+func TestHost_ConfigureRefusalKeepsPrevious(t *testing.T) {
+	h := newHost(t, Options{Workers: 3, PluginConfig: []byte("A")})
+	if err := h.Configure(context.Background(), []byte("B")); err != nil {
+		t.Fatal(err)
+	}
+	err := h.Configure(context.Background(), []byte("refuse"))
+	if !errors.Is(err, ErrConfigRefused) {
+		t.Fatalf("err = %v, want ErrConfigRefused", err)
+	}
+	for i := 0; i < 6; i++ { // every VM twice
+		r, err := run(t, h, "x-mode", "echo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := mustGet(t, r, "x-config"); got != "B" {
+			t.Fatalf("request %d: config %q, want B", i, got)
+		}
+	}
+	if _, err := New(context.Background(), guestWasm, Options{PluginConfig: []byte("refuse")}); !errors.Is(err, ErrConfigRefused) {
+		t.Fatalf("New with a refused config: %v", err)
+	}
+}
+
+func TestHost_TrapReplacesVM(t *testing.T) {
+	h := newHost(t, Options{Workers: 2, PluginConfig: []byte("live")})
+	for _, mode := range []string{"trap", "trap-response"} {
+		s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", Headers: [][2]string{{"x-mode", mode}}})
+		_, err := s.RequestHeaders(context.Background())
+		if mode == "trap-response" {
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.ResponseHeaders(context.Background(), 200, nil)
+		}
+		s.Close()
+		if !errors.Is(err, ErrPluginCrashed) {
+			t.Fatalf("%s: err = %v, want ErrPluginCrashed", mode, err)
+		}
+	}
+	if got := h.Crashes(); got != 2 {
+		t.Fatalf("Crashes = %d, want 2", got)
+	}
+	for i := 0; i < 4; i++ {
+		r, err := run(t, h, "x-mode", "echo")
+		if err != nil {
+			t.Fatalf("after trap: %v", err)
+		}
+		if got := mustGet(t, r, "x-config"); got != "live" {
+			t.Fatalf("replaced VM runs config %q", got)
+		}
+	}
+	var sawPanic bool
+	for _, e := range h.Logs() {
+		if strings.Contains(e.Message, "deliberate trap") {
+			sawPanic = true
+		}
+	}
+	if !sawPanic {
+		t.Error("the guest's panic message is not in the logs")
+	}
+}
+
+func TestHost_TrapFailsPausedStreamsOfThatVM(t *testing.T) {
+	srv, _ := backend(t)
+	h := newHost(t, Options{Workers: 1, Clusters: map[string]string{"backend": srv.URL}})
+	s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/",
+		Headers: [][2]string{{"x-mode", "callout"}, {"x-callout-path", "/slow"}, {"x-timeout", "5000"}}})
+	defer s.Close()
+	errc := make(chan error, 1)
+	go func() { _, err := s.RequestHeaders(context.Background()); errc <- err }()
+	time.Sleep(50 * time.Millisecond)
+	if _, err := run(t, h, "x-mode", "trap"); !errors.Is(err, ErrPluginCrashed) {
+		t.Fatalf("trap: %v", err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrPluginCrashed) {
+			t.Fatalf("paused stream: %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("paused stream not failed by the crash")
+	}
+}
+
+func TestHost_Middleware(t *testing.T) {
+	var failOpen bool
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Mode") == "trap" && !failOpen {
+			t.Error("trapped request reached next with fail-closed")
+		}
+		w.Header().Set("X-Secret", "s")
+		w.Header().Set("X-Config-Seen", r.Header.Get("X-Config"))
+		w.Header().Set("X-Source-Seen", r.Header.Get("X-Prop-Source.address"))
+		w.WriteHeader(200)
+		io.WriteString(w, "upstream body")
+	})
+	for _, failOpen = range []bool{false, true} {
+		h := newHost(t, Options{PluginConfig: []byte("mw"), FailOpen: failOpen})
+		srv := httptest.NewServer(h.Middleware(next))
+		tests := []struct {
+			mode       string
+			wantStatus int
+			wantBody   string
+			check      func(http.Header) error
+		}{
+			{"echo", 200, "upstream body", func(hd http.Header) error {
+				if hd.Get("X-Secret") != "" || hd.Get("X-Guest-Saw-Status") != "200" || hd.Get("X-Config-Seen") != "mw" ||
+					!strings.HasPrefix(hd.Get("X-Source-Seen"), "127.0.0.1:") {
+					return fmt.Errorf("headers %v", hd)
+				}
+				return nil
+			}},
+			{"deny", 429, "denied", func(hd http.Header) error {
+				if hd.Get("Retry-After") != "7" {
+					return fmt.Errorf("headers %v", hd)
+				}
+				return nil
+			}},
+			{"respdeny", 502, "replaced", nil},
+			{"trap", map[bool]int{false: 503, true: 200}[failOpen], map[bool]string{false: "plugin unavailable\n", true: "upstream body"}[failOpen], nil},
+		}
+		for _, tt := range tests {
+			req, _ := http.NewRequest("GET", srv.URL+"/mw?q=1", nil)
+			req.Header.Set("X-Mode", tt.mode)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != tt.wantStatus || string(body) != tt.wantBody {
+				t.Errorf("failOpen=%v %s: %d %q, want %d %q", failOpen, tt.mode, res.StatusCode, body, tt.wantStatus, tt.wantBody)
+			}
+			if tt.check != nil {
+				if err := tt.check(res.Header); err != nil {
+					t.Errorf("failOpen=%v %s: %v", failOpen, tt.mode, err)
+				}
+			}
+		}
+		srv.Close()
+	}
+}
+
+func TestHost_Hammer(t *testing.T) {
+	srv, _ := backend(t)
+	h := newHost(t, Options{Workers: 4, Clusters: map[string]string{"backend": srv.URL}})
+	const goroutines, each = 32, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				path := fmt.Sprintf("/c/%d/%d", g, i)
+				mode := []string{"callout", "echo", "shared", "deny"}[i%4]
+				r, err := run(t, h, "x-mode", mode, "x-callout-path", path, "x-key", "hammer", "x-value", path)
+				if err != nil {
+					errs <- err
+					return
+				}
+				switch mode {
+				case "callout":
+					if v, _ := r.Get("x-callout-body"); v != path {
+						errs <- fmt.Errorf("call-out answer %q delivered to the stream of %q", v, path)
+						return
+					}
+				case "deny":
+					if r.Local == nil || r.Local.Status != 429 {
+						errs <- fmt.Errorf("deny: %+v", r)
+						return
+					}
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n, _ := h.Metric("test_deletes"); n != goroutines*each {
+		t.Errorf("test_deletes = %d, want %d (every context deleted)", n, goroutines*each)
+	}
+	for _, v := range h.vms {
+		v.mu.Lock()
+		if n := len(v.inst.streams); n != 0 {
+			t.Errorf("vm %d keeps %d streams", v.idx, n)
+		}
+		v.mu.Unlock()
+	}
+}
+
+// TestGuest_HotPathDoesNotAllocate counts guest heap allocations over many
+// requests that use the binding's non-allocating calls.
+func TestGuest_HotPathDoesNotAllocate(t *testing.T) {
+	h := newHost(t, Options{Workers: 1})
+	mallocs := func() uint64 {
+		r, err := run(t, h, "x-mode", "mallocs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.ParseUint(mustGet(t, r, "x-mallocs"), 10, 64)
+		return n
+	}
+	hot := func(n int) {
+		for i := 0; i < n; i++ {
+			s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", SourceAddress: "10.0.0.1:1",
+				Headers: [][2]string{{"x-mode", "hot"}, {"x-user", "alice"}}})
+			if _, err := s.RequestHeaders(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.ResponseHeaders(context.Background(), 200, nil); err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+		}
+	}
+	hot(100) // warm up pools, maps and the arena
+	base0 := mallocs()
+	base1 := mallocs()
+	probe := base1 - base0 // allocations of one probe request
+	hot(1000)
+	after := mallocs()
+	perReq := float64(after-base1-probe) / 1000
+	t.Logf("guest mallocs per hot request: %.3f (probe %d)", perReq, probe)
+	if perReq > 0.01 {
+		t.Fatalf("guest allocates %.3f times per hot request, want 0", perReq)
+	}
+}

@@ -1,0 +1,243 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+)
+
+// Errors a request or the host can fail with. Compare with errors.Is.
+var (
+	// ErrPluginCrashed: the VM running the request trapped (or could not be
+	// restarted). The VM is replaced; map the request to 500/503, or pass it
+	// when Host.FailOpen says so.
+	ErrPluginCrashed = errors.New("e2e: plugin VM crashed")
+	// ErrConfigRefused: a VM's proxy_on_configure returned false.
+	ErrConfigRefused = errors.New("e2e: plugin refused the configuration")
+	// ErrStreamReset: the plugin closed the stream (proxy_close_stream).
+	ErrStreamReset = errors.New("e2e: plugin reset the stream")
+	// ErrClosed: the host is closed.
+	ErrClosed = errors.New("e2e: host closed")
+)
+
+// Options configure a Host. Zero values are usable.
+type Options struct {
+	Workers      int    // worker VMs, default 2
+	PluginConfig []byte // passed to proxy_on_configure
+	VMConfig     []byte // passed to proxy_on_vm_start
+	RootID       string // property plugin_root_id
+	PluginName   string // property plugin_name, default "sluice"
+	VMID         string // property plugin_vm_id
+	// Clusters maps upstream cluster names used by proxy_http_call to base
+	// URLs, e.g. "sluice_bridge" → "http://127.0.0.1:8081".
+	Clusters map[string]string
+	// HTTPClient sends call-outs; default a client with its own transport.
+	HTTPClient *http.Client
+	// Logger receives plugin logs (proxy_log and the guest's stderr).
+	Logger *slog.Logger
+	// OnLog, when set, is called with every plugin log entry.
+	OnLog func(LogEntry)
+	// LogCapacity bounds the entries Logs returns (the newest are kept), default 4096.
+	LogCapacity int
+	// LogLevel is what proxy_get_log_level reports; lower levels are dropped.
+	LogLevel LogLevel
+	// FailOpen tells Middleware to pass requests when the plugin crashes.
+	FailOpen bool
+	// Now is the clock of proxy_get_current_time_nanoseconds, default
+	// time.Now. WASI clocks stay real.
+	Now func() time.Time
+	// MaxCalloutBody bounds a call-out response body, default 1 MiB.
+	MaxCalloutBody int64
+}
+
+// Host runs a proxy-wasm plugin. It is safe for concurrent use.
+type Host struct {
+	opts     Options
+	rt       wazero.Runtime
+	compiled wazero.CompiledModule
+	vms      []*vm
+	next     atomic.Uint32
+	client   *http.Client
+
+	cfgMu  sync.Mutex // serializes Configure
+	stMu   sync.Mutex // guards config
+	config []byte
+
+	shared  sharedStore
+	metrics metricStore
+	logs    logStore
+	crashes atomic.Int64
+
+	ctx    context.Context // cancelled by Close; ends call-outs and timers
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+	connID atomic.Uint64
+}
+
+// New compiles wasm and starts opts.Workers VMs, each initialized, started
+// and configured with opts.PluginConfig.
+func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
+	if opts.Workers <= 0 {
+		opts.Workers = 2
+	}
+	if opts.PluginName == "" {
+		opts.PluginName = "sluice"
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.LogCapacity <= 0 {
+		opts.LogCapacity = 4096
+	}
+	if opts.MaxCalloutBody <= 0 {
+		opts.MaxCalloutBody = 1 << 20
+	}
+	h := &Host{opts: opts, client: opts.HTTPClient, config: opts.PluginConfig}
+	if h.client == nil {
+		h.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	h.shared.init()
+	h.metrics.init()
+	h.logs.cap = opts.LogCapacity
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+
+	// NewRuntimeConfig picks the compiler where wazero supports it and the
+	// interpreter elsewhere.
+	h.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig())
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, h.rt); err != nil {
+		h.rt.Close(ctx)
+		return nil, fmt.Errorf("e2e: wasi: %w", err)
+	}
+	if err := h.exportHostFunctions(ctx); err != nil {
+		h.rt.Close(ctx)
+		return nil, fmt.Errorf("e2e: host functions: %w", err)
+	}
+	compiled, err := h.rt.CompileModule(ctx, wasm)
+	if err != nil {
+		h.rt.Close(ctx)
+		return nil, fmt.Errorf("e2e: compile: %w", err)
+	}
+	if _, ok := compiled.ExportedFunctions()["proxy_abi_version_0_2_1"]; !ok {
+		h.rt.Close(ctx)
+		return nil, errors.New("e2e: module does not export proxy_abi_version_0_2_1")
+	}
+	h.compiled = compiled
+	for i := 0; i < opts.Workers; i++ {
+		v := &vm{h: h, idx: i}
+		in, err := h.newInstance(v)
+		if err != nil {
+			h.Close()
+			return nil, fmt.Errorf("e2e: vm %d: %w", i, err)
+		}
+		v.inst = in
+		h.vms = append(h.vms, v)
+	}
+	return h, nil
+}
+
+func (h *Host) currentConfig() []byte {
+	h.stMu.Lock()
+	defer h.stMu.Unlock()
+	return h.config
+}
+
+func (h *Host) setConfig(cfg []byte) {
+	h.stMu.Lock()
+	h.config = cfg
+	h.stMu.Unlock()
+}
+
+// Configure sends cfg to proxy_on_configure of every VM. When any VM
+// refuses it, every VM is configured again with the previous
+// configuration, which stays current, and the error wraps ErrConfigRefused.
+func (h *Host) Configure(ctx context.Context, cfg []byte) error {
+	if h.closed.Load() {
+		return ErrClosed
+	}
+	h.cfgMu.Lock()
+	defer h.cfgMu.Unlock()
+	cfg = append([]byte(nil), cfg...)
+	prev := h.currentConfig()
+	h.setConfig(cfg)
+	var failed error
+	for _, v := range h.vms {
+		if err := v.configure(cfg); err != nil {
+			failed = fmt.Errorf("vm %d: %w", v.idx, err)
+			break
+		}
+	}
+	if failed == nil {
+		return nil
+	}
+	h.setConfig(prev)
+	for _, v := range h.vms {
+		if err := v.configure(prev); err != nil {
+			h.log(v.idx, LogLevelError, "host: restoring the previous configuration: "+err.Error())
+		}
+	}
+	return fmt.Errorf("e2e: configure: %w", failed)
+}
+
+// FailOpen reports Options.FailOpen: whether requests pass when the plugin fails.
+func (h *Host) FailOpen() bool { return h.opts.FailOpen }
+
+// Crashes returns how many times a VM trapped and was replaced.
+func (h *Host) Crashes() int64 { return h.crashes.Load() }
+
+// Workers returns the number of worker VMs.
+func (h *Host) Workers() int { return len(h.vms) }
+
+// Metric returns the value of a counter or gauge, or the number of samples
+// of a histogram, summed over all VMs as Envoy's shared stats are.
+func (h *Host) Metric(name string) (int64, bool) { return h.metrics.value(name) }
+
+// Histogram returns the samples recorded in a histogram.
+func (h *Host) Histogram(name string) []uint64 { return h.metrics.samples(name) }
+
+// SharedData returns a copy of the value stored under key and its CAS token.
+func (h *Host) SharedData(key string) ([]byte, uint32, bool) { return h.shared.get(key) }
+
+// Logs returns the newest plugin log entries, oldest first.
+func (h *Host) Logs() []LogEntry { return h.logs.snapshot() }
+
+// Close stops timers and call-outs, fails paused streams with ErrClosed and
+// releases the VMs.
+func (h *Host) Close() error {
+	if h.closed.Swap(true) {
+		return nil
+	}
+	h.cancel()
+	for _, v := range h.vms {
+		v.mu.Lock()
+		if v.inst != nil {
+			v.inst.stopTick()
+			v.inst.failStreams(ErrClosed)
+		}
+		v.mu.Unlock()
+	}
+	h.wg.Wait()
+	for _, v := range h.vms {
+		v.mu.Lock()
+		if v.inst != nil {
+			v.inst.dead = true
+			_ = v.inst.mod.Close(context.Background())
+			v.inst = nil
+		}
+		v.mu.Unlock()
+	}
+	return h.rt.Close(context.Background())
+}
+
+// pick returns the VM for a new stream, round robin.
+func (h *Host) pick() *vm {
+	return h.vms[int(h.next.Add(1)-1)%len(h.vms)]
+}

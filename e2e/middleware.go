@@ -1,0 +1,182 @@
+package e2e
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Middleware runs every request through the plugin as Envoy's HTTP filter
+// chain would: request headers (the plugin may rewrite them, pause for a
+// call-out or answer locally), then next, then response headers (applied
+// before next's WriteHeader), then the stream's end. When the plugin
+// crashes, the request passes if the host is fail-open and gets 503
+// otherwise.
+func (h *Host) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		if id == "" {
+			id = newRequestID()
+		}
+		hdrs := make([][2]string, 0, len(r.Header)+1)
+		for k, vs := range r.Header {
+			for _, v := range vs {
+				hdrs = append(hdrs, [2]string{strings.ToLower(k), v})
+			}
+		}
+		scheme := "http"
+		if r.TLS != nil {
+			scheme = "https"
+		}
+		s := h.NewStream(r.Context(), RequestInfo{
+			Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Scheme: scheme,
+			Headers: hdrs, SourceAddress: r.RemoteAddr, RequestID: id, Protocol: r.Proto,
+			EndOfStream: r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0,
+		})
+		defer s.Close()
+		res, err := s.RequestHeaders(r.Context())
+		switch {
+		case err != nil && h.FailOpen() && !errors.Is(err, r.Context().Err()):
+			next.ServeHTTP(w, r)
+			return
+		case err != nil:
+			http.Error(w, "plugin unavailable", http.StatusServiceUnavailable)
+			return
+		case res.Local != nil:
+			writeLocal(w, res.Local)
+			return
+		}
+		applyRequest(r, res.Headers)
+		rw := &responseWriter{ResponseWriter: w, s: s, r: r, h: h}
+		next.ServeHTTP(rw, r)
+		if !rw.wroteHeader {
+			rw.WriteHeader(http.StatusOK)
+		}
+	})
+}
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// applyRequest makes r carry the headers the plugin left.
+func applyRequest(r *http.Request, hdrs [][2]string) {
+	nh := make(http.Header, len(hdrs))
+	for _, kv := range hdrs {
+		switch kv[0] {
+		case ":path":
+			if kv[1] != r.URL.RequestURI() {
+				if u, err := r.URL.Parse(kv[1]); err == nil {
+					r.URL = u
+					r.RequestURI = kv[1]
+				}
+			}
+		case ":authority":
+			r.Host = kv[1]
+		case ":method":
+			r.Method = kv[1]
+		default:
+			if !strings.HasPrefix(kv[0], ":") {
+				nh.Add(kv[0], kv[1])
+			}
+		}
+	}
+	r.Header = nh
+}
+
+func writeLocal(w http.ResponseWriter, l *LocalResponse) {
+	for _, kv := range l.Headers {
+		if !strings.HasPrefix(kv[0], ":") {
+			w.Header().Add(kv[0], kv[1])
+		}
+	}
+	if w.Header().Get("Content-Type") == "" && len(l.Body) > 0 {
+		w.Header().Set("Content-Type", "text/plain")
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(l.Body)))
+	w.WriteHeader(l.Status)
+	_, _ = w.Write(l.Body)
+}
+
+// responseWriter runs the plugin's response-header callback just before the
+// status line goes out.
+type responseWriter struct {
+	http.ResponseWriter
+	s           *Stream
+	r           *http.Request
+	h           *Host
+	wroteHeader bool
+	discard     bool // the plugin replaced the response
+}
+
+func (rw *responseWriter) WriteHeader(code int) {
+	if rw.wroteHeader {
+		return
+	}
+	rw.wroteHeader = true
+	hdrs := make([][2]string, 0, len(rw.Header()))
+	for k, vs := range rw.Header() {
+		for _, v := range vs {
+			hdrs = append(hdrs, [2]string{strings.ToLower(k), v})
+		}
+	}
+	res, err := rw.s.ResponseHeaders(rw.r.Context(), code, hdrs)
+	switch {
+	case err != nil && rw.h.FailOpen():
+		rw.ResponseWriter.WriteHeader(code)
+		return
+	case err != nil:
+		rw.discard = true
+		clear(rw.Header())
+		http.Error(rw.ResponseWriter, "plugin unavailable", http.StatusServiceUnavailable)
+		return
+	case res.Local != nil:
+		rw.discard = true
+		clear(rw.Header())
+		writeLocal(rw.ResponseWriter, res.Local)
+		return
+	}
+	out := rw.Header()
+	clear(out)
+	for _, kv := range res.Headers {
+		if kv[0] == ":status" {
+			if n, err := strconv.Atoi(kv[1]); err == nil {
+				code = n
+			}
+			continue
+		}
+		out.Add(kv[0], kv[1])
+	}
+	rw.ResponseWriter.WriteHeader(code)
+}
+
+func (rw *responseWriter) Write(b []byte) (int, error) {
+	if !rw.wroteHeader {
+		rw.WriteHeader(http.StatusOK)
+	}
+	if rw.discard {
+		return len(b), nil
+	}
+	return rw.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (rw *responseWriter) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
+
+func slogLevel(l LogLevel) slog.Level {
+	switch {
+	case l <= LogLevelDebug:
+		return slog.LevelDebug
+	case l == LogLevelInfo:
+		return slog.LevelInfo
+	case l == LogLevelWarn:
+		return slog.LevelWarn
+	}
+	return slog.LevelError
+}

@@ -1,0 +1,244 @@
+package e2e
+
+import (
+	"sync"
+	"time"
+)
+
+// sharedStore is proxy_{get,set}_shared_data across all VMs of a host.
+// Tokens follow Envoy: every write takes a fresh non-zero token; a non-zero
+// cas must match the current token of an existing key.
+type sharedStore struct {
+	mu      sync.Mutex
+	data    map[string]sharedEntry
+	lastCAS uint32
+}
+
+type sharedEntry struct {
+	value []byte
+	cas   uint32
+}
+
+func (s *sharedStore) init() { s.data = map[string]sharedEntry{} }
+
+func (s *sharedStore) get(key string) ([]byte, uint32, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.data[key]
+	if !ok {
+		return nil, 0, false
+	}
+	return append([]byte(nil), e.value...), e.cas, true
+}
+
+// getView returns the stored value itself; callers copy it before the lock
+// of a later set could replace it (values are never mutated in place).
+func (s *sharedStore) getView(key string) ([]byte, uint32, bool) {
+	s.mu.Lock()
+	e, ok := s.data[key]
+	s.mu.Unlock()
+	return e.value, e.cas, ok
+}
+
+func (s *sharedStore) set(key string, value []byte, cas uint32) Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.data[key]; ok && cas != 0 && cas != e.cas {
+		return StatusCASMismatch
+	}
+	s.lastCAS++
+	if s.lastCAS == 0 {
+		s.lastCAS = 1
+	}
+	s.data[key] = sharedEntry{value: append([]byte(nil), value...), cas: s.lastCAS}
+	return StatusOK
+}
+
+// MetricType is a proxy-wasm metric type.
+type MetricType uint32
+
+const (
+	MetricCounter   MetricType = 0
+	MetricGauge     MetricType = 1
+	MetricHistogram MetricType = 2
+)
+
+type metric struct {
+	name    string
+	typ     MetricType
+	value   int64
+	samples []uint64
+}
+
+// metricStore holds metrics by name; every VM that defines a name gets the
+// same id, so values aggregate across workers as Envoy's stats do.
+type metricStore struct {
+	mu     sync.Mutex
+	byName map[string]uint32
+	list   []*metric // id-1 indexes
+}
+
+const maxHistogramSamples = 1 << 16
+
+func (m *metricStore) init() { m.byName = map[string]uint32{} }
+
+func (m *metricStore) define(t MetricType, name string) (uint32, Status) {
+	if t > MetricHistogram {
+		return 0, StatusBadArgument
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if id, ok := m.byName[name]; ok {
+		if m.list[id-1].typ != t {
+			return 0, StatusBadArgument
+		}
+		return id, StatusOK
+	}
+	m.list = append(m.list, &metric{name: name, typ: t})
+	id := uint32(len(m.list))
+	m.byName[name] = id
+	return id, StatusOK
+}
+
+func (m *metricStore) get(id uint32) *metric {
+	if id == 0 || int(id) > len(m.list) {
+		return nil
+	}
+	return m.list[id-1]
+}
+
+func (m *metricStore) increment(id uint32, delta int64) Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	x := m.get(id)
+	switch {
+	case x == nil:
+		return StatusNotFound
+	case x.typ == MetricHistogram, x.typ == MetricCounter && delta < 0:
+		return StatusBadArgument
+	}
+	x.value += delta
+	return StatusOK
+}
+
+func (m *metricStore) record(id uint32, v uint64) Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	x := m.get(id)
+	if x == nil {
+		return StatusNotFound
+	}
+	switch x.typ {
+	case MetricCounter:
+		if int64(v) < x.value {
+			return StatusBadArgument // counters never go down
+		}
+		x.value = int64(v)
+	case MetricGauge:
+		x.value = int64(v)
+	case MetricHistogram:
+		if len(x.samples) < maxHistogramSamples {
+			x.samples = append(x.samples, v)
+		}
+		x.value++
+	}
+	return StatusOK
+}
+
+func (m *metricStore) read(id uint32) (uint64, Status) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	x := m.get(id)
+	switch {
+	case x == nil:
+		return 0, StatusNotFound
+	case x.typ == MetricHistogram:
+		return 0, StatusBadArgument
+	}
+	return uint64(x.value), StatusOK
+}
+
+func (m *metricStore) value(name string) (int64, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id, ok := m.byName[name]
+	if !ok {
+		return 0, false
+	}
+	return m.list[id-1].value, true
+}
+
+func (m *metricStore) samples(name string) []uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id, ok := m.byName[name]
+	if !ok {
+		return nil
+	}
+	return append([]uint64(nil), m.list[id-1].samples...)
+}
+
+// LogLevel is a proxy_log_level_t.
+type LogLevel uint32
+
+const (
+	LogLevelTrace LogLevel = iota
+	LogLevelDebug
+	LogLevelInfo
+	LogLevelWarn
+	LogLevelError
+	LogLevelCritical
+)
+
+func (l LogLevel) String() string {
+	names := [...]string{"trace", "debug", "info", "warn", "error", "critical"}
+	if int(l) < len(names) {
+		return names[l]
+	}
+	return "unknown"
+}
+
+// LogEntry is one plugin log line.
+type LogEntry struct {
+	Time    time.Time
+	VM      int // worker index
+	Level   LogLevel
+	Message string
+}
+
+type logStore struct {
+	mu      sync.Mutex
+	cap     int
+	entries []LogEntry
+}
+
+func (l *logStore) add(e LogEntry) {
+	l.mu.Lock()
+	if len(l.entries) >= l.cap {
+		n := copy(l.entries, l.entries[len(l.entries)-l.cap+1:])
+		l.entries = l.entries[:n]
+	}
+	l.entries = append(l.entries, e)
+	l.mu.Unlock()
+}
+
+func (l *logStore) snapshot() []LogEntry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]LogEntry(nil), l.entries...)
+}
+
+// Status is a proxy_status_t.
+type Status uint32
+
+const (
+	StatusOK                  Status = 0
+	StatusNotFound            Status = 1
+	StatusBadArgument         Status = 2
+	StatusSerializationFailed Status = 3
+	StatusInvalidMemoryAccess Status = 6
+	StatusEmpty               Status = 7
+	StatusCASMismatch         Status = 8
+	StatusInternalFailure     Status = 10
+	StatusUnimplemented       Status = 12
+)

@@ -1,0 +1,327 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"strconv"
+
+	"github.com/sluicehq/sluice/e2e/internal/fields"
+)
+
+// RequestInfo describes a downstream request.
+type RequestInfo struct {
+	Method string
+	Path   string // request target, query included
+	Host   string // :authority
+	Scheme string // default "http"
+	// Headers are the regular request headers; the pseudo headers are
+	// added from the fields above.
+	Headers       [][2]string
+	SourceAddress string // client "ip:port"
+	RequestID     string // property request.id and header x-request-id when set
+	ConnectionID  uint64 // property connection.id; 0 picks a fresh one
+	Protocol      string // property request.protocol, default "HTTP/1.1"
+	EndOfStream   bool   // the request has no body
+}
+
+// LocalResponse is an answer the plugin sent instead of the upstream's.
+type LocalResponse struct {
+	Status  int
+	Details string // Envoy's response code details
+	Headers [][2]string
+	Body    []byte
+}
+
+// Result is the outcome of a header callback: either the stream continues
+// with Headers (pseudo headers included, as the plugin left them), or the
+// plugin answered with Local.
+type Result struct {
+	Headers [][2]string
+	Local   *LocalResponse
+}
+
+// Get returns the first value of a header of the result (names are lower-case).
+func (r Result) Get(name string) (string, bool) { return fields.Map(r.Headers).Get(name) }
+
+// Stream is one HTTP request/response pair in a plugin context. Its methods
+// are called in order by one goroutine: RequestHeaders, then optionally
+// ResponseHeaders, then Close.
+type Stream struct {
+	h    *Host
+	vm   *vm
+	info RequestInfo
+
+	// Guarded by vm.mu.
+	inst       *instance // where the context lives; nil until RequestHeaders
+	id         uint32
+	req, resp  fields.Map
+	respPhase  bool
+	local      *LocalResponse
+	resumed    bool
+	failed     error
+	waiting    bool
+	done       bool
+	pendingDel bool // proxy_on_done returned false; deleted on proxy_done
+	wake       chan struct{}
+	connID     uint64
+}
+
+// NewStream binds a request to a worker VM, round robin. Call Close when done.
+func (h *Host) NewStream(ctx context.Context, info RequestInfo) *Stream {
+	if info.Scheme == "" {
+		info.Scheme = "http"
+	}
+	if info.Protocol == "" {
+		info.Protocol = "HTTP/1.1"
+	}
+	s := &Stream{h: h, vm: h.pick(), info: info, wake: make(chan struct{}, 1)}
+	s.connID = info.ConnectionID
+	if s.connID == 0 {
+		s.connID = h.connID.Add(1)
+	}
+	s.req = make(fields.Map, 0, len(info.Headers)+5)
+	s.req = append(s.req, [2]string{":authority", info.Host}, [2]string{":path", info.Path},
+		[2]string{":method", info.Method}, [2]string{":scheme", info.Scheme})
+	for _, p := range info.Headers {
+		s.req.Add(p[0], p[1])
+	}
+	if info.RequestID != "" {
+		if _, ok := s.req.Get("x-request-id"); !ok {
+			s.req.Add("x-request-id", info.RequestID)
+		}
+	}
+	return s
+}
+
+// fail ends a stream from outside (VM crash, host close). vm.mu is held.
+func (s *Stream) fail(err error) {
+	if s.failed == nil {
+		s.failed = err
+	}
+	s.signal()
+}
+
+func (s *Stream) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// RequestHeaders runs proxy_on_context_create and proxy_on_request_headers.
+// When the plugin pauses, it waits (without holding the VM) until the
+// plugin resumes the request or answers it, or ctx ends.
+func (s *Stream) RequestHeaders(ctx context.Context) (Result, error) {
+	v := s.vm
+	v.mu.Lock()
+	in, err := v.instance()
+	if err != nil {
+		v.mu.Unlock()
+		return Result{}, err
+	}
+	s.inst, s.id = in, in.nextID
+	in.nextID++
+	in.streams[s.id] = s
+	if _, err := in.call(in.onContextCreate, uint64(s.id), uint64(in.rootID)); err != nil {
+		err = v.crash(in, err)
+		v.mu.Unlock()
+		return Result{}, err
+	}
+	in.effective = s.id
+	action, err := in.call(in.onRequestHeaders, uint64(s.id), uint64(len(s.req)), b2u(s.info.EndOfStream))
+	if err != nil {
+		err = v.crash(in, err)
+		v.mu.Unlock()
+		return Result{}, err
+	}
+	return s.await(ctx, uint32(action), func() [][2]string { return s.req.Clone() })
+}
+
+// ResponseHeaders runs proxy_on_response_headers with the upstream status
+// and headers. The result's headers include ":status".
+func (s *Stream) ResponseHeaders(ctx context.Context, status int, headers [][2]string) (Result, error) {
+	v := s.vm
+	v.mu.Lock()
+	in := s.inst
+	if err := s.usable(); err != nil {
+		v.mu.Unlock()
+		return Result{}, err
+	}
+	s.resp = make(fields.Map, 0, len(headers)+1)
+	s.resp = append(s.resp, [2]string{":status", strconv.Itoa(status)})
+	for _, p := range headers {
+		s.resp.Add(p[0], p[1])
+	}
+	s.respPhase, s.resumed = true, false
+	in.effective = s.id
+	action, err := in.call(in.onResponseHeaders, uint64(s.id), uint64(len(s.resp)), 0)
+	if err != nil {
+		err = v.crash(in, err)
+		v.mu.Unlock()
+		return Result{}, err
+	}
+	return s.await(ctx, uint32(action), func() [][2]string { return s.resp.Clone() })
+}
+
+// usable reports why the stream cannot take a callback. vm.mu is held.
+func (s *Stream) usable() error {
+	switch {
+	case s.failed != nil:
+		return s.failed
+	case s.inst == nil:
+		return errNoContext
+	case s.inst.dead || s.vm.inst != s.inst:
+		return ErrPluginCrashed
+	}
+	return nil
+}
+
+// await finishes a header callback that returned action. It is entered with
+// vm.mu held and returns with it released.
+func (s *Stream) await(ctx context.Context, action uint32, headers func() [][2]string) (Result, error) {
+	v := s.vm
+	for {
+		switch {
+		case s.failed != nil:
+			err := s.failed
+			v.mu.Unlock()
+			return Result{}, err
+		case s.local != nil:
+			l := s.local
+			v.mu.Unlock()
+			return Result{Local: l}, nil
+		case action == actionContinue || s.resumed:
+			s.resumed = false
+			r := Result{Headers: headers()}
+			v.mu.Unlock()
+			return r, nil
+		}
+		s.waiting = true
+		v.mu.Unlock()
+		select {
+		case <-s.wake:
+		case <-ctx.Done():
+			v.mu.Lock()
+			s.waiting = false
+			v.mu.Unlock()
+			return Result{}, ctx.Err()
+		}
+		v.mu.Lock()
+		s.waiting = false
+	}
+}
+
+// Close ends the stream: proxy_on_done, proxy_on_log and proxy_on_delete.
+// It is safe to call more than once and after failures.
+func (s *Stream) Close() {
+	v := s.vm
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if s.done {
+		return
+	}
+	s.done = true
+	in := s.inst
+	if in == nil || in.dead || v.inst != in {
+		return
+	}
+	in.effective = s.id
+	ok, err := in.call(in.onDone, uint64(s.id))
+	if err != nil {
+		_ = v.crash(in, err)
+		return
+	}
+	if in.onDone != nil && uint32(ok) == 0 {
+		s.pendingDel = true // proxy_done finishes it
+		return
+	}
+	in.finish(s)
+}
+
+// finish runs proxy_on_log and proxy_on_delete. vm.mu is held.
+func (in *instance) finish(s *Stream) {
+	v := in.vm
+	in.effective = s.id
+	if _, err := in.call(in.onLog, uint64(s.id)); err != nil {
+		_ = v.crash(in, err)
+		return
+	}
+	if _, err := in.call(in.onDelete, uint64(s.id)); err != nil {
+		_ = v.crash(in, err)
+		return
+	}
+	delete(in.streams, s.id)
+	in.effective = in.rootID
+}
+
+// property returns a stream property serialized as Envoy does: strings as
+// raw bytes, integers as 8 little-endian bytes.
+func (s *Stream) property(path string) ([]byte, bool) {
+	i := &s.info
+	switch path {
+	case "source.address":
+		return []byte(i.SourceAddress), i.SourceAddress != ""
+	case "source.port":
+		_, port, err := net.SplitHostPort(i.SourceAddress)
+		if err != nil {
+			return nil, false
+		}
+		n, err := strconv.ParseUint(port, 10, 16)
+		if err != nil {
+			return nil, false
+		}
+		return le64(n), true
+	case "request.path":
+		p, _ := s.req.Get(":path")
+		return []byte(p), true
+	case "request.url_path":
+		p, _ := s.req.Get(":path")
+		for j := 0; j < len(p); j++ {
+			if p[j] == '?' {
+				p = p[:j]
+				break
+			}
+		}
+		return []byte(p), true
+	case "request.method":
+		m, _ := s.req.Get(":method")
+		return []byte(m), true
+	case "request.host":
+		a, _ := s.req.Get(":authority")
+		return []byte(a), true
+	case "request.scheme":
+		return []byte(i.Scheme), true
+	case "request.id":
+		return []byte(i.RequestID), i.RequestID != ""
+	case "request.protocol":
+		return []byte(i.Protocol), true
+	case "connection.id":
+		return le64(s.connID), true
+	case "response.code":
+		if st, ok := s.resp.Get(":status"); ok {
+			n, _ := strconv.ParseUint(st, 10, 32)
+			return le64(n), true
+		}
+	}
+	return nil, false
+}
+
+func le64(n uint64) []byte {
+	b := make([]byte, 8)
+	for j := range b {
+		b[j] = byte(n >> (8 * j))
+	}
+	return b
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+const (
+	actionContinue = 0
+	actionPause    = 1
+)
