@@ -187,17 +187,16 @@ func VerifyJWT(authValue string, src *IdentitySource, nowUnix int64) ([]byte, er
 		return nil, errJWTParts
 	}
 
-	// The header: decoded into a stack buffer, it is small.
-	var hbuf [MaxJWTLen * 3 / 4]byte
-	hn, err := b64url.Decode(hbuf[:], []byte(headerB64))
-	if err != nil {
+	// Decode once into strings: gjson reads strings without copying them
+	// (ParseBytes would copy), and the signing input is hashed in place.
+	header, ok := decodeB64(headerB64)
+	if !ok {
 		return nil, errJWTBase64
 	}
-	header := hbuf[:hn]
-	if !gjson.ValidBytes(header) {
+	if !gjson.Valid(header) {
 		return nil, errJWTHeader
 	}
-	h := gjson.ParseBytes(header)
+	h := gjson.Parse(header)
 	if !h.IsObject() {
 		return nil, errJWTHeader
 	}
@@ -218,20 +217,13 @@ func VerifyJWT(authValue string, src *IdentitySource, nowUnix int64) ([]byte, er
 	if h.Get("crit").Exists() {
 		return nil, errJWTCrit
 	}
-
-	var sbuf [1024]byte
-	sig := sbuf[:0]
-	if b64url.DecodedLen(len(sigB64)) > len(sbuf) {
-		sig = make([]byte, 0, b64url.DecodedLen(len(sigB64)))
-	}
-	sn, err := b64url.Decode(sig[:cap(sig)], []byte(sigB64))
-	if err != nil {
+	sigText, ok := decodeB64(sigB64)
+	if !ok {
 		return nil, errJWTBase64
 	}
-	sig = sig[:sn]
+	sig := []byte(sigText)
 
 	signed := token[:dot2]
-	digest := sha256.Sum256([]byte(signed))
 	matched, verified := false, false
 	for i := range src.Keys {
 		k := &src.Keys[i]
@@ -239,7 +231,7 @@ func VerifyJWT(authValue string, src *IdentitySource, nowUnix int64) ([]byte, er
 			continue
 		}
 		matched = true
-		if verifyJWTSignature(k, signed, digest[:], sig) {
+		if verifyJWTSignature(k, signed, sig) {
 			verified = true
 			break
 		}
@@ -251,21 +243,31 @@ func VerifyJWT(authValue string, src *IdentitySource, nowUnix int64) ([]byte, er
 		return nil, errJWTBadSig
 	}
 
-	payload, err := b64url.DecodeString(payloadB64)
-	if err != nil {
+	payload, ok := decodeB64(payloadB64)
+	if !ok {
 		return nil, errJWTBase64
 	}
-	if !gjson.ValidBytes(payload) {
+	if !gjson.Valid(payload) {
 		return nil, errJWTPayload
 	}
-	p := gjson.ParseBytes(payload)
+	p := gjson.Parse(payload)
 	if !p.IsObject() {
 		return nil, errJWTPayload
 	}
 	if err := checkClaims(p, src, nowUnix); err != nil {
 		return nil, err
 	}
-	return payload, nil
+	return []byte(payload), nil
+}
+
+// decodeB64 decodes strict unpadded base64url into a string.
+func decodeB64(s string) (string, bool) {
+	var buf [MaxJWTLen * 3 / 4]byte // len(s) <= MaxJWTLen
+	n, err := b64url.Decode(buf[:], []byte(s))
+	if err != nil {
+		return "", false
+	}
+	return string(buf[:n]), true
 }
 
 // bearerToken strips a "Bearer" scheme (any case, one or more spaces) and
@@ -279,16 +281,22 @@ func bearerToken(v string) string {
 	return v
 }
 
-func verifyJWTSignature(k *JWTKey, signed string, digest, sig []byte) bool {
+func verifyJWTSignature(k *JWTKey, signed string, sig []byte) bool {
+	if k.Alg != "HS256" {
+		digest := sha256.Sum256([]byte(signed))
+		return verifyJWTDigest(k, digest[:], sig)
+	}
+	if len(k.Secret) == 0 || len(sig) != sha256.Size {
+		return false
+	}
+	mac := hmac.New(sha256.New, k.Secret)
+	mac.Write([]byte(signed))
+	var sum [sha256.Size]byte
+	return hmac.Equal(mac.Sum(sum[:0]), sig)
+}
+
+func verifyJWTDigest(k *JWTKey, digest, sig []byte) bool {
 	switch k.Alg {
-	case "HS256":
-		if len(k.Secret) == 0 || len(sig) != sha256.Size {
-			return false
-		}
-		mac := hmac.New(sha256.New, k.Secret)
-		mac.Write([]byte(signed))
-		var sum [sha256.Size]byte
-		return hmac.Equal(mac.Sum(sum[:0]), sig)
 	case "RS256":
 		pub, ok := k.PublicKey.(*rsa.PublicKey)
 		return ok && rsa.VerifyPKCS1v15(pub, crypto.SHA256, digest, sig) == nil
