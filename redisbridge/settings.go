@@ -1,0 +1,158 @@
+package redisbridge
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/rules"
+)
+
+// Settings configure a bridge. ParseSettings reads them from flags and
+// SLUICE_* environment variables (docs/bridge.md); flags win.
+type Settings struct {
+	Listen          string        // address to listen on, default ":8081"
+	Store           string        // "memory" (default) or "redis"
+	RedisURL        string        // redis://, rediss://, redis+sentinel://, redis+cluster://
+	RedisPoolSize   int           // connections per Redis node (0: go-redis default)
+	RedisTimeout    time.Duration // dial/read/write timeout and bound on a check, default 500ms
+	RedisPipelines  int           // pipelines in flight at once, default 4
+	AdminKey        string        // required by config and reset endpoints; "" disables them
+	CheckToken      string        // when set, check endpoints require "Authorization: Bearer <token>"
+	AuditLog        string        // file for admin audit records (JSON lines); "" or "-" is stderr
+	DefaultLimit    int64         // seed-style API: requests per window, default 100
+	DefaultWindow   time.Duration // seed-style API: window, default 1m
+	DefaultStrategy string        // seed-style API: algorithm, default sliding_window
+	MemoryMaxKeys   int           // memory store bound, default 1,000,000
+	LogLevel        string        // debug, info (default), warn, error
+	TLSCert         string        // PEM certificate; with TLSKey serves HTTPS (HTTP/1.1 and h2)
+	TLSKey          string
+	ShutdownGrace   time.Duration // drain time on SIGTERM, default 10s
+
+	// Not settable from flags: tests and embedders.
+	Logger *slog.Logger // default: JSON to stderr at LogLevel
+	Now    func() int64 // memory store clock in unix ms
+}
+
+// DefaultSettings returns the settings a bridge starts with.
+func DefaultSettings() Settings {
+	return Settings{
+		Listen: ":8081", Store: "memory", RedisTimeout: 500 * time.Millisecond, RedisPipelines: 4,
+		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultStrategy: "sliding_window",
+		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second,
+	}
+}
+
+// ParseSettings reads settings from command-line args and the environment
+// (getenv, usually os.Getenv). An error names the setting at fault.
+func ParseSettings(args []string, getenv func(string) string) (Settings, error) {
+	s := DefaultSettings()
+	fs := flagSet(&s)
+	fs.SetOutput(io.Discard)
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(env); v != "" && err == nil {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s: %v", env, e)
+			}
+		}
+	})
+	if err != nil {
+		return s, err
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return s, err
+		}
+		return s, fmt.Errorf("flags: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return s, fmt.Errorf("flags: unexpected argument %q", fs.Arg(0))
+	}
+	return s, s.Validate()
+}
+
+// Usage writes the flag list to w.
+func Usage(w io.Writer) {
+	s := DefaultSettings()
+	fs := flagSet(&s)
+	fs.SetOutput(w)
+	fmt.Fprintln(w, "usage: redisbridge [flags]; every flag --x-y may also be set as SLUICE_X_Y (see docs/bridge.md)")
+	fs.PrintDefaults()
+}
+
+func flagSet(s *Settings) *flag.FlagSet {
+	fs := flag.NewFlagSet("redisbridge", flag.ContinueOnError)
+	fs.StringVar(&s.Listen, "listen", s.Listen, "address to listen on")
+	fs.StringVar(&s.Store, "store", s.Store, "counter store: memory or redis")
+	fs.StringVar(&s.RedisURL, "redis-url", s.RedisURL, "Redis URL (redis://, rediss://, redis+sentinel://, redis+cluster://)")
+	fs.IntVar(&s.RedisPoolSize, "redis-pool-size", s.RedisPoolSize, "connections per Redis node")
+	fs.DurationVar(&s.RedisTimeout, "redis-timeout", s.RedisTimeout, "Redis dial/read/write timeout")
+	fs.IntVar(&s.RedisPipelines, "redis-pipelines", s.RedisPipelines, "Redis pipelines in flight")
+	fs.StringVar(&s.AdminKey, "admin-key", s.AdminKey, "key for the admin endpoints")
+	fs.StringVar(&s.CheckToken, "check-token", s.CheckToken, "bearer token required on check endpoints")
+	fs.StringVar(&s.AuditLog, "audit-log", s.AuditLog, "audit log file (default stderr)")
+	fs.Int64Var(&s.DefaultLimit, "default-limit", s.DefaultLimit, "seed API default limit")
+	fs.DurationVar(&s.DefaultWindow, "default-window", s.DefaultWindow, "seed API default window")
+	fs.StringVar(&s.DefaultStrategy, "default-strategy", s.DefaultStrategy, "seed API default algorithm")
+	fs.IntVar(&s.MemoryMaxKeys, "memory-max-keys", s.MemoryMaxKeys, "memory store key bound")
+	fs.StringVar(&s.LogLevel, "log-level", s.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&s.TLSCert, "tls-cert", s.TLSCert, "TLS certificate file")
+	fs.StringVar(&s.TLSKey, "tls-key", s.TLSKey, "TLS key file")
+	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
+	return fs
+}
+
+// Validate reports the first setting that cannot work.
+func (s *Settings) Validate() error {
+	switch s.Store {
+	case "memory":
+	case "redis":
+		if s.RedisURL == "" {
+			return errors.New("--redis-url: required with --store redis")
+		}
+	default:
+		return fmt.Errorf("--store: %q is neither memory nor redis", s.Store)
+	}
+	if s.Listen == "" {
+		return errors.New("--listen: empty")
+	}
+	if s.RedisTimeout <= 0 {
+		return errors.New("--redis-timeout: must be positive")
+	}
+	if s.RedisPoolSize < 0 || s.RedisPipelines < 0 || s.MemoryMaxKeys < 0 {
+		return errors.New("--redis-pool-size, --redis-pipelines, --memory-max-keys: must not be negative")
+	}
+	if s.DefaultLimit < 1 || s.DefaultLimit > rules.MaxLimitValue {
+		return fmt.Errorf("--default-limit: must be from 1 to %d", int64(rules.MaxLimitValue))
+	}
+	if s.DefaultWindow < time.Millisecond || s.DefaultWindow.Milliseconds() > rules.MaxWindowMS {
+		return errors.New("--default-window: must be from 1ms to one year")
+	}
+	if _, ok := rules.ParseAlgorithm(s.DefaultStrategy); !ok {
+		return fmt.Errorf("--default-strategy: %q is not one of token_bucket, sliding_window, sliding_log, fixed_window", s.DefaultStrategy)
+	}
+	if _, err := parseLevel(s.LogLevel); err != nil {
+		return err
+	}
+	if (s.TLSCert == "") != (s.TLSKey == "") {
+		return errors.New("--tls-cert, --tls-key: set both or neither")
+	}
+	if s.ShutdownGrace < 0 {
+		return errors.New("--shutdown-grace: must not be negative")
+	}
+	return nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("--log-level: %q is not debug, info, warn or error", s)
+	}
+	return l, nil
+}
