@@ -14,9 +14,14 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tetratelabs/wazero"
 )
 
-var guestWasm []byte
+var (
+	guestWasm []byte
+	cache     = wazero.NewCompilationCache()
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "e2e-guest")
@@ -40,6 +45,9 @@ func TestMain(m *testing.M) {
 
 func newHost(t testing.TB, opts Options) *Host {
 	t.Helper()
+	if opts.CompilationCache == nil {
+		opts.CompilationCache = cache
+	}
 	h, err := New(context.Background(), guestWasm, opts)
 	if err != nil {
 		t.Fatal(err)

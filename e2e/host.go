@@ -56,6 +56,9 @@ type Options struct {
 	Now func() time.Time
 	// MaxCalloutBody bounds a call-out response body, default 1 MiB.
 	MaxCalloutBody int64
+	// CompilationCache, when set, is shared by hosts so that a module is
+	// compiled once per process (tests start many hosts).
+	CompilationCache wazero.CompilationCache
 }
 
 // Host runs a proxy-wasm plugin. It is safe for concurrent use.
@@ -112,7 +115,11 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 
 	// NewRuntimeConfig picks the compiler where wazero supports it and the
 	// interpreter elsewhere.
-	h.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig())
+	rc := wazero.NewRuntimeConfig()
+	if opts.CompilationCache != nil {
+		rc = rc.WithCompilationCache(opts.CompilationCache)
+	}
+	h.rt = wazero.NewRuntimeWithConfig(ctx, rc)
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, h.rt); err != nil {
 		h.rt.Close(ctx)
 		return nil, fmt.Errorf("e2e: wasi: %w", err)

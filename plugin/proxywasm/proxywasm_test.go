@@ -1,0 +1,224 @@
+package proxywasm
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"testing"
+	"unsafe"
+)
+
+func TestStatus_Err(t *testing.T) {
+	tests := []struct {
+		s    Status
+		want error
+	}{
+		{StatusOK, nil}, {StatusNotFound, ErrNotFound}, {StatusBadArgument, ErrBadArgument},
+		{StatusCASMismatch, ErrCASMismatch}, {StatusUnimplemented, ErrUnimplemented},
+		{StatusInvalidMemoryAccess, ErrInvalidMemoryAccess}, {99, ErrUnknownStatus},
+	}
+	for _, tt := range tests {
+		if got := tt.s.Err(); !errors.Is(got, tt.want) || (tt.want == nil && got != nil) {
+			t.Errorf("Status(%d).Err() = %v, want %v", tt.s, got, tt.want)
+		}
+	}
+}
+
+func TestArena_Allocate(t *testing.T) {
+	enter()
+	a := allocate(0)
+	b := allocate(3)
+	if a == nil || b == nil || a == b {
+		t.Fatalf("allocate returned %p %p", a, b)
+	}
+	if uintptr(b)%8 != 0 {
+		t.Errorf("block not 8-byte aligned: %p", b)
+	}
+	big := allocate(arenaSize + 1) // falls back to the heap
+	if len(arena.overflow) != 1 || unsafe.Pointer(&arena.overflow[0][0]) != big {
+		t.Fatalf("oversized block not kept alive: %d", len(arena.overflow))
+	}
+	enter() // a nested callback (the host calling back during a host call)
+	leave()
+	if arena.off == 0 {
+		t.Fatal("nested leave reset the arena")
+	}
+	leave()
+	if arena.off != 0 || len(arena.overflow) != 0 {
+		t.Fatalf("outermost leave did not reset: off=%d overflow=%d", arena.off, len(arena.overflow))
+	}
+	enter()
+	if c := allocate(3); c != a {
+		t.Errorf("arena not reused after reset")
+	}
+	leave()
+}
+
+func TestArena_AllocateDoesNotAllocateInSteadyState(t *testing.T) {
+	enter()
+	leave()
+	n := testing.AllocsPerRun(100, func() {
+		enter()
+		for i := 0; i < 10; i++ {
+			allocate(100)
+		}
+		leave()
+	})
+	if n != 0 {
+		t.Fatalf("allocs per callback = %v", n)
+	}
+}
+
+func TestAppendHeaderMap(t *testing.T) {
+	got := AppendHeaderMap(nil, [][2]string{{"a", "1"}, {"b", "22"}})
+	want := []byte{2, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 'a', 0, '1', 0, 'b', 0, '2', '2', 0}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("got %v\nwant %v", got, want)
+	}
+	if got := AppendHeaderMap([]byte("x"), nil); string(got) != "x" {
+		t.Fatalf("empty map appended %q", got)
+	}
+}
+
+func TestParseHeaderMap(t *testing.T) {
+	in := [][2]string{{":path", "/a"}, {"x", ""}, {"", "v"}}
+	got, err := ParseHeaderMap(AppendHeaderMap(nil, in))
+	if err != nil || !reflect.DeepEqual(got, in) {
+		t.Fatalf("round trip = %v, %v", got, err)
+	}
+	for name, b := range map[string][]byte{
+		"short":       {1, 0, 0},
+		"count":       {200, 0, 0, 0, 0},
+		"no nul":      {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 'a', 1, 'b', 0},
+		"extra bytes": {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 'a', 0, 'b', 0, 0},
+		"overflow":    {1, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255, 0, 0},
+	} {
+		if _, err := ParseHeaderMap(b); !errors.Is(err, ErrMalformedMap) {
+			t.Errorf("%s: err = %v", name, err)
+		}
+	}
+	for _, empty := range [][]byte{nil, {0}} {
+		if m, err := ParseHeaderMap(empty); err != nil || len(m) != 0 {
+			t.Errorf("empty %v: %v %v", empty, m, err)
+		}
+	}
+}
+
+func TestVisitHeaderMap_NoAllocs(t *testing.T) {
+	b := AppendHeaderMap(nil, [][2]string{{"a", "1"}, {"b", "2"}})
+	count := 0
+	n := testing.AllocsPerRun(100, func() {
+		_ = VisitHeaderMap(b, func(k, v []byte) { count += len(k) + len(v) })
+	})
+	if n != 0 || count == 0 {
+		t.Fatalf("allocs = %v, count = %d", n, count)
+	}
+}
+
+func FuzzParseHeaderMap(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{0})
+	f.Add(AppendHeaderMap(nil, [][2]string{{"a", "1"}, {"b", "22"}}))
+	f.Add([]byte{1, 0, 0, 0, 255, 255, 255, 255, 1, 0, 0, 0, 'a', 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseHeaderMap(b)
+		if err != nil {
+			return
+		}
+		back, err := ParseHeaderMap(AppendHeaderMap(nil, m))
+		if err != nil || len(back) != len(m) || (len(m) > 0 && !reflect.DeepEqual(back, m)) {
+			t.Fatalf("round trip of %v: %v %v", m, back, err)
+		}
+	})
+}
+
+// Dispatch: contexts are created, routed and deleted by id.
+
+type recVM struct {
+	DefaultVMContext
+	log *[]string
+}
+
+func (v recVM) NewPluginContext(id uint32) PluginContext { return &recRoot{log: v.log} }
+
+type recRoot struct {
+	DefaultPluginContext
+	log *[]string
+}
+
+func (r *recRoot) OnPluginStart(n int) bool { *r.log = append(*r.log, "configure"); return n > 0 }
+func (r *recRoot) NewHTTPContext(id uint32) HTTPContext {
+	return &recStream{log: r.log}
+}
+func (r *recRoot) OnHTTPCallResponse(id uint32, h, b, tr int) {
+	*r.log = append(*r.log, "callout")
+}
+
+type recStream struct {
+	DefaultHTTPContext
+	log *[]string
+}
+
+func (s *recStream) OnRequestHeaders(int, bool) Action { *s.log = append(*s.log, "req"); return Pause }
+func (s *recStream) OnRequestBody(int, bool) Action    { *s.log = append(*s.log, "body"); return Pause }
+func (s *recStream) OnLog()                            { *s.log = append(*s.log, "log") }
+func (s *recStream) OnDone()                           { *s.log = append(*s.log, "done") }
+
+func TestDispatch_Lifecycle(t *testing.T) {
+	var log []string
+	SetVMContext(recVM{log: &log})
+	t.Cleanup(func() { SetVMContext(nil); clear(roots); clear(streams) })
+	if !onVMStart(0) {
+		t.Fatal("vm start refused")
+	}
+	onContextCreate(1, 0)
+	if onConfigure(1, 0) || !onConfigure(1, 5) {
+		t.Fatal("configure did not pass the size through")
+	}
+	onContextCreate(2, 1)
+	onContextCreate(3, 99) // unknown parent: ignored
+	if a := onRequestHeaders(2, 3, true); a != Pause {
+		t.Fatalf("action = %d", a)
+	}
+	if a := onRequestBody(2, 10, true); a != Pause {
+		t.Fatalf("body action = %d", a)
+	}
+	if a := onResponseBody(2, 10, true); a != Continue {
+		t.Fatalf("unhandled response body = %d, want Continue", a)
+	}
+	if a := onRequestHeaders(3, 3, true); a != Continue {
+		t.Fatalf("unknown stream action = %d", a)
+	}
+	onHTTPCallResponse(1, 7, 0, 0, 0)
+	if !onDone(2) {
+		t.Fatal("stream done refused")
+	}
+	onLog(2)
+	onDelete(2)
+	onDelete(2) // twice is harmless
+	want := []string{"configure", "configure", "req", "body", "callout", "log", "done"}
+	if !reflect.DeepEqual(log, want) {
+		t.Fatalf("calls = %v, want %v", log, want)
+	}
+	if len(streams) != 0 {
+		t.Fatalf("stream context not deleted: %v", streams)
+	}
+}
+
+func TestAPI_NativeReturnsUnimplemented(t *testing.T) {
+	if _, err := GetRequestHeaderBytes("x"); !errors.Is(err, ErrUnimplemented) {
+		t.Fatalf("err = %v", err)
+	}
+	if _, err := DispatchHTTPCall("c", [][2]string{{":path", "/"}}, nil, nil, 10); !errors.Is(err, ErrUnimplemented) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestPropertyInt64(t *testing.T) {
+	if v, ok := PropertyInt64([]byte{0x39, 0x30, 0, 0, 0, 0, 0, 0}); !ok || v != 12345 {
+		t.Fatalf("got %d %v", v, ok)
+	}
+	if _, ok := PropertyInt64([]byte{1}); ok {
+		t.Fatal("short value accepted")
+	}
+}
