@@ -319,6 +319,9 @@ func (c *idemCache) get(key string, now time.Time) ([]byte, bool) {
 func (c *idemCache) put(key string, body []byte, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if e, ok := c.m[key]; ok && now.Sub(e.at) < c.ttl {
+		return // the first answer stays the answer
+	}
 	for len(c.order) > 0 {
 		oldest := c.order[0]
 		e, ok := c.m[oldest]
@@ -327,9 +330,6 @@ func (c *idemCache) put(key string, body []byte, now time.Time) {
 		}
 		delete(c.m, oldest)
 		c.order = c.order[1:]
-	}
-	if _, ok := c.m[key]; ok {
-		return // the first answer stays the answer
 	}
 	c.m[key] = idemEntry{body: body, at: now}
 	c.order = append(c.order, key)

@@ -99,6 +99,7 @@ func NewRedis(o RedisOptions) (*Redis, error) {
 	}
 	s.overrides.Store(&overrideTable{})
 	s.version.Store(-1)
+	redisLogOnce.Do(func() { redis.SetLogger(goRedisLog{o.Logger}) })
 	for range o.Pipelines {
 		s.wg.Add(1)
 		go s.pipeline(o.MaxBatch)
@@ -727,3 +728,13 @@ func (s *Redis) Close() error {
 
 // Client is the underlying go-redis client (tests, tools).
 func (s *Redis) Client() redis.UniversalClient { return s.c }
+
+var redisLogOnce sync.Once
+
+// goRedisLog sends go-redis's own messages (one per failed dial during an
+// outage) to the debug level; failed checks are logged by the bridge.
+type goRedisLog struct{ l *slog.Logger }
+
+func (g goRedisLog) Printf(ctx context.Context, format string, v ...any) {
+	g.l.DebugContext(ctx, "go-redis: "+fmt.Sprintf(format, v...))
+}

@@ -1,0 +1,554 @@
+package redisbridge
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/redisbridge/redistest"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// testServer runs a bridge on a loopback listener.
+type testServer struct {
+	*Server
+	URL string
+}
+
+func startServer(t *testing.T, set Settings) *testServer {
+	t.Helper()
+	if set.Logger == nil {
+		set.Logger = slog.New(slog.DiscardHandler)
+	}
+	if set.AuditLog == "" {
+		set.AuditLog = filepath.Join(t.TempDir(), "audit.log")
+	}
+	s, err := New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = s.Shutdown(context.Background())
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		s.Close()
+	})
+	return &testServer{Server: s, URL: "http://" + ln.Addr().String()}
+}
+
+func testSettings() Settings {
+	s := DefaultSettings()
+	s.AdminKey = "admin-secret"
+	return s
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r reply) json(t *testing.T) map[string]any {
+	t.Helper()
+	var v map[string]any
+	if err := json.Unmarshal(r.body, &v); err != nil {
+		t.Fatalf("body %q: %v", r.body, err)
+	}
+	return v
+}
+
+func (r reply) errCode(t *testing.T) string {
+	t.Helper()
+	e, _ := r.json(t)["error"].(map[string]any)
+	if e == nil || e["request_id"] == "" || e["message"] == "" {
+		t.Fatalf("not an error envelope: %s", r.body)
+	}
+	code, _ := e["code"].(string)
+	return code
+}
+
+func do(t *testing.T, c *http.Client, method, url, body string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	if c == nil {
+		c = http.DefaultClient
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return reply{resp.StatusCode, resp.Header, b}
+}
+
+func checkBody(limits ...rules.LimitRequest) string {
+	return string(rules.AppendCheckRequestFrom(nil, &rules.CheckRequest{RequestID: "r1", Limits: limits}))
+}
+
+func limit(key string, alg rules.Algorithm, n int64) rules.LimitRequest {
+	return rules.LimitRequest{Key: key, Rule: "rule1", Spec: rules.LimitSpec{Algorithm: alg, Limit: n, WindowMS: 3_600_000, Burst: n, Cost: 1}}
+}
+
+func h2cClient() *http.Client {
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: tr}
+}
+
+func TestServer_CheckHTTP1AndH2C(t *testing.T) {
+	ts := startServer(t, testSettings())
+	for _, tc := range []struct {
+		name   string
+		client *http.Client
+		proto  int
+	}{{"http1", http.DefaultClient, 1}, {"h2c", h2cClient(), 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := checkBody(limit("rl:{u:"+tc.name+"}:a", rules.FixedWindow, 2), limit("rl:{u:"+tc.name+"}:b", rules.TokenBucket, 5))
+			req, _ := http.NewRequest("POST", ts.URL+"/v1/rate-limit/check", strings.NewReader(body))
+			resp, err := tc.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.ProtoMajor != tc.proto || resp.StatusCode != 200 {
+				t.Fatalf("proto %s status %d: %s", resp.Proto, resp.StatusCode, b)
+			}
+			var cr rules.CheckResponse
+			if err := rules.DecodeCheckResponse(b, 2, &cr); err != nil || !cr.Allowed || cr.Decisions[0].Remaining != 1 {
+				t.Fatalf("%+v %v", cr, err)
+			}
+			// Headers describe the most restrictive decision: the fixed window.
+			if resp.Header.Get("X-RateLimit-Limit") != "2" || resp.Header.Get("X-RateLimit-Remaining") != "1" ||
+				resp.Header.Get("X-RateLimit-Strategy") != "fixed_window" || resp.Header.Get("X-RateLimit-Reset") == "" {
+				t.Fatalf("headers %v", resp.Header)
+			}
+			do(t, tc.client, "POST", ts.URL+"/v1/rate-limit/check", body)
+			r := do(t, tc.client, "POST", ts.URL+"/v1/rate-limit/check", body)
+			if err := rules.DecodeCheckResponse(r.body, 2, &cr); err != nil || r.status != 200 || cr.Allowed || cr.Decisions[0].RetryAfterMS <= 0 {
+				t.Fatalf("third: %d %s", r.status, r.body)
+			}
+		})
+	}
+}
+
+func TestServer_CheckErrors(t *testing.T) {
+	ts := startServer(t, testSettings())
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		code, msg  string
+	}{
+		{"not json", "{", 400, codeInvalidInput, "not valid JSON"},
+		{"bad field", `{"limits":[{"key":"k","algorithm":"token_bucket","limit":0,"window_ms":1}]}`, 400, codeInvalidInput, "limits[0].limit"},
+		{"bad algorithm", `{"limits":[{"key":"k","algorithm":"leaky","limit":1,"window_ms":1}]}`, 400, codeInvalidInput, "limits[0].algorithm"},
+		{"too large", `{"limits":[],"pad":"` + strings.Repeat("x", maxBody) + `"}`, 413, codeTooLarge, "65536"},
+		{"seed bad strategy", `{"user_id":"u","endpoint":"/e","strategy":"leaky"}`, 400, codeInvalidStrategy, "strategy"},
+		{"seed bad limit", `{"user_id":"u","endpoint":"/e","limit":0}`, 400, codeInvalidLimit, "limit"},
+		{"seed no endpoint", `{"user_id":"u"}`, 400, codeInvalidInput, "endpoint"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", tc.body, "X-Request-Id", "abc")
+			if r.status != tc.status || r.errCode(t) != tc.code || !strings.Contains(string(r.body), tc.msg) {
+				t.Fatalf("%d %s, want %d %s mentioning %q", r.status, r.body, tc.status, tc.code, tc.msg)
+			}
+			if !strings.Contains(string(r.body), `"request_id":"abc"`) {
+				t.Fatalf("request id not echoed: %s", r.body)
+			}
+		})
+	}
+	if r := do(t, nil, "GET", ts.URL+"/nope", ""); r.status != 404 || r.errCode(t) != codeNotFound {
+		t.Fatalf("unknown path: %d %s", r.status, r.body)
+	}
+}
+
+func TestServer_SeedCheckAndStatus(t *testing.T) {
+	set := testSettings()
+	set.DefaultLimit, set.DefaultStrategy = 2, "fixed_window"
+	ts := startServer(t, set)
+	body := `{"user_id":"user_123","endpoint":"/api/v1/users"}`
+	for i, want := range []int{200, 200, 429} {
+		r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body)
+		if r.status != want {
+			t.Fatalf("check %d: %d %s", i, r.status, r.body)
+		}
+		if want == 429 && (r.header.Get("Retry-After") == "" || r.json(t)["allowed"] != false) {
+			t.Fatalf("429 without Retry-After or allowed=false: %v %s", r.header, r.body)
+		}
+	}
+	r := do(t, nil, "GET", ts.URL+"/v1/rate-limit/status/user_123/api/v1/users", "")
+	v := r.json(t)
+	if r.status != 200 || v["remaining"] != 0.0 || v["usage_percentage"] != 100.0 || v["endpoint"] != "/api/v1/users" || v["strategy"] != "fixed_window" {
+		t.Fatalf("status: %d %s", r.status, r.body)
+	}
+	if r := do(t, nil, "GET", ts.URL+"/v1/rate-limit/status/user_9/x?strategy=leaky", ""); r.status != 400 || r.errCode(t) != codeInvalidStrategy {
+		t.Fatalf("bad strategy: %d %s", r.status, r.body)
+	}
+}
+
+func TestServer_BatchIdempotent(t *testing.T) {
+	ts := startServer(t, testSettings())
+	body := `{"idempotency_key":"batch_1","checks":[{"user_id":"a","endpoint":"/x","limit":1},{"user_id":"b","endpoint":"/y","limit":1,"strategy":"token_bucket"},{"user_id":"a","endpoint":"/x","limit":1}]}`
+	r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/batch-check", body)
+	var out struct {
+		Results []seedResult `json:"results"`
+	}
+	if err := json.Unmarshal(r.body, &out); err != nil || r.status != 200 || len(out.Results) != 3 {
+		t.Fatalf("%d %s %v", r.status, r.body, err)
+	}
+	allowedA := 0
+	for _, res := range out.Results {
+		if res.UserID == "a" && res.Allowed {
+			allowedA++
+		}
+	}
+	if allowedA != 1 || !out.Results[1].Allowed || out.Results[1].Strategy != "token_bucket" {
+		t.Fatalf("results %+v: want one of a's two checks allowed, b allowed", out.Results)
+	}
+	again := do(t, nil, "POST", ts.URL+"/v1/rate-limit/batch-check", body)
+	if !bytes.Equal(again.body, r.body) || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay differs: %s vs %s", again.body, r.body)
+	}
+	// Without the key the same checks run again and are now denied.
+	fresh := do(t, nil, "POST", ts.URL+"/v1/rate-limit/batch-check", strings.Replace(body, `"idempotency_key":"batch_1",`, "", 1))
+	if bytes.Contains(fresh.body, []byte(`"allowed":true`)) {
+		t.Fatalf("fresh batch should be denied: %s", fresh.body)
+	}
+	for _, bad := range []string{`{"checks":[]}`, `{"checks":[{"user_id":"a"}]}`, `{"checks":[{"user_id":"a","endpoint":"/x","window_seconds":0}]}`, `[]`} {
+		if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/batch-check", bad); r.status != 400 {
+			t.Fatalf("%s: %d %s", bad, r.status, r.body)
+		}
+	}
+}
+
+func TestServer_AdminAuthConfigResetAudit(t *testing.T) {
+	set := testSettings()
+	set.AuditLog = filepath.Join(t.TempDir(), "audit.log")
+	ts := startServer(t, set)
+	cfg := `{"user_id":"alice","endpoint":"/api","limit":1,"window_seconds":60,"strategy":"token_bucket"}`
+	if r := do(t, nil, "PUT", ts.URL+"/v1/rate-limit/config", cfg); r.status != 401 || r.errCode(t) != codeUnauthorized {
+		t.Fatalf("no key: %d %s", r.status, r.body)
+	}
+	if r := do(t, nil, "PUT", ts.URL+"/v1/rate-limit/config", cfg, "X-Admin-Key", "wrong"); r.status != 403 || r.errCode(t) != codeForbidden {
+		t.Fatalf("wrong key: %d %s", r.status, r.body)
+	}
+	for _, tc := range []struct{ body, code string }{
+		{`{"user_id":"alice","endpoint":"/api","limit":0,"window_seconds":60,"strategy":"token_bucket"}`, codeInvalidLimit},
+		{`{"user_id":"alice","endpoint":"/api","limit":1,"window_seconds":60,"strategy":"x"}`, codeInvalidStrategy},
+		{`{"user_id":"alice","endpoint":"/api","limit":1,"window_seconds":60,"strategy":"token_bucket","extra":1}`, codeInvalidInput},
+	} {
+		if r := do(t, nil, "PUT", ts.URL+"/v1/rate-limit/config", tc.body, "Authorization", "Bearer admin-secret"); r.status != 400 || r.errCode(t) != tc.code {
+			t.Fatalf("%s: %d %s", tc.body, r.status, r.body)
+		}
+	}
+	if r := do(t, nil, "GET", ts.URL+"/v1/rate-limit/config/alice/api", "", "X-Admin-Key", "admin-secret"); r.status != 404 || r.errCode(t) != codeNotFound {
+		t.Fatalf("get before put: %d %s", r.status, r.body)
+	}
+	r := do(t, nil, "PUT", ts.URL+"/v1/rate-limit/config", cfg, "Authorization", "Bearer admin-secret")
+	if r.status != 200 || r.json(t)["limit"] != 1.0 || r.json(t)["updated_at"] == nil {
+		t.Fatalf("put: %d %s", r.status, r.body)
+	}
+	if r := do(t, nil, "GET", ts.URL+"/v1/rate-limit/config/alice/api", "", "X-Admin-Key", "admin-secret"); r.status != 200 || r.json(t)["strategy"] != "token_bucket" {
+		t.Fatalf("get: %d %s", r.status, r.body)
+	}
+	// The override applies at once to seed checks and to per-user plugin limits.
+	seed := `{"user_id":"alice","endpoint":"/api"}`
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", seed); r.status != 200 || r.json(t)["limit"] != 1.0 {
+		t.Fatalf("first seed check: %d %s", r.status, r.body)
+	}
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", seed); r.status != 429 {
+		t.Fatalf("second seed check: %d %s", r.status, r.body)
+	}
+	pl := limit("rl:{u:alice}:chat", rules.FixedWindow, 50)
+	pl.PerUser = true
+	wire := string(rules.AppendCheckRequestFrom(nil, &rules.CheckRequest{User: "alice", Endpoint: "/api", Limits: []rules.LimitRequest{pl}}))
+	var cr rules.CheckResponse
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", wire); rules.DecodeCheckResponse(r.body, 1, &cr) != nil || cr.Decisions[0].Limit != 1 {
+		t.Fatalf("plugin check with override: %s", r.body)
+	}
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/reset", `{"user_id":"alice","endpoint":"/api"}`, "X-Admin-Key", "admin-secret"); r.status != 200 {
+		t.Fatalf("reset: %d %s", r.status, r.body)
+	}
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", seed); r.status != 200 {
+		t.Fatalf("after reset: %d %s", r.status, r.body)
+	}
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/reset", `{"key":"sluice:overrides"}`, "X-Admin-Key", "admin-secret"); r.status != 400 {
+		t.Fatalf("reset of a non-counter key: %d %s", r.status, r.body)
+	}
+	audit, err := os.ReadFile(set.AuditLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var actions []string
+	denied := 0
+	for _, l := range strings.Split(strings.TrimSpace(string(audit)), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("audit line %q: %v", l, err)
+		}
+		if strings.Contains(l, "admin-secret") {
+			t.Fatalf("audit log leaks the key: %s", l)
+		}
+		if rec["msg"] == "admin_denied" {
+			denied++
+			continue
+		}
+		actions = append(actions, rec["action"].(string))
+		for _, f := range []string{"time", "who", "remote", "action", "target", "after"} {
+			if rec[f] == nil {
+				t.Fatalf("audit record without %s: %s", f, l)
+			}
+		}
+	}
+	if got := strings.Join(actions, ","); got != "config.put,reset" || denied != 1 {
+		t.Fatalf("audit actions %s, %d denied; want config.put,reset and 1 denied", got, denied)
+	}
+}
+
+func TestServer_AdminDisabledAndCheckToken(t *testing.T) {
+	set := DefaultSettings()
+	set.CheckToken = "tok"
+	ts := startServer(t, set)
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/reset", `{"key":"rl:x"}`, "X-Admin-Key", ""); r.status != 403 {
+		t.Fatalf("admin without a configured key: %d %s", r.status, r.body)
+	}
+	body := checkBody(limit("rl:{u:t}:a", rules.FixedWindow, 2))
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body); r.status != 401 {
+		t.Fatalf("no token: %d", r.status)
+	}
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body, "Authorization", "Bearer nope"); r.status != 403 {
+		t.Fatalf("wrong token: %d", r.status)
+	}
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body, "Authorization", "Bearer tok"); r.status != 200 {
+		t.Fatalf("right token: %d %s", r.status, r.body)
+	}
+	if r := do(t, nil, "GET", ts.URL+"/healthz", ""); r.status != 200 {
+		t.Fatalf("healthz needs no token: %d", r.status)
+	}
+}
+
+func TestServer_RedisDownThen503ThenRecovers(t *testing.T) {
+	rs := redistest.Start(t)
+	set := testSettings()
+	set.Store, set.RedisURL, set.RedisTimeout = "redis", rs.URL, 300*time.Millisecond
+	var logs bytes.Buffer
+	set.Logger = slog.New(slog.NewJSONHandler(&syncWriter{w: &logs}, nil))
+	ts := startServer(t, set)
+	body := checkBody(limit("rl:{u:down}:a", rules.SlidingWindow, 100))
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body); r.status != 200 {
+		t.Fatalf("up: %d %s", r.status, r.body)
+	}
+	if r := do(t, nil, "GET", ts.URL+"/readyz", ""); r.status != 200 {
+		t.Fatalf("readyz up: %d", r.status)
+	}
+	rs.Stop()
+	start := time.Now()
+	r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body)
+	if r.status != 503 || r.errCode(t) != codeServiceUnavailable || r.header.Get("Retry-After") == "" {
+		t.Fatalf("down: %d %s", r.status, r.body)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("503 took %v, want about the 300ms timeout", d)
+	}
+	if r := do(t, nil, "GET", ts.URL+"/readyz", ""); r.status != 503 {
+		t.Fatalf("readyz down: %d", r.status)
+	}
+	m := do(t, nil, "GET", ts.URL+"/metrics", "")
+	if !strings.Contains(string(m.body), `sluice_bridge_checks_total{result="error"} 1`) || !strings.Contains(string(m.body), `sluice_bridge_store_errors_total{op="check"} 1`) {
+		t.Fatalf("metrics do not count the failure:\n%s", grep(m.body, "sluice_bridge_"))
+	}
+	if !strings.Contains(logs.String(), `"msg":"store_error"`) {
+		t.Fatalf("store error not logged: %s", logs.String())
+	}
+	rs.Restart()
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body); r.status != 200 {
+		t.Fatalf("after restart: %d %s", r.status, r.body)
+	}
+}
+
+type syncWriter struct {
+	mu atomic.Bool
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	for !s.mu.CompareAndSwap(false, true) {
+	}
+	defer s.mu.Store(false)
+	return s.w.Write(p)
+}
+
+func grep(b []byte, s string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestServer_Metrics(t *testing.T) {
+	ts := startServer(t, testSettings())
+	body := checkBody(limit("rl:{u:m}:a", rules.SlidingLog, 1))
+	do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body)
+	do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body)
+	m := string(do(t, nil, "GET", ts.URL+"/metrics", "").body)
+	for _, want := range []string{
+		`sluice_bridge_checks_total{result="allowed"} 1`,
+		`sluice_bridge_checks_total{result="denied"} 1`,
+		`sluice_bridge_decisions_total{algorithm="sliding_log",result="denied",rule="rule1"} 1`,
+		`sluice_bridge_check_duration_seconds_count 2`,
+		`sluice_bridge_store_duration_seconds_count{op="check"} 2`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func TestServer_TLS(t *testing.T) {
+	// A throwaway certificate from the httptest package.
+	hs := httptest.NewUnstartedServer(nil)
+	hs.StartTLS()
+	cert := hs.TLS.Certificates[0]
+	hs.Close()
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem")
+	writePEM(t, certFile, keyFile, cert)
+	set := testSettings()
+	set.TLSCert, set.TLSKey = certFile, keyFile
+	s, err := New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go s.Serve(ln)
+	defer func() { s.Shutdown(context.Background()); s.Close() }()
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}}
+	resp, err := c.Get("https://" + ln.Addr().String() + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Fatalf("%s %d", resp.Proto, resp.StatusCode)
+	}
+}
+
+func TestParseSettings(t *testing.T) {
+	env := map[string]string{"SLUICE_STORE": "redis", "SLUICE_REDIS_URL": "redis://127.0.0.1:1/0", "SLUICE_DEFAULT_LIMIT": "7"}
+	s, err := ParseSettings([]string{"--default-limit", "9", "--redis-timeout", "2s"}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Store != "redis" || s.RedisURL != "redis://127.0.0.1:1/0" || s.DefaultLimit != 9 || s.RedisTimeout != 2*time.Second || s.Listen != ":8081" {
+		t.Fatalf("%+v", s)
+	}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--store", "disk"}, nil, "--store"},
+		{[]string{"--store", "redis"}, nil, "--redis-url"},
+		{[]string{"--redis-timeout", "0s"}, nil, "--redis-timeout"},
+		{[]string{"--default-strategy", "leaky"}, nil, "--default-strategy"},
+		{[]string{"--tls-cert", "x"}, nil, "--tls-key"},
+		{[]string{"--log-level", "loud"}, nil, "--log-level"},
+		{nil, map[string]string{"SLUICE_DEFAULT_LIMIT": "many"}, "SLUICE_DEFAULT_LIMIT"},
+		{[]string{"extra"}, nil, "unexpected argument"},
+	} {
+		_, err := ParseSettings(tc.args, func(k string) string { return tc.env[k] })
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %v: error %v, want one naming %s", tc.args, tc.env, err, tc.want)
+		}
+	}
+}
+
+func TestIdemCache_Bounded(t *testing.T) {
+	c := newIdemCache(3, time.Minute)
+	now := time.Unix(1000, 0)
+	for i, k := range []string{"a", "b", "c", "d"} {
+		c.put(k, []byte{byte(i)}, now)
+	}
+	if _, ok := c.get("a", now); ok {
+		t.Fatal("oldest entry kept beyond the bound")
+	}
+	if b, ok := c.get("d", now); !ok || b[0] != 3 {
+		t.Fatal("newest entry missing")
+	}
+	if _, ok := c.get("d", now.Add(time.Minute)); ok {
+		t.Fatal("entry kept beyond its ttl")
+	}
+	c.put("b", []byte{9}, now)
+	if b, _ := c.get("b", now); b[0] != 1 {
+		t.Fatal("a replayed key must keep its first answer")
+	}
+}
+
+// FuzzServer_Bodies posts arbitrary bodies to every endpoint that reads one:
+// the answer is never a 5xx and always JSON.
+func FuzzServer_Bodies(f *testing.F) {
+	for _, s := range []string{
+		checkBody(limit("rl:{u:f}:a", rules.TokenBucket, 3)),
+		`{"user_id":"u","endpoint":"/e","limit":3,"window_seconds":1,"strategy":"fixed_window"}`,
+		`{"checks":[{"user_id":"u","endpoint":"/e"}],"idempotency_key":"k"}`,
+		`{"key":"rl:{u:a}:x"}`, `{"limits":[{"key":"k","algorithm":"sliding_log","limit":1,"window_ms":1,"penalty":{"window_ms":1,"threshold":1,"multipliers":[2]}}]}`,
+		``, `null`, `[]`, `{"user_id":1}`,
+	} {
+		f.Add(s)
+	}
+	set := testSettings()
+	set.Logger = slog.New(slog.DiscardHandler)
+	set.AuditLog = filepath.Join(f.TempDir(), "audit.log")
+	s, err := New(set)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer s.Close()
+	h := s.Handler()
+	f.Fuzz(func(t *testing.T, body string) {
+		for _, ep := range []struct{ method, path string }{
+			{"POST", "/v1/rate-limit/check"}, {"POST", "/v1/rate-limit/batch-check"},
+			{"PUT", "/v1/rate-limit/config"}, {"POST", "/v1/rate-limit/reset"},
+		} {
+			req := httptest.NewRequest(ep.method, ep.path, strings.NewReader(body))
+			req.Header.Set("X-Admin-Key", "admin-secret")
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code >= 500 {
+				t.Fatalf("%s %s: %d %s", ep.method, ep.path, rec.Code, rec.Body)
+			}
+			if !json.Valid(rec.Body.Bytes()) {
+				t.Fatalf("%s %s: not JSON: %q", ep.method, ep.path, rec.Body)
+			}
+		}
+	})
+}
