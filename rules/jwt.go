@@ -187,8 +187,8 @@ func VerifyJWT(authValue string, src *IdentitySource, nowUnix int64) ([]byte, er
 		return nil, errJWTParts
 	}
 
-	// Decode once into strings: gjson reads strings without copying them
-	// (ParseBytes would copy), and the signing input is hashed in place.
+	// Each part is decoded once into a string, which gjson reads without
+	// copying (ParseBytes would copy).
 	header, ok := decodeB64(headerB64)
 	if !ok {
 		return nil, errJWTBase64
