@@ -16,7 +16,9 @@ package envoycheck
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -54,12 +56,42 @@ func Check(yamlBytes []byte) error {
 	}
 	var b bootstrapv3.Bootstrap
 	if err := protojson.Unmarshal(js, &b); err != nil {
-		return fmt.Errorf("does not decode as envoy.config.bootstrap.v3.Bootstrap: %w", err)
+		return fmt.Errorf("does not decode as envoy.config.bootstrap.v3.Bootstrap%s: %w", yamlLines(yamlBytes, err), err)
 	}
 	c := &checker{}
 	c.validate("", &b)
 	c.crossCheck(&b)
 	return errors.Join(c.problems...)
+}
+
+// fieldInError finds the field a protojson error names: its positions
+// are offsets into the converted JSON, useless to someone editing YAML.
+var fieldInError = regexp.MustCompile(`(?:unknown field|field) "?([A-Za-z0-9_@.]+)"?`)
+
+// yamlLines returns " (line 12)" for the YAML lines that hold the field
+// err names, or "" when it names none or the field cannot be found.
+func yamlLines(src []byte, err error) string {
+	m := fieldInError.FindStringSubmatch(err.Error())
+	if m == nil {
+		return ""
+	}
+	// protojson names some fields by their JSON name (codecType).
+	field := snakePath(m[1])
+	var lines []string
+	for i, line := range strings.Split(string(src), "\n") {
+		t := strings.TrimLeft(strings.TrimSpace(line), "- ")
+		t = strings.Trim(t, `"'`)
+		if strings.HasPrefix(t, field) {
+			rest := strings.TrimLeft(strings.TrimPrefix(t, field), `"' `)
+			if strings.HasPrefix(rest, ":") {
+				lines = append(lines, strconv.Itoa(i+1))
+			}
+		}
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return " (" + field + " at line " + strings.Join(lines, ", ") + ")"
 }
 
 // Problem is one finding of Check, at a field path.
