@@ -1,0 +1,415 @@
+package e2e_test
+
+// Full-stack tests of the reference scenarios: a real redis-server, the real
+// bridge, the built plugin in this host with two worker VMs, and real HTTP
+// clients going through a gateway (Host.Middleware in front of an upstream).
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/e2e"
+	"github.com/sluicehq/sluice/redisbridge"
+	"github.com/sluicehq/sluice/redisbridge/redistest"
+)
+
+var (
+	pluginOnce sync.Once
+	pluginWasm []byte
+	pluginErr  error
+)
+
+// builtPlugin builds the plugin as `make wasm` does, once per test binary.
+func builtPlugin(t *testing.T) []byte {
+	t.Helper()
+	pluginOnce.Do(func() {
+		out := filepath.Join("..", "build", "plugin.wasm")
+		if pluginErr = os.MkdirAll(filepath.Dir(out), 0o755); pluginErr != nil {
+			return
+		}
+		if pluginErr = e2e.BuildWasm("../plugin", out); pluginErr == nil {
+			pluginWasm, pluginErr = os.ReadFile(out)
+		}
+	})
+	if pluginErr != nil {
+		t.Fatal(pluginErr)
+	}
+	return pluginWasm
+}
+
+const jwtSecret = "full-stack-test-secret-0123456789abcdef"
+
+// stack is one running Sluice: redis, bridge, plugin host and gateway.
+type stack struct {
+	t       *testing.T
+	redis   *redistest.Server
+	bridge  *redisbridge.Server
+	brAddr  string
+	host    *e2e.Host
+	gateway *httptest.Server
+	client  *http.Client
+}
+
+func startBridge(t *testing.T, addr, redisURL string) *redisbridge.Server {
+	t.Helper()
+	set := redisbridge.DefaultSettings()
+	set.Listen, set.Store, set.RedisURL = addr, "redis", redisURL
+	set.RedisTimeout = 150 * time.Millisecond
+	set.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	set.AuditLog = filepath.Join(t.TempDir(), "audit.log")
+	br, err := redisbridge.New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ln net.Listener
+	for i := 0; i < 50; i++ { // the port may linger briefly after a stop
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	go br.Serve(ln)
+	return br
+}
+
+// stopBridge stops a bridge at once, as a crash would for its clients.
+func stopBridge(br *redisbridge.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	br.Shutdown(ctx)
+	br.Close()
+}
+
+func newStack(t *testing.T, config string) *stack {
+	t.Helper()
+	s := &stack{t: t, redis: redistest.Start(t)}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.brAddr = ln.Addr().String()
+	ln.Close()
+	s.bridge = startBridge(t, s.brAddr, s.redis.URL)
+	t.Cleanup(func() { stopBridge(s.bridge) })
+	s.host, err = e2e.New(context.Background(), builtPlugin(t), e2e.Options{
+		Workers: 2, PluginConfig: []byte(config), RootID: "sluice",
+		Clusters: map[string]string{"sluice_bridge": "http://" + s.brAddr},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.host.Close() })
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		status := 200
+		if code, ok := strings.CutPrefix(r.URL.Path, "/status/"); ok {
+			status, _ = strconv.Atoi(code)
+		}
+		w.WriteHeader(status)
+		io.WriteString(w, "upstream")
+	})
+	s.gateway = httptest.NewServer(s.host.Middleware(upstream))
+	t.Cleanup(s.gateway.Close)
+	s.client = &http.Client{Timeout: 5 * time.Second}
+	return s
+}
+
+type reply struct {
+	status int
+	h      http.Header
+	body   string
+	took   time.Duration
+}
+
+// get sends a request as from client ip (X-Forwarded-For appended by the
+// trusted proxy in front, trusted_proxy_depth 1).
+func (s *stack) get(path, ip string, headers ...string) reply {
+	s.t.Helper()
+	req, _ := http.NewRequest("GET", s.gateway.URL+path, nil)
+	req.Header.Set("X-Forwarded-For", ip)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	start := time.Now()
+	res, err := s.client.Do(req)
+	if err != nil {
+		s.t.Fatalf("GET %s: %v", path, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return reply{res.StatusCode, res.Header, string(b), time.Since(start)}
+}
+
+func hs256(t *testing.T, secret, claims string) string {
+	t.Helper()
+	enc := base64.RawURLEncoding
+	signing := enc.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`)) + "." + enc.EncodeToString([]byte(claims))
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(signing))
+	return signing + "." + enc.EncodeToString(mac.Sum(nil))
+}
+
+func scenarioConfig(mode string) string {
+	return `{
+  "failure_mode": "` + mode + `",
+  "bridge": {"cluster": "sluice_bridge", "timeout": "200ms"},
+  "identity": {
+    "sources": [
+      {"type": "jwt", "claim": "sub", "keys": [{"alg": "HS256", "secret": "` + jwtSecret + `"}]},
+      {"type": "header", "header": "x-user-id"}
+    ],
+    "client_ip": {"trusted_proxy_depth": 1}
+  },
+  "tiers": {"header": "x-tier", "claim": "plan", "default": "free", "list": [
+    {"name": "free", "limit": 100, "window": "1m", "algorithm": "sliding_log"},
+    {"name": "premium", "limit": 1000, "window": "1m", "endpoints": {"/api/v1/request": 50}},
+    {"name": "quick", "limit": 3, "window": "1s", "algorithm": "fixed_window"}
+  ]},
+  "categories": [
+    {"name": "chat", "paths": ["/api/v1/chat"]},
+    {"name": "auth", "paths": ["/api/v1/login"]}
+  ],
+  "rules": [{"name": "search-shadow", "match": {"paths": ["/api/v1/search"]}, "limit": 2, "window": "1m", "action": "log_only"}],
+  "exemptions": {"ips": ["192.0.2.200"], "users": ["ops"]},
+  "headers": {"strategy": true}
+}`
+}
+
+func TestFullStack_Scenarios(t *testing.T) {
+	s := newStack(t, scenarioConfig("fail_open"))
+
+	t.Run("free tier 100 per minute", func(t *testing.T) {
+		var last reply
+		for i := 1; i <= 100; i++ {
+			last = s.get("/api/v1/items", "203.0.113.1", "X-User-Id", "free-user")
+			if last.status != 200 {
+				t.Fatalf("request %d: %d %s", i, last.status, last.body)
+			}
+		}
+		if last.h.Get("X-RateLimit-Remaining") != "0" || last.h.Get("X-RateLimit-Limit") != "100" {
+			t.Errorf("100th: remaining %q limit %q", last.h.Get("X-RateLimit-Remaining"), last.h.Get("X-RateLimit-Limit"))
+		}
+		r := s.get("/api/v1/items", "203.0.113.1", "X-User-Id", "free-user")
+		ra, _ := strconv.Atoi(r.h.Get("Retry-After"))
+		if r.status != 429 || ra < 1 || ra > 60 || !strings.Contains(r.body, `"RATE_LIMITED"`) {
+			t.Errorf("101st: %d Retry-After %q %s", r.status, r.h.Get("Retry-After"), r.body)
+		}
+	})
+
+	t.Run("passes again after the window", func(t *testing.T) {
+		for i := 0; i < 3; i++ {
+			if r := s.get("/api/v1/items", "203.0.113.2", "X-User-Id", "quick-user", "X-Tier", "quick"); r.status != 200 {
+				t.Fatalf("request %d: %d", i+1, r.status)
+			}
+		}
+		r := s.get("/api/v1/items", "203.0.113.2", "X-User-Id", "quick-user", "X-Tier", "quick")
+		if r.status != 429 {
+			t.Fatalf("4th in the window: %d", r.status)
+		}
+		ra, _ := strconv.Atoi(r.h.Get("Retry-After"))
+		time.Sleep(time.Duration(ra)*time.Second + 100*time.Millisecond)
+		if r := s.get("/api/v1/items", "203.0.113.2", "X-User-Id", "quick-user", "X-Tier", "quick"); r.status != 200 {
+			t.Errorf("after the window: %d", r.status)
+		}
+	})
+
+	t.Run("premium endpoint override", func(t *testing.T) {
+		for i := 1; i <= 50; i++ {
+			if r := s.get("/api/v1/request", "203.0.113.3", "X-User-Id", "prem", "X-Tier", "premium"); r.status != 200 {
+				t.Fatalf("request %d: %d", i, r.status)
+			}
+		}
+		if r := s.get("/api/v1/request", "203.0.113.3", "X-User-Id", "prem", "X-Tier", "premium"); r.status != 429 || r.h.Get("X-RateLimit-Limit") != "50" {
+			t.Errorf("51st: %d limit %q", r.status, r.h.Get("X-RateLimit-Limit"))
+		}
+		if r := s.get("/api/v1/health", "203.0.113.3", "X-User-Id", "prem", "X-Tier", "premium"); r.status != 200 || r.h.Get("X-RateLimit-Limit") != "1000" {
+			t.Errorf("other endpoint: %d limit %q", r.status, r.h.Get("X-RateLimit-Limit"))
+		}
+	})
+
+	t.Run("auth per ip, chat per user, independent", func(t *testing.T) {
+		for i := 0; i < 5; i++ { // five different users from one IP
+			if r := s.get("/api/v1/login", "198.51.100.10", "X-User-Id", fmt.Sprint("auth-u", i)); r.status != 200 {
+				t.Fatalf("login %d: %d", i, r.status)
+			}
+		}
+		if r := s.get("/api/v1/login", "198.51.100.10", "X-User-Id", "auth-new"); r.status != 429 {
+			t.Errorf("6th login from the IP, new user: %d", r.status)
+		}
+		if r := s.get("/api/v1/login", "198.51.100.11", "X-User-Id", "auth-u0"); r.status != 200 {
+			t.Errorf("login from another IP: %d", r.status)
+		}
+		for i := 0; i < 10; i++ { // chat: per user, from changing IPs
+			if r := s.get("/api/v1/chat", fmt.Sprint("198.51.100.", 20+i), "X-User-Id", "chatter"); r.status != 200 {
+				t.Fatalf("chat %d: %d", i, r.status)
+			}
+		}
+		if r := s.get("/api/v1/chat", "198.51.100.99", "X-User-Id", "chatter"); r.status != 429 {
+			t.Errorf("11th chat: %d", r.status)
+		}
+		if r := s.get("/api/v1/chat", "198.51.100.20", "X-User-Id", "other-chatter"); r.status != 200 {
+			t.Errorf("another user's chat: %d", r.status)
+		}
+		if r := s.get("/api/v1/login", "198.51.100.12", "X-User-Id", "chatter"); r.status != 200 {
+			t.Errorf("chatter's login (independent of chat): %d", r.status)
+		}
+	})
+
+	t.Run("exempt ip and user", func(t *testing.T) {
+		for i := 0; i < 8; i++ { // auth allows 5 per IP
+			if r := s.get("/api/v1/login", "192.0.2.200"); r.status != 200 || r.h.Get("X-RateLimit-Limit") != "" {
+				t.Fatalf("exempt ip, request %d: %d", i, r.status)
+			}
+			if r := s.get("/api/v1/chat", "198.51.100.50", "X-User-Id", "ops"); r.status != 200 {
+				t.Fatalf("exempt user, request %d: %d", i, r.status)
+			}
+		}
+	})
+
+	t.Run("verified jwt across ips, forged token gains nothing", func(t *testing.T) {
+		token := hs256(t, jwtSecret, `{"sub":"jwt-user","exp":`+fmt.Sprint(time.Now().Add(time.Hour).Unix())+`}`)
+		for i := 0; i < 10; i++ {
+			if r := s.get("/api/v1/chat", fmt.Sprint("198.51.100.", 100+i), "Authorization", "Bearer "+token); r.status != 200 {
+				t.Fatalf("chat %d: %d %s", i, r.status, r.body)
+			}
+		}
+		if r := s.get("/api/v1/chat", "198.51.100.200", "Authorization", "Bearer "+token); r.status != 429 {
+			t.Errorf("11th chat with the token from a new IP: %d", r.status)
+		}
+		// A token signed with another key claiming a fresh user is anonymous:
+		// it is counted by IP, so it cannot mint new quota.
+		for i := 0; i < 10; i++ {
+			forged := hs256(t, "attacker-secret-0123456789abcdef0123", fmt.Sprintf(`{"sub":"fresh-%d"}`, i))
+			if r := s.get("/api/v1/chat", "198.51.100.201", "Authorization", "Bearer "+forged); r.status != 200 {
+				t.Fatalf("forged %d: %d", i, r.status)
+			}
+		}
+		forged := hs256(t, "attacker-secret-0123456789abcdef0123", `{"sub":"fresh-new"}`)
+		if r := s.get("/api/v1/chat", "198.51.100.201", "Authorization", "Bearer "+forged); r.status != 429 {
+			t.Errorf("forged tokens minted quota: %d", r.status)
+		}
+		// Nor can it spend the real user's quota: a forged "jwt-user" token is anonymous too.
+		victim := hs256(t, jwtSecret, `{"sub":"victim"}`)
+		forgedVictim := hs256(t, "attacker-secret-0123456789abcdef0123", `{"sub":"victim"}`)
+		for i := 0; i < 3; i++ {
+			s.get("/api/v1/chat", "198.51.100.202", "Authorization", "Bearer "+forgedVictim)
+		}
+		if r := s.get("/api/v1/chat", "198.51.100.203", "Authorization", "Bearer "+victim); r.status != 200 || r.h.Get("X-RateLimit-Remaining") != "9" {
+			t.Errorf("victim's quota touched by forged tokens: %d remaining %q", r.status, r.h.Get("X-RateLimit-Remaining"))
+		}
+	})
+
+	t.Run("headers on 200 and 5xx, log_only passes", func(t *testing.T) {
+		for _, path := range []string{"/status/200", "/status/500", "/status/503"} {
+			r := s.get(path, "203.0.113.9", "X-User-Id", "hdr-user")
+			if r.h.Get("X-RateLimit-Limit") != "100" || r.h.Get("X-RateLimit-Remaining") == "" || r.h.Get("X-RateLimit-Reset") == "" || r.h.Get("X-RateLimit-Strategy") != "sliding_log" {
+				t.Errorf("%s: %d headers %v", path, r.status, r.h)
+			}
+		}
+		for i := 0; i < 4; i++ { // the shadow rule allows 2
+			if r := s.get("/api/v1/search", "203.0.113.9", "X-User-Id", "shadow-user"); r.status != 200 {
+				t.Fatalf("log_only request %d refused: %d", i, r.status)
+			}
+		}
+		if n, _ := s.host.Metric("sluice_shadow_denied_total"); n != 2 {
+			t.Errorf("shadow denials: %d, want 2", n)
+		}
+	})
+}
+
+func TestFullStack_ProgressivePenalty(t *testing.T) {
+	s := newStack(t, `{
+  "bridge": {"cluster": "sluice_bridge", "timeout": "200ms"},
+  "identity": {"sources": [{"type": "header", "header": "x-user-id"}], "client_ip": {"trusted_proxy_depth": 1}},
+  "rules": [{"name": "tight", "limit": 1, "window": "1s", "algorithm": "fixed_window",
+    "penalty": {"detection_window": "1m", "violation_threshold": 2, "multipliers": [2, 4]}}]
+}`)
+	// Each episode: use the one allowed request, violate, read Retry-After,
+	// wait it out. Repeated violations must lengthen the wait.
+	var waits []int
+	for episode := 0; episode < 3; episode++ {
+		s.get("/x", "203.0.113.50", "X-User-Id", "repeat")
+		r := s.get("/x", "203.0.113.50", "X-User-Id", "repeat")
+		if r.status != 429 {
+			// The fixed window may have rolled between the two requests.
+			r = s.get("/x", "203.0.113.50", "X-User-Id", "repeat")
+		}
+		if r.status != 429 {
+			t.Fatalf("episode %d: no denial", episode)
+		}
+		ra, _ := strconv.Atoi(r.h.Get("Retry-After"))
+		waits = append(waits, ra)
+		time.Sleep(time.Duration(ra)*time.Second + 150*time.Millisecond)
+	}
+	if !(waits[0] <= 1 && waits[1] >= 2 && waits[2] > waits[1]) {
+		t.Errorf("Retry-After over episodes: %v, want 1, then >= 2 (×2), then longer (×4)", waits)
+	}
+}
+
+func TestFullStack_FailureModes(t *testing.T) {
+	for _, mode := range []string{"fail_open", "fail_closed"} {
+		t.Run(mode, func(t *testing.T) {
+			s := newStack(t, scenarioConfig(mode))
+			want := 200
+			if mode == "fail_closed" {
+				want = 503
+			}
+			check := func(what string, status int) {
+				t.Helper()
+				r := s.get("/api/v1/items", "203.0.113.77", "X-User-Id", "fm-user")
+				if r.status != status {
+					t.Errorf("%s: status %d, want %d (%s)", what, r.status, status, r.body)
+				}
+				// The configured answer comes within the call-out timeout (200ms) plus a margin.
+				if r.took > 200*time.Millisecond+300*time.Millisecond {
+					t.Errorf("%s: took %v", what, r.took)
+				}
+			}
+			check("healthy", 200)
+
+			stopBridge(s.bridge)
+			check("bridge stopped", want)
+			s.bridge = startBridge(t, s.brAddr, s.redis.URL)
+			waitFor(t, func() bool { return s.get("/api/v1/items", "203.0.113.78", "X-User-Id", "probe").status == 200 })
+			check("bridge back", 200)
+
+			s.redis.Stop()
+			check("redis stopped", want)
+			s.redis.Restart()
+			waitFor(t, func() bool { return s.get("/api/v1/items", "203.0.113.79", "X-User-Id", "probe2").status == 200 })
+			check("redis back", 200)
+			if n, _ := s.host.Metric("sluice_bridge_errors_total"); n < 2 {
+				t.Errorf("bridge errors counted: %d", n)
+			}
+		})
+	}
+}
+
+func waitFor(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if ok() {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("service did not resume within 5s")
+}
