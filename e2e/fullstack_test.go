@@ -306,7 +306,7 @@ func TestFullStack_Scenarios(t *testing.T) {
 			t.Errorf("forged tokens minted quota: %d", r.status)
 		}
 		// Nor can it spend the real user's quota: a forged "jwt-user" token is anonymous too.
-		victim := hs256(t, jwtSecret, `{"sub":"victim"}`)
+		victim := hs256(t, jwtSecret, `{"sub":"victim","exp":`+fmt.Sprint(time.Now().Add(time.Hour).Unix())+`}`)
 		forgedVictim := hs256(t, "attacker-secret-0123456789abcdef0123", `{"sub":"victim"}`)
 		for i := 0; i < 3; i++ {
 			s.get("/api/v1/chat", "198.51.100.202", "Authorization", "Bearer "+forgedVictim)

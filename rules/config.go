@@ -175,6 +175,9 @@ type IdentitySource struct {
 	Issuer    string   // required iss when set
 	Audiences []string // aud must contain one of these when set
 	LeewaySec int64    // clock skew allowed on exp/nbf, default 30
+	// RequireExp refuses tokens without exp (default true): a token that
+	// never expires would identify its holder forever once leaked.
+	RequireExp bool
 }
 
 // JWTKey is one verification key.
@@ -319,7 +322,7 @@ type HeaderConfig struct {
 // DenyConfig shapes the 429 answer.
 type DenyConfig struct {
 	Status  uint32 // default 429
-	Message string // default "Rate limit exceeded."
+	Message string // default: "Rate limit exceeded: N requests per W allowed."
 	// FailClosedStatus is the status when the bridge cannot decide in fail_closed, default 503.
 	FailClosedStatus uint32
 }

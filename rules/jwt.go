@@ -65,6 +65,7 @@ var (
 	errJWTExp         = &jwtError{ErrJWTExpired, "token has expired (exp)"}
 	errJWTNbf         = &jwtError{ErrJWTExpired, "token is not valid yet (nbf)"}
 	errJWTExpType     = &jwtError{ErrJWTClaims, "exp must be a number"}
+	errJWTNoExp       = &jwtError{ErrJWTClaims, "token has no exp and require_exp is set"}
 	errJWTNbfType     = &jwtError{ErrJWTClaims, "nbf must be a number"}
 	errJWTIss         = &jwtError{ErrJWTClaims, "iss is not the configured issuer"}
 	errJWTAud         = &jwtError{ErrJWTClaims, "aud names none of the configured audiences"}
@@ -315,7 +316,9 @@ func verifyJWTDigest(k *JWTKey, digest, sig []byte) bool {
 }
 
 func checkClaims(p gjson.Result, src *IdentitySource, now int64) error {
-	if exp := p.Get("exp"); exp.Exists() {
+	if exp := p.Get("exp"); !exp.Exists() && src.RequireExp {
+		return errJWTNoExp
+	} else if exp.Exists() {
 		if exp.Type != gjson.Number {
 			return errJWTExpType
 		}

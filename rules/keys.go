@@ -25,7 +25,8 @@ type Identity struct {
 // principal identity, so every limit kept for one client lands in one slot
 // and the bridge decides them in a single script call. Kinds: g global,
 // u user, a anonymous (user scope without a user: by IP), k API key,
-// t tenant, ip, e endpoint, m method.
+// t tenant, ip, e endpoint, m method. A client without the identity a
+// user, api_key or tenant limit is kept per is counted as anonymous.
 //
 // Identifiers come from clients, so they are written verbatim only when
 // short and made of safe bytes; anything else becomes "~" and 32 hex digits
@@ -63,17 +64,23 @@ func AppendKey(dst []byte, name string, s Scope, id *Identity, anon AnonymousMod
 		tagged = ScopeUser
 		if id.User != "" {
 			dst = appendID(append(dst, "u:"...), id.User)
-		} else if anon == AnonymousShared || !id.IP.IsValid() {
-			dst = append(dst, 'a')
 		} else {
-			dst = id.IP.AppendTo(append(dst, "a:"...))
+			dst = appendAnonymous(dst, id, anon)
 		}
 	case s.Has(ScopeAPIKey):
 		tagged = ScopeAPIKey
-		dst = appendHashedID(append(dst, "k:"...), id.APIKey)
+		if id.APIKey != "" {
+			dst = appendHashedID(append(dst, "k:"...), id.APIKey)
+		} else {
+			dst = appendAnonymous(dst, id, anon)
+		}
 	case s.Has(ScopeTenant):
 		tagged = ScopeTenant
-		dst = appendID(append(dst, "t:"...), id.Tenant)
+		if id.Tenant != "" {
+			dst = appendID(append(dst, "t:"...), id.Tenant)
+		} else {
+			dst = appendAnonymous(dst, id, anon)
+		}
 	case s.Has(ScopeIP):
 		tagged = ScopeIP
 		dst = appendIP(append(dst, "ip:"...), id.IP)
@@ -105,6 +112,17 @@ func AppendKey(dst []byte, name string, s Scope, id *Identity, anon AnonymousMod
 		dst = appendID(append(dst, ":m:"...), method)
 	}
 	return dst
+}
+
+// appendAnonymous writes the tag of a client that lacks the identity a
+// limit is kept per: its IP, or one shared "a" for all such clients. So a
+// request without an API key never lands in one counter with every other
+// keyless request, unless the config asks for that.
+func appendAnonymous(dst []byte, id *Identity, anon AnonymousMode) []byte {
+	if anon == AnonymousShared || !id.IP.IsValid() {
+		return append(dst, 'a')
+	}
+	return id.IP.AppendTo(append(dst, "a:"...))
 }
 
 func appendIP(dst []byte, ip netip.Addr) []byte {

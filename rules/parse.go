@@ -206,6 +206,10 @@ func (p *parser) config(root gjson.Result) *Config {
 		return nil
 	}
 	p.checkNames(c)
+	// Every limit that can apply to one request travels in one check.
+	if n := len(c.Rules) + len(c.Categories) + 1; n > MaxLimitsPerCheck {
+		p.fail("rules", "%d rules and categories: at most %d together, since all that match one request are checked in one call", n-1, MaxLimitsPerCheck-1)
+	}
 	if c.Tiers.Claim != "" && !hasJWTSource(c.Identity.Sources) {
 		p.fail("tiers.claim", "needs an identity source of type jwt or jwt_payload to read the claim from")
 	}
@@ -309,7 +313,7 @@ func (p *parser) headerName(v gjson.Result, path, def string) string {
 
 func (p *parser) source(v gjson.Result, path string) IdentitySource {
 	var s IdentitySource
-	if !p.object(v, path, "type", "header", "claim", "keys", "issuer", "audiences", "leeway") {
+	if !p.object(v, path, "type", "header", "claim", "keys", "issuer", "audiences", "leeway", "require_exp") {
 		return s
 	}
 	typ := p.str(v.Get("type"), join(path, "type"), "")
@@ -339,7 +343,7 @@ func (p *parser) source(v gjson.Result, path string) IdentitySource {
 		p.fail(join(path, "claim"), "only for types jwt and jwt_payload")
 	}
 	if s.Kind != SourceJWT {
-		for _, f := range []string{"keys", "issuer", "audiences", "leeway"} {
+		for _, f := range []string{"keys", "issuer", "audiences", "leeway", "require_exp"} {
 			if v.Get(f).Exists() {
 				p.fail(join(path, f), "only for type jwt (the plugin verifies the token itself)")
 			}
@@ -349,6 +353,7 @@ func (p *parser) source(v gjson.Result, path string) IdentitySource {
 	s.Issuer = p.str(v.Get("issuer"), join(path, "issuer"), "")
 	s.Audiences = p.strings(v.Get("audiences"), join(path, "audiences"), nil)
 	s.LeewaySec = p.duration(v.Get("leeway"), join(path, "leeway"), 30_000, 0, 3600_000) / 1000
+	s.RequireExp = p.boolean(v.Get("require_exp"), join(path, "require_exp"), true)
 	keys := v.Get("keys")
 	kp := join(path, "keys")
 	if !keys.IsArray() || len(keys.Array()) == 0 {
@@ -430,7 +435,7 @@ func (p *parser) exemptions(v gjson.Result, path string) Exemptions {
 		for i, s := range ips.Array() {
 			pfx, err := ParseIPPrefix(s.Str)
 			if s.Type != gjson.String || err != nil {
-				p.fail(index(ip, i), "%q is not an IP address or CIDR", s.Raw)
+				p.fail(index(ip, i), "%s is not an IP address or CIDR", s.Raw)
 				break
 			}
 			e.IPs = append(e.IPs, pfx)

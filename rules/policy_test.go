@@ -204,3 +204,16 @@ func BenchmarkConfig_Evaluate(b *testing.B) {
 		})
 	}
 }
+
+// Clients without the identity a limit is kept per are counted as
+// anonymous (by IP), not all together in one counter.
+func TestConfig_EvaluateMissingIdentity(t *testing.T) {
+	c := mustConfig(t, `{"identity":{"api_key_header":"x-api-key","tenant_header":"x-tenant"},"rules":[
+		{"name":"k","scope":"api_key","limit":1,"window":"1s"},
+		{"name":"t","scope":"tenant","limit":1,"window":"1s"}]}`)
+	var plan Plan
+	c.Evaluate(&Request{Method: "GET", Path: "/", Source: "192.0.2.1:5", Headers: mapHeaders{}}, &plan)
+	if a, b := string(plan.Limits[0].Key), string(plan.Limits[1].Key); a != "rl:{a:192.0.2.1}:k" || b != "rl:{a:192.0.2.1}:t" {
+		t.Errorf("keys without api key / tenant: %q %q", a, b)
+	}
+}

@@ -15,7 +15,7 @@ import (
 // Bounds on check requests. They keep a hostile or buggy caller from making
 // the bridge build huge keys or scripts.
 const (
-	MaxLimitsPerCheck = 32
+	MaxLimitsPerCheck = 64
 	MaxKeyLen         = 512
 	MaxRuleNameLen    = 64
 	MaxLimitValue     = 1 << 40         // requests per window
@@ -65,7 +65,7 @@ type CheckResponse struct {
 // Key points into the plan's buffer and is valid until the next Evaluate.
 type PlannedLimit struct {
 	Key     []byte
-	Name    string     // rule, category or "tier:<name>"
+	Name    string     // rule or category name, or "tier.<name>" / "tier.<name>.<override>"
 	Spec    *LimitSpec // points into the Config
 	Action  Action
 	PerUser bool
