@@ -389,3 +389,14 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
+
+// Not a hot path; measured so a slow check shows up before CI does.
+func BenchmarkCheck(b *testing.B) {
+	in := readFile(b, "../../envoy.yaml")
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := Check(in); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
