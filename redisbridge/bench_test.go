@@ -1,0 +1,340 @@
+package redisbridge
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/redisbridge/internal/store"
+	"github.com/sluicehq/sluice/redisbridge/redistest"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// Load shape of the benchmarks: 50 concurrent HTTP clients, 10,000 users,
+// every check allowed (limits far above the load).
+const (
+	benchClients = 50
+	benchUsers   = 10_000
+)
+
+var benchAlgs = []rules.Algorithm{rules.TokenBucket, rules.SlidingWindow, rules.SlidingLog, rules.FixedWindow}
+
+func benchBodies(alg rules.Algorithm) [][]byte {
+	bodies := make([][]byte, benchUsers)
+	for i := range bodies {
+		user := "u" + strconv.Itoa(i)
+		key := rules.AppendKey(nil, "api"+alg.String(), rules.Scope(rules.ScopeUser), &rules.Identity{User: user}, rules.AnonymousIP, "", "")
+		l := rules.LimitRequest{Key: string(key), Rule: "bench", PerUser: true,
+			Spec: rules.LimitSpec{Algorithm: alg, Limit: 1 << 30, WindowMS: 60_000, Burst: 1 << 30, Cost: 1}}
+		if alg == rules.SlidingLog {
+			l.Spec.WindowMS = 2_000 // the log keeps one entry per request: keep it short
+		}
+		bodies[i] = rules.AppendCheckRequestFrom(nil, &rules.CheckRequest{User: user, Endpoint: "/bench", Limits: []rules.LimitRequest{l}})
+	}
+	return bodies
+}
+
+// load posts the bodies from benchClients goroutines, n checks in all, and
+// returns sorted latencies.
+func load(b *testing.B, url string, bodies [][]byte, n int) []time.Duration {
+	return loadWith(b, url, bodies, n, false)
+}
+
+// loadWith optionally speaks h2c (HTTP/2 without TLS), as a proxy with an
+// HTTP/2 upstream cluster does: the 50 clients then share connections.
+func loadWith(b *testing.B, url string, bodies [][]byte, n int, h2c bool) []time.Duration {
+	tr := &http.Transport{MaxIdleConnsPerHost: benchClients * 2, DisableCompression: true}
+	if h2c {
+		tr.Protocols = new(http.Protocols)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	var next atomic.Int64
+	lat := make([][]time.Duration, benchClients)
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	for g := range benchClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := make([]time.Duration, 0, n/benchClients+1)
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					break
+				}
+				t0 := time.Now()
+				resp, err := c.Post(url, "application/json", bytes.NewReader(bodies[i%benchUsers]))
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				mine = append(mine, time.Since(t0))
+				if resp.StatusCode != 200 || !bytes.HasPrefix(body, []byte(`{"allowed":true`)) {
+					failed.Store(fmt.Errorf("status %d: %s", resp.StatusCode, body))
+					return
+				}
+			}
+			lat[g] = mine
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		b.Fatal(err)
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	return all
+}
+
+func pct(l []time.Duration, p float64) float64 {
+	if len(l) == 0 {
+		return 0
+	}
+	return float64(l[int(float64(len(l)-1)*p)].Microseconds())
+}
+
+// commandStats returns calls per command from INFO commandstats.
+func commandStats(b *testing.B, c *redis.Client) map[string]int64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+		out[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return out
+}
+
+func redisCPU(b *testing.B, c *redis.Client) float64 {
+	info := c.Info(context.Background(), "cpu").Val()
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), f); ok {
+				x, _ := strconv.ParseFloat(v, 64)
+				total += x
+			}
+		}
+	}
+	return total
+}
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// report adds the figures every check benchmark shares.
+func report(b *testing.B, elapsed time.Duration, lat []time.Duration, c *redis.Client, before map[string]int64, redisCPU0 float64) {
+	n := float64(len(lat))
+	b.ReportMetric(n/elapsed.Seconds(), "decisions/s")
+	b.ReportMetric(pct(lat, 0.50), "p50-µs")
+	b.ReportMetric(pct(lat, 0.99), "p99-µs")
+	after := commandStats(b, c)
+	// commandstats also counts the commands scripts run; leave those out.
+	inScript := map[string]bool{"info": true, "time": true, "hmget": true, "hset": true, "pexpire": true, "zcount": true,
+		"zadd": true, "zremrangebyscore": true, "zrange": true, "zrangebyscore": true, "get": true, "set": true, "zcard": true, "zremrangebyrank": true}
+	var cmds int64
+	for k, v := range after {
+		if !inScript[k] {
+			cmds += v - before[k]
+		}
+	}
+	b.ReportMetric(float64(after["evalsha"]-before["evalsha"])/n, "evalsha/decision")
+	b.ReportMetric(float64(cmds)/n, "client-cmds/decision")
+	b.ReportMetric((redisCPU(b, c)-redisCPU0)*1e6/n, "redis-cpu-µs/decision")
+}
+
+// BenchmarkServer_Check drives the bridge's HTTP handler over loopback, in
+// this process, against a local redis-server. cpu-µs/decision counts the
+// whole test process: bridge and the 50 clients.
+func BenchmarkServer_Check(b *testing.B) {
+	rs := redistest.Start(b)
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer rc.Close()
+	set := DefaultSettings()
+	set.Store, set.RedisURL, set.Logger = "redis", rs.URL, slog.New(slog.DiscardHandler)
+	set.AuditLog = filepath.Join(b.TempDir(), "audit")
+	s, err := New(set)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go s.Serve(ln)
+	defer func() { s.Shutdown(context.Background()); s.Close() }()
+	url := "http://" + ln.Addr().String() + "/v1/rate-limit/check"
+	for _, alg := range benchAlgs {
+		bodies := benchBodies(alg)
+		b.Run(alg.String(), func(b *testing.B) {
+			load(b, url, bodies, benchUsers) // warm up: connections, script, keys
+			before, rcpu, cpu0 := commandStats(b, rc), redisCPU(b, rc), processCPU()
+			b.ResetTimer()
+			t0 := time.Now()
+			lat := load(b, url, bodies, max(b.N, benchClients))
+			elapsed := time.Since(t0)
+			b.StopTimer()
+			report(b, elapsed, lat, rc, before, rcpu)
+			b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(len(lat)), "cpu-µs/decision")
+		})
+	}
+	// Bytes per counter, one key per algorithm.
+	for _, alg := range benchAlgs {
+		key := string(rules.AppendKey(nil, "api"+alg.String(), rules.Scope(rules.ScopeUser), &rules.Identity{User: "u1"}, rules.AnonymousIP, "", ""))
+		suffix := map[rules.Algorithm]string{rules.TokenBucket: ":tb", rules.SlidingWindow: ":sw", rules.SlidingLog: ":sl", rules.FixedWindow: ":fw"}[alg]
+		if n, err := rc.MemoryUsage(context.Background(), key+suffix).Result(); err == nil {
+			b.Logf("MEMORY USAGE %s%s = %d bytes", key, suffix, n)
+		}
+	}
+}
+
+// BenchmarkBridgeProcess_Check runs cmd/redisbridge as its own process so
+// its CPU time per decision can be read apart from the load generator's.
+func BenchmarkBridgeProcess_Check(b *testing.B) {
+	bin := filepath.Join(b.TempDir(), "redisbridge")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/redisbridge").CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	rs := redistest.Start(b)
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer rc.Close()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(bin, "--listen", addr, "--store", "redis", "--redis-url", rs.URL, "--log-level", "error")
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() && !strings.HasPrefix(sc.Text(), "listening on ") {
+	}
+	go io.Copy(io.Discard, stderr)
+	url := "http://" + addr + "/v1/rate-limit/check"
+	for _, tc := range []struct {
+		alg rules.Algorithm
+		h2c bool
+	}{{rules.TokenBucket, false}, {rules.SlidingWindow, false}, {rules.TokenBucket, true}} {
+		bodies := benchBodies(tc.alg)
+		name := tc.alg.String()
+		if tc.h2c {
+			name += "/h2c"
+		}
+		b.Run(name, func(b *testing.B) {
+			loadWith(b, url, bodies, benchUsers, tc.h2c)
+			before, rcpu, cpu0 := commandStats(b, rc), redisCPU(b, rc), childCPU(b, cmd.Process.Pid)
+			b.ResetTimer()
+			t0 := time.Now()
+			lat := loadWith(b, url, bodies, max(b.N, benchClients), tc.h2c)
+			elapsed := time.Since(t0)
+			b.StopTimer()
+			report(b, elapsed, lat, rc, before, rcpu)
+			b.ReportMetric(float64((childCPU(b, cmd.Process.Pid)-cpu0).Microseconds())/float64(len(lat)), "bridge-cpu-µs/decision")
+		})
+	}
+}
+
+// childCPU reads utime+stime of pid from /proc (clock ticks of 10ms).
+func childCPU(b *testing.B, pid int) time.Duration {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// BenchmarkRedisBenchmark_EvalSHA runs redis-benchmark with the same check
+// script, 50 clients, one command at a time (-P 1), on 10,000 keys: the
+// ceiling Redis itself sets for the bridge on this machine.
+func BenchmarkRedisBenchmark_EvalSHA(b *testing.B) {
+	if _, err := exec.LookPath("redis-benchmark"); err != nil {
+		b.Fatalf("redis-benchmark not installed (Debian package redis-tools): %v", err)
+	}
+	rs := redistest.Start(b)
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer rc.Close()
+	sha, err := rc.ScriptLoad(context.Background(), store.CheckScript()).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(rs.Addr)
+	n := max(b.N, 200_000)
+	// One token bucket limit, like the bridge's benchmark; __rand_int__ spreads 10,000 users.
+	args := []string{"-h", "127.0.0.1", "-p", port, "-n", strconv.Itoa(n), "-c", "50", "-P", "1", "-r", "10000", "--csv",
+		"EVALSHA", sha, "1", "rl:{u:__rand_int__}:bench:tb", "c", "1", "1", "1073741824", "60000", "1073741824", "1", "0", "0"}
+	b.ResetTimer()
+	out, err := exec.Command("redis-benchmark", args...).CombinedOutput()
+	b.StopTimer()
+	if err != nil {
+		b.Fatalf("redis-benchmark: %v\n%s", err, out)
+	}
+	// CSV: "test","rps","avg_latency_ms",...
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) > 1 && strings.Contains(f[0], "EVALSHA") {
+			rps, _ := strconv.ParseFloat(strings.Trim(f[1], `"`), 64)
+			b.ReportMetric(rps, "evalsha/s")
+			return
+		}
+	}
+	b.Fatalf("no EVALSHA line in redis-benchmark output:\n%s", out)
+}
+
+// BenchmarkMemory_Check is the memory store's hot path, no HTTP.
+func BenchmarkMemory_Check(b *testing.B) {
+	m := store.NewMemory(store.MemoryOptions{})
+	reqs := make([]rules.CheckRequest, benchUsers)
+	for i := range reqs {
+		var err error
+		if reqs[i], err = rules.DecodeCheckRequest(benchBodies(rules.SlidingWindow)[i]); err != nil {
+			b.Fatal(err)
+		}
+		if i > 200 {
+			break
+		}
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		var resp rules.CheckResponse
+		i := 0
+		for pb.Next() {
+			req := reqs[i%200]
+			if err := m.Check(context.Background(), &req, &resp); err != nil || !resp.Allowed {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+}
