@@ -140,12 +140,15 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	h.compiled = compiled
 	for i := 0; i < opts.Workers; i++ {
 		v := &vm{h: h, idx: i}
+		// Hold the VM: a timer the plugin starts in proxy_on_configure may fire at once.
+		v.mu.Lock()
 		in, err := h.newInstance(v)
+		v.inst = in
+		v.mu.Unlock()
 		if err != nil {
 			h.Close()
 			return nil, fmt.Errorf("e2e: vm %d: %w", i, err)
 		}
-		v.inst = in
 		h.vms = append(h.vms, v)
 	}
 	return h, nil
