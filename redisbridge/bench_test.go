@@ -229,7 +229,7 @@ func BenchmarkBridgeProcess_Check(b *testing.B) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	cmd := exec.Command(bin, "--listen", addr, "--store", "redis", "--redis-url", rs.URL, "--log-level", "error")
+	cmd := exec.Command(bin, "--listen", addr, "--store", "redis", "--redis-url", rs.URL, "--log-level", "error", "--redis-timeout", "2s")
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
