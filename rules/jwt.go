@@ -23,6 +23,14 @@ import (
 // fresh identity per request. Only HS256, RS256 and ES256 are accepted,
 // each key is bound to one algorithm, and the token's alg must equal it.
 
+// jwtByte marks the bytes a compact JWS may contain.
+var jwtByte = func() (t [256]bool) {
+	for _, c := range "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_." {
+		t[c] = true
+	}
+	return t
+}()
+
 // MaxJWTLen bounds a token and a forwarded payload.
 const MaxJWTLen = 8 << 10
 
@@ -174,6 +182,14 @@ func VerifyJWT(authValue string, src *IdentitySource, nowUnix int64) ([]byte, er
 	}
 	if len(token) > MaxJWTLen {
 		return nil, errJWTTooLong
+	}
+	// Only the base64url alphabet and the two dots: encoding/base64 skips
+	// CR and LF, so without this a token with line breaks in its signature
+	// would verify as another spelling of the same token.
+	for i := 0; i < len(token); i++ {
+		if !jwtByte[token[i]] {
+			return nil, errJWTBase64
+		}
 	}
 	dot1 := strings.IndexByte(token, '.')
 	if dot1 < 0 {

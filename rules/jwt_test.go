@@ -321,7 +321,8 @@ func TestVerifyJWT(t *testing.T) {
 		{"payload not JSON", signJWT(t, hsHdr, `sub=alice`, k.hsSecret), hsSrc, "", ErrJWTMalformed},
 		{"too long", signJWT(t, hsHdr, `{"sub":"alice","pad":"`+strings.Repeat("x", MaxJWTLen)+`"}`, k.hsSecret), hsSrc, "", ErrJWTMalformed},
 		{"space inside", parts[0][:4] + " " + parts[0][4:] + "." + parts[1] + "." + parts[2], hsSrc, "", ErrJWTMalformed},
-		{"space in the payload", parts[0] + ". " + parts[1] + "." + parts[2], hsSrc, "", ErrJWTSignature},
+		{"space in the payload", parts[0] + ". " + parts[1] + "." + parts[2], hsSrc, "", ErrJWTMalformed},
+		{"line break in the signature", parts[0] + "." + parts[1] + "." + parts[2][:5] + "\n" + parts[2][5:], hsSrc, "", ErrJWTMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
