@@ -315,17 +315,16 @@ func BenchmarkRedisBenchmark_EvalSHA(b *testing.B) {
 // BenchmarkMemory_Check is the memory store's hot path, no HTTP.
 func BenchmarkMemory_Check(b *testing.B) {
 	m := store.NewMemory(store.MemoryOptions{})
-	reqs := make([]rules.CheckRequest, benchUsers)
+	bodies := benchBodies(rules.SlidingWindow)
+	reqs := make([]rules.CheckRequest, 200)
 	for i := range reqs {
 		var err error
-		if reqs[i], err = rules.DecodeCheckRequest(benchBodies(rules.SlidingWindow)[i]); err != nil {
+		if reqs[i], err = rules.DecodeCheckRequest(bodies[i]); err != nil {
 			b.Fatal(err)
-		}
-		if i > 200 {
-			break
 		}
 	}
 	b.ReportAllocs()
+	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		var resp rules.CheckResponse
 		i := 0
