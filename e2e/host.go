@@ -56,10 +56,13 @@ type Options struct {
 	Now func() time.Time
 	// MaxCalloutBody bounds a call-out response body, default 1 MiB.
 	MaxCalloutBody int64
-	// CompilationCache, when set, is shared by hosts so that a module is
-	// compiled once per process (tests start many hosts).
+	// CompilationCache is shared by hosts so that a module is compiled once
+	// per process; default: one in-memory cache for the whole process.
+	// Compiling the plugin takes seconds, restarting a host should not.
 	CompilationCache wazero.CompilationCache
 }
+
+var processCache = wazero.NewCompilationCache()
 
 // Host runs a proxy-wasm plugin. It is safe for concurrent use.
 type Host struct {
@@ -115,10 +118,10 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 
 	// NewRuntimeConfig picks the compiler where wazero supports it and the
 	// interpreter elsewhere.
-	rc := wazero.NewRuntimeConfig()
-	if opts.CompilationCache != nil {
-		rc = rc.WithCompilationCache(opts.CompilationCache)
+	if opts.CompilationCache == nil {
+		opts.CompilationCache = processCache
 	}
+	rc := wazero.NewRuntimeConfig().WithCompilationCache(opts.CompilationCache)
 	h.rt = wazero.NewRuntimeWithConfig(ctx, rc)
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, h.rt); err != nil {
 		h.rt.Close(ctx)
@@ -202,6 +205,21 @@ func (h *Host) FailOpen() bool { return h.opts.FailOpen }
 
 // Crashes returns how many times a VM trapped and was replaced.
 func (h *Host) Crashes() int64 { return h.crashes.Load() }
+
+// MemorySizes returns each worker VM's linear memory size in bytes (0 for
+// a VM that is being replaced): a guest heap that grows per request shows
+// here.
+func (h *Host) MemorySizes() []uint32 {
+	out := make([]uint32, len(h.vms))
+	for i, v := range h.vms {
+		v.mu.Lock()
+		if v.inst != nil {
+			out[i] = v.inst.mod.Memory().Size()
+		}
+		v.mu.Unlock()
+	}
+	return out
+}
 
 // Workers returns the number of worker VMs.
 func (h *Host) Workers() int { return len(h.vms) }

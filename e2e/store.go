@@ -206,26 +206,33 @@ type LogEntry struct {
 	Message string
 }
 
+// logStore keeps the newest cap entries in a ring, so that adding one
+// costs the same however full it is.
 type logStore struct {
 	mu      sync.Mutex
 	cap     int
 	entries []LogEntry
+	next    int // where the next entry goes once the ring is full
 }
 
 func (l *logStore) add(e LogEntry) {
 	l.mu.Lock()
-	if len(l.entries) >= l.cap {
-		n := copy(l.entries, l.entries[len(l.entries)-l.cap+1:])
-		l.entries = l.entries[:n]
+	if len(l.entries) < l.cap {
+		l.entries = append(l.entries, e)
+	} else {
+		l.entries[l.next] = e
+		l.next = (l.next + 1) % l.cap
 	}
-	l.entries = append(l.entries, e)
 	l.mu.Unlock()
 }
 
+// snapshot returns the entries oldest first.
 func (l *logStore) snapshot() []LogEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]LogEntry(nil), l.entries...)
+	out := make([]LogEntry, 0, len(l.entries))
+	out = append(out, l.entries[l.next:]...)
+	return append(out, l.entries[:l.next]...)
 }
 
 // Status is a proxy_status_t.

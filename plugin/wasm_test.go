@@ -398,3 +398,49 @@ func cpuNanos() int64 {
 	}
 	return ru.Utime.Nano() + ru.Stime.Nano()
 }
+
+// The guest heap stays flat: after a warm-up, a million requests over the
+// no-match, cache-hit and call-out paths leave every VM's linear memory
+// the size it was.
+func TestWasm_HeapFlat(t *testing.T) {
+	bridge := &fakeBridge{counts: map[string]int64{"rl:{u:mallory}:api": 1 << 40}}
+	cfg := strings.NewReplacer("%MODE%", "fail_open", "%CLUSTER%", "bridge", "\"limit\": 3,", "\"limit\": 1000000000,").Replace(wasmConfig)
+	host, err := e2e.New(context.Background(), wasmBytes, e2e.Options{
+		Workers: 2, PluginConfig: []byte(cfg), RootID: "sluice", LogCapacity: 16,
+		Clusters:   map[string]string{"bridge": "http://bridge.invalid"},
+		HTTPClient: &http.Client{Transport: inProcess{bridge}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	ctx := context.Background()
+	infos := []e2e.RequestInfo{
+		{Method: "GET", Path: "/health", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
+		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "mallory"}}},
+		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
+	}
+	run := func(n int) {
+		for i := 0; i < n; i++ {
+			info := infos[i%2] // no match and cache hit
+			if i%50 == 0 {
+				info = infos[2] // a call-out now and then
+			}
+			s := host.NewStream(ctx, info)
+			if _, err := s.RequestHeaders(ctx); err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+		}
+	}
+	run(20_000)
+	before := host.MemorySizes()
+	run(1_000_000)
+	after := host.MemorySizes()
+	for i := range before {
+		if after[i] != before[i] {
+			t.Errorf("VM %d: linear memory grew from %d to %d bytes over 1M requests", i, before[i], after[i])
+		}
+	}
+	t.Logf("linear memory per VM: %v bytes", after)
+}
