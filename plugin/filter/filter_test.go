@@ -340,6 +340,7 @@ func (b *benchHost) Property(string) string                        { return "203
 func (b *benchHost) SharedGet(k string) []byte                     { return b.shared[k] }
 func (b *benchHost) Log(proxywasm.LogLevel, []byte)                {}
 func (b *benchHost) IncCounter(uint32)                             {}
+func (b *benchHost) AddResponseHeader(string, []byte)              {}
 func (b *benchHost) SendLocalResponse(uint32, [][2]string, []byte) {}
 func (b *benchHost) Dispatch(string, [][2]string, []byte, uint32) (uint32, error) {
 	return 1, nil
