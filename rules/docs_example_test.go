@@ -181,3 +181,20 @@ func TestParseConfig_Examples(t *testing.T) {
 		}
 	}
 }
+
+// The README's configuration example is a complete, valid configuration.
+func TestParseConfig_ReadmeExample(t *testing.T) {
+	n := 0
+	for _, f := range readFences(t, "../README.md") {
+		if f.info != "json" {
+			continue
+		}
+		n++
+		if _, err := ParseConfig([]byte(f.body)); err != nil {
+			t.Errorf("README.md:%d: %v", f.line, err)
+		}
+	}
+	if n == 0 {
+		t.Error("README.md has no json configuration example")
+	}
+}
