@@ -2,6 +2,8 @@
 # make run: start the bridge, a demo upstream and the gateway with
 # examples/config.json, show a 200 and a 429, and keep serving until Ctrl-C.
 # The bridge uses its embedded memory store, or Redis when REDIS_URL is set.
+# The gateway strips x-user-id and x-tier: examples/config.json trusts them as
+# set by an authenticating layer, which this demo does not have.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +39,8 @@ pids+=($!)
 wait_http "http://$BRIDGE_ADDR/healthz" bridge "$LOGS/bridge.log"
 wait_http "http://$UPSTREAM_ADDR/" upstream "$LOGS/upstream.log"
 build/gateway --listen "$GATEWAY_ADDR" --plugin build/plugin.wasm --config examples/config.json \
-  --upstream "http://$UPSTREAM_ADDR" --cluster "sluice_bridge=http://$BRIDGE_ADDR" --workers 2 >"$LOGS/gateway.log" 2>&1 &
+  --upstream "http://$UPSTREAM_ADDR" --cluster "sluice_bridge=http://$BRIDGE_ADDR" --workers 2 \
+  --strip-header x-user-id --strip-header x-tier >"$LOGS/gateway.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do curl -s -o /dev/null "http://$GATEWAY_ADDR/" && break; sleep 0.1; done
 

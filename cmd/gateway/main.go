@@ -51,9 +51,23 @@ func (c clusterFlag) Set(v string) error {
 	return nil
 }
 
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	if v == "" || strings.ContainsAny(v, " :\t") {
+		return fmt.Errorf("%q is not a header name", v)
+	}
+	*l = append(*l, v)
+	return nil
+}
+
 type settings struct {
 	listen, plugin, config, upstream string
 	clusters                         clusterFlag
+	strip                            listFlag
 	workers                          int
 	failOpen, appendXFF              bool
 	logLevel                         string
@@ -70,6 +84,7 @@ func parseFlags(args []string, stderr *os.File) (settings, error) {
 	fs.Var(s.clusters, "cluster", "a call-out cluster NAME=URL (repeatable), e.g. sluice_bridge=http://127.0.0.1:8081")
 	fs.IntVar(&s.workers, "workers", 2, "worker VMs")
 	fs.BoolVar(&s.failOpen, "fail-open", false, "pass requests when the plugin itself crashes (as Envoy's wasm fail_open)")
+	fs.Var(&s.strip, "strip-header", "remove this request header before the plugin runs (repeatable): identity headers the plugin trusts must come from you, not from clients")
 	fs.BoolVar(&s.appendXFF, "append-xff", true, "append the peer address to X-Forwarded-For, as Envoy's use_remote_address does")
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -145,6 +160,9 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	if s.appendXFF {
 		handler = appendXFF(handler)
 	}
+	if len(s.strip) > 0 {
+		handler = stripHeaders(handler, s.strip)
+	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
@@ -198,6 +216,17 @@ func appendXFF(next http.Handler) http.Handler {
 			} else {
 				r.Header.Set("X-Forwarded-For", host)
 			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// stripHeaders removes client-sent headers that the plugin would otherwise
+// trust as identity (a user id or tier set by an authenticating layer).
+func stripHeaders(next http.Handler, names []string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, n := range names {
+			r.Header.Del(n)
 		}
 		next.ServeHTTP(w, r)
 	})
