@@ -57,9 +57,10 @@ A request passes, with its rate limit headers (auth category: 5 per minute per I
 MSG
 curl -s -i "http://$GATEWAY_ADDR/api/v1/login" | sed 's/^/  | /'
 echo
-echo "The 6th request within the minute is refused with 429 and Retry-After:"
-echo "  for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{http_code}\n' http://$GATEWAY_ADDR/api/v1/login; done; curl -i http://$GATEWAY_ADDR/api/v1/login"
-for _ in 1 2 3 4 5; do curl -s -o /dev/null "http://$GATEWAY_ADDR/api/v1/login"; done
+echo "Four more use up the quota; the next request within the minute is refused with 429 and Retry-After:"
+echo "  for i in 1 2 3 4; do curl -s -o /dev/null -w '%{http_code}\n' http://$GATEWAY_ADDR/api/v1/login; done"
+echo "  curl -i http://$GATEWAY_ADDR/api/v1/login"
+for _ in 1 2 3 4; do curl -s -o /dev/null "http://$GATEWAY_ADDR/api/v1/login"; done
 curl -s -i "http://$GATEWAY_ADDR/api/v1/login" | sed 's/^/  | /'
 echo
 echo "Press Ctrl-C to stop."
