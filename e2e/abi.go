@@ -57,6 +57,12 @@ func (h *Host) exportHostFunctions(ctx context.Context) error {
 				st[0] = uint64(StatusInternalFailure)
 				return
 			}
+			if in.vm.h.opts.MeasureGuest && in.depth == 1 {
+				start := time.Now()
+				st[0] = uint64(fn(in, m.Memory(), st))
+				in.hostNanos += time.Since(start).Nanoseconds()
+				return
+			}
 			st[0] = uint64(fn(in, m.Memory(), st))
 		}), types, []api.ValueType{i32}).Export(f.name)
 	}

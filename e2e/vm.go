@@ -36,6 +36,12 @@ type instance struct {
 	malloc, onContextCreate, onVMStart, onConfigure, onTick, onHTTPCallResponse,
 	onRequestHeaders, onResponseHeaders, onLog, onDone, onDelete api.Function
 
+	// depth counts guest calls in progress (host functions may call back
+	// into the guest); hostNanos is host-function time within the current
+	// outermost call, for Options.MeasureGuest.
+	depth     int
+	hostNanos int64
+
 	stack  [8]uint64
 	mstack [1]uint64
 	buf    []byte // serialization scratch
@@ -133,7 +139,17 @@ func (in *instance) call(fn api.Function, args ...uint64) (uint64, error) {
 	st := in.stack[:]
 	copy(st, args)
 	in.trapped = false
+	measure := in.vm.h.opts.MeasureGuest && in.depth == 0
+	var start time.Time
+	if measure {
+		start, in.hostNanos = time.Now(), 0
+	}
+	in.depth++
 	err := fn.CallWithStack(in.ctx, st)
+	in.depth--
+	if measure {
+		in.vm.h.guestNanos.Add(time.Since(start).Nanoseconds() - in.hostNanos)
+	}
 	if err == nil && in.trapped {
 		err = errors.New("a nested guest call trapped")
 	}

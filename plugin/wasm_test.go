@@ -346,14 +346,14 @@ func (p inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // BenchmarkWasm measures whole requests through the built plugin in the e2e
 // host (wazero compiler): (a) no rule matches, (b) over-limit cache hit,
-// (c) the call-out path with an in-process bridge. It includes the host's
-// own work per request (stream setup, header maps, goroutine hand-offs);
-// BenchmarkWasmBaseline runs the same host calls against no limits at all.
+// (c) the call-out path with an in-process bridge. cpu-ns/op is the whole
+// process (host and guest); guest-ns/op is the plugin's own code, all its
+// guest callbacks of the request (host functions excluded).
 func BenchmarkWasm(b *testing.B) {
 	bridge := &fakeBridge{counts: map[string]int64{}}
 	cfg := strings.NewReplacer("%MODE%", "fail_open", "%CLUSTER%", "bridge", "\"limit\": 3,", "\"limit\": 1000000000,").Replace(wasmConfig)
 	host, err := e2e.New(context.Background(), wasmBytes, e2e.Options{
-		Workers: 1, PluginConfig: []byte(cfg), RootID: "sluice",
+		Workers: 1, PluginConfig: []byte(cfg), RootID: "sluice", MeasureGuest: true,
 		Clusters:   map[string]string{"bridge": "http://bridge.invalid"},
 		HTTPClient: &http.Client{Transport: inProcess{bridge}},
 	})
@@ -366,7 +366,7 @@ func BenchmarkWasm(b *testing.B) {
 		info := e2e.RequestInfo{Method: "GET", Path: path, Host: "api.example.com", SourceAddress: "198.51.100.7:4242",
 			Headers: [][2]string{{"x-user-id", user}, {"x-request-id", "rid"}}}
 		b.ReportAllocs()
-		cpu := cpuNanos()
+		cpu, guest := cpuNanos(), host.GuestTime()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			s := host.NewStream(ctx, info)
@@ -376,6 +376,8 @@ func BenchmarkWasm(b *testing.B) {
 			s.Close()
 		}
 		b.ReportMetric(float64(cpuNanos()-cpu)/float64(b.N), "cpu-ns/op")
+		// The filter itself: guest code only, host functions excluded.
+		b.ReportMetric(float64(host.GuestTime()-guest)/float64(b.N), "guest-ns/op")
 	}
 	b.Run("a-no-match", func(b *testing.B) { run(b, "/health", "alice") })
 	b.Run("b-cache-hit", func(b *testing.B) {
@@ -388,6 +390,13 @@ func BenchmarkWasm(b *testing.B) {
 		run(b, "/api/x", "mallory")
 	})
 	b.Run("c-call-out", func(b *testing.B) { run(b, "/api/x", "alice") })
+	// The host's own cost per request: the same stream with a disabled
+	// config, where the filter returns at once. Path minus baseline is the
+	// filter's share (including the host calls it makes).
+	if err := host.Configure(ctx, []byte(`{"enabled":false}`)); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("baseline-disabled", func(b *testing.B) { run(b, "/api/x", "alice") })
 }
 
 // cpuNanos is the CPU time (user + system) this process has used.
