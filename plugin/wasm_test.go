@@ -1,3 +1,5 @@
+//go:build !wasip1
+
 package main
 
 // These tests run the built plugin (the same build as `make wasm`) in the
