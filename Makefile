@@ -65,9 +65,11 @@ lint:
 
 check: lint
 	GOOS=wasip1 GOARCH=wasm $(GO) build ./rules
-	@cp go.mod /tmp/sluice.go.mod.bak; cp go.sum /tmp/sluice.go.sum.bak; \
+	@cp go.mod $(BUILD)/go.mod.bak 2>/dev/null || { mkdir -p $(BUILD); cp go.mod $(BUILD)/go.mod.bak; }; cp go.sum $(BUILD)/go.sum.bak; \
 	$(GO) mod tidy; \
-	if ! git diff --quiet -- go.mod go.sum; then echo "go mod tidy changes go.mod/go.sum"; git diff -- go.mod go.sum | head -40; exit 1; fi
+	if ! cmp -s go.mod $(BUILD)/go.mod.bak || ! cmp -s go.sum $(BUILD)/go.sum.bak; then \
+	  echo "go mod tidy would change go.mod/go.sum:"; diff -u $(BUILD)/go.mod.bak go.mod | head -40; \
+	  cp $(BUILD)/go.mod.bak go.mod; cp $(BUILD)/go.sum.bak go.sum; exit 1; fi
 
 clean:
 	rm -rf $(BUILD)
