@@ -101,3 +101,13 @@ func (abiHost) DefineCounter(name string) uint32 {
 }
 
 func (abiHost) IncCounter(id uint32) { _ = proxywasm.IncrementMetric(id, 1) }
+
+func (abiHost) LogLevel() proxywasm.LogLevel {
+	l, err := proxywasm.GetLogLevel()
+	if err != nil {
+		return proxywasm.LogLevelInfo
+	}
+	return l
+}
+
+func (abiHost) SetTickPeriod(ms uint32) { _ = proxywasm.SetTickPeriod(ms) }

@@ -5,8 +5,8 @@ import (
 	"github.com/sluicehq/sluice/rules"
 )
 
-// Events are one JSON line per blocked request (info) and per bridge
-// failure (warn), with the fields of a RateLimitEvent (seed 003) plus what
+// Events are one JSON line per blocked request (info), per bridge failure
+// (warn) and, when the host logs at debug, per allowed request (debug), with the fields of a RateLimitEvent (seed 003) plus what
 // an operator needs to find the request: request id, policy, action.
 
 func (s *Stream) eventHead(b []byte, typ string) []byte {
@@ -24,7 +24,7 @@ func (s *Stream) eventHead(b []byte, typ string) []byte {
 	return appendJSON(b, s.ip)
 }
 
-func (s *Stream) event(typ string, i int, d *rules.Decision, action string) {
+func (s *Stream) event(level proxywasm.LogLevel, typ string, i int, d *rules.Decision, action string) {
 	l := &s.plan.Limits[i]
 	b := s.eventHead(s.p.event[:0], typ)
 	b = append(b, `,"policy":"`...)
@@ -37,11 +37,13 @@ func (s *Stream) event(typ string, i int, d *rules.Decision, action string) {
 	b = itoa(b, d.Limit)
 	b = append(b, `,"window_reset":`...)
 	b = itoa(b, (d.ResetMS+999)/1000)
-	b = append(b, `,"retry_after":`...)
-	b = itoa(b, rules.RetryAfterSeconds(d, s.nowMS))
+	if !d.Allowed {
+		b = append(b, `,"retry_after":`...)
+		b = itoa(b, rules.RetryAfterSeconds(d, s.nowMS))
+	}
 	b = append(b, '}')
 	s.p.event = b
-	s.p.host.Log(proxywasm.LogLevelInfo, b)
+	s.p.host.Log(level, b)
 }
 
 func (s *Stream) backendError(reason string) {

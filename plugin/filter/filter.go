@@ -37,6 +37,9 @@ type Host interface {
 	Log(level proxywasm.LogLevel, msg []byte)
 	DefineCounter(name string) uint32
 	IncCounter(id uint32)
+	// LogLevel is the host's log level; SetTickPeriod starts OnTick calls.
+	LogLevel() proxywasm.LogLevel
+	SetTickPeriod(ms uint32)
 }
 
 // Metric names, as the proxy exports them (Envoy prefixes wasmcustom.).
@@ -65,8 +68,11 @@ type Plugin struct {
 	// bridgeAuth is the call-out's Authorization value, built once per config.
 	bridgeAuth string
 	m          metrics
-	pending    map[uint32]*Stream // call-out id → waiting stream
-	free       []*Stream          // recycled streams: no allocation per request
+	// debug: the host logs debug messages, so allowed requests get an
+	// event too. Refreshed every tick rather than asked per request.
+	debug   bool
+	pending map[uint32]*Stream // call-out id → waiting stream
+	free    []*Stream          // recycled streams: no allocation per request
 	// Shared scratch for one callback at a time (a VM is single-threaded).
 	scratch []byte
 	event   []byte
@@ -109,11 +115,15 @@ func (p *Plugin) OnPluginStart(int) bool {
 		p.bridgeAuth = "Bearer " + cfg.Bridge.Token
 	}
 	p.logf(proxywasm.LogLevelInfo, "sluice: configuration loaded, failure mode ", cfg.FailureMode.String())
+	p.OnTick()
+	p.host.SetTickPeriod(1000)
 	return true
 }
 
 func (p *Plugin) OnPluginDone() bool { return true }
-func (p *Plugin) OnTick()            {}
+
+// OnTick follows the host's log level.
+func (p *Plugin) OnTick() { p.debug = p.host.LogLevel() <= proxywasm.LogLevelDebug }
 
 // NewHTTPContext returns a recycled stream when one is free.
 func (p *Plugin) NewHTTPContext(contextID uint32) proxywasm.HTTPContext {

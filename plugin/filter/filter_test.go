@@ -29,6 +29,8 @@ type fakeHost struct {
 	logs        []string
 	metricNames []string
 	counters    map[string]int64
+	logLevel    proxywasm.LogLevel
+	tickMS      uint32
 }
 
 type localResponse struct {
@@ -89,6 +91,13 @@ func (h *fakeHost) DefineCounter(name string) uint32 {
 	return uint32(len(h.metricNames) - 1)
 }
 func (h *fakeHost) IncCounter(id uint32) { h.counters[h.metricNames[id]]++ }
+func (h *fakeHost) LogLevel() proxywasm.LogLevel {
+	if h.logLevel == 0 {
+		return proxywasm.LogLevelInfo
+	}
+	return h.logLevel
+}
+func (h *fakeHost) SetTickPeriod(ms uint32) { h.tickMS = ms }
 
 // request runs one request's headers through p and returns its stream.
 func (h *fakeHost) request(p *Plugin, ctxID uint32, headers map[string]string) (*Stream, proxywasm.Action) {
@@ -399,5 +408,32 @@ func TestAppendTimestamp(t *testing.T) {
 		if got := string(appendTimestamp(nil, ms)); got != want {
 			t.Errorf("%d: got %s, want %s", ms, got, want)
 		}
+	}
+}
+
+func TestStream_AllowedEventAtDebug(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	if h.tickMS != 1000 {
+		t.Errorf("tick period %d, want 1000", h.tickMS)
+	}
+	allowedEvents := func() (n int) {
+		for _, l := range h.logs {
+			if strings.Contains(l, `"event_type":"allowed"`) {
+				n++
+			}
+		}
+		return n
+	}
+	h.request(p, 2, map[string]string{"x-user-id": "ivy"})
+	h.answer(p, "200", allowAnswer(h.nowMS))
+	if n := allowedEvents(); n != 0 {
+		t.Fatalf("allowed event at info level: %d", n)
+	}
+	h.logLevel = proxywasm.LogLevelDebug
+	p.OnTick()
+	h.request(p, 3, map[string]string{"x-user-id": "ivy"})
+	h.answer(p, "200", allowAnswer(h.nowMS))
+	if n := allowedEvents(); n != 1 {
+		t.Fatalf("allowed events at debug: %d, want 1: %v", n, h.logs)
 	}
 }

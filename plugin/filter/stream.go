@@ -162,7 +162,7 @@ func (s *Stream) decide() {
 		}
 		if limits[i].Action == rules.LogOnly {
 			h.IncCounter(p.m.shadowDenied)
-			s.event("blocked", i, d, "log_only")
+			s.event(proxywasm.LogLevelInfo, "blocked", i, d, "log_only")
 			continue
 		}
 		if s.cfg.LocalCache.Enabled {
@@ -178,6 +178,9 @@ func (s *Stream) decide() {
 	h.IncCounter(p.m.allowed)
 	if best >= 0 {
 		s.cfg.Headers.Render(&s.respHeaders, &limits[best], &decs[best], now, false)
+		if p.debug {
+			s.event(proxywasm.LogLevelDebug, "allowed", best, &decs[best], "allow")
+		}
 	}
 	h.ResumeRequest()
 }
@@ -194,7 +197,7 @@ func (s *Stream) deny(i int, d *rules.Decision) {
 		s.local = append(s.local, [2]string{s.respHeaders.Names[j], bytesString(s.respHeaders.Values[j])})
 	}
 	s.body = s.cfg.AppendDenyBody(s.body[:0], l, d, s.nowMS, bytesString(s.requestID))
-	s.event("blocked", i, d, "reject")
+	s.event(proxywasm.LogLevelInfo, "blocked", i, d, "reject")
 	s.respHeaders.Reset() // the local response already carries them
 	h.SendLocalResponse(s.cfg.Deny.Status, s.local, s.body)
 }

@@ -41,6 +41,16 @@ func Log(level LogLevel, msg string) error {
 	return Status(proxyLog(uint32(level), strPtr(msg), uint32(len(msg)))).Err()
 }
 
+// GetLogLevel returns the host's current log level: messages below it are
+// dropped, so a plugin can skip formatting them.
+func GetLogLevel() (LogLevel, error) {
+	retU32 = 0
+	if err := Status(proxyGetLogLevel(unsafe.Pointer(&retU32))).Err(); err != nil {
+		return LogLevelInfo, err
+	}
+	return LogLevel(retU32), nil
+}
+
 // LogInfo and friends are shorthands for Log.
 func LogDebug(msg string) { _ = Log(LogLevelDebug, msg) }
 func LogInfo(msg string)  { _ = Log(LogLevelInfo, msg) }

@@ -77,6 +77,8 @@ func proxyGetMetric(metricID uint32, retValue unsafe.Pointer) uint32 {
 
 func proxySetTickPeriodMilliseconds(periodMS uint32) uint32 { return uint32(StatusUnimplemented) }
 
+func proxyGetLogLevel(retLevel unsafe.Pointer) uint32 { return uint32(StatusUnimplemented) }
+
 func proxyGetCurrentTimeNanoseconds(retTime unsafe.Pointer) uint32 {
 	return uint32(StatusUnimplemented)
 }

@@ -64,6 +64,9 @@ func proxyRecordMetric(metricID uint32, value uint64) uint32
 //go:wasmimport env proxy_get_metric
 func proxyGetMetric(metricID uint32, retValue unsafe.Pointer) uint32
 
+//go:wasmimport env proxy_get_log_level
+func proxyGetLogLevel(retLevel unsafe.Pointer) uint32
+
 //go:wasmimport env proxy_set_tick_period_milliseconds
 func proxySetTickPeriodMilliseconds(periodMS uint32) uint32
 
