@@ -40,7 +40,7 @@ wait_http "http://$BRIDGE_ADDR/healthz" bridge "$LOGS/bridge.log"
 wait_http "http://$UPSTREAM_ADDR/" upstream "$LOGS/upstream.log"
 build/gateway --listen "$GATEWAY_ADDR" --plugin build/plugin.wasm --config examples/config.json \
   --upstream "http://$UPSTREAM_ADDR" --cluster "sluice_bridge=http://$BRIDGE_ADDR" --workers 2 \
-  --strip-header x-user-id --strip-header x-tier >"$LOGS/gateway.log" 2>&1 &
+  --strip-header x-user-id --strip-header x-tier --compile-cache build/wazero-cache >"$LOGS/gateway.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do curl -s -o /dev/null "http://$GATEWAY_ADDR/" && break; sleep 0.1; done
 

@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tetratelabs/wazero"
+
 	"github.com/sluicehq/sluice/e2e"
 )
 
@@ -71,6 +73,7 @@ type settings struct {
 	workers                          int
 	failOpen, appendXFF              bool
 	logLevel                         string
+	cacheDir                         string
 }
 
 func parseFlags(args []string, stderr *os.File) (settings, error) {
@@ -87,6 +90,7 @@ func parseFlags(args []string, stderr *os.File) (settings, error) {
 	fs.Var(&s.strip, "strip-header", "remove this request header before the plugin runs (repeatable): identity headers the plugin trusts must come from you, not from clients")
 	fs.BoolVar(&s.appendXFF, "append-xff", true, "append the peer address to X-Forwarded-For, as Envoy's use_remote_address does")
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&s.cacheDir, "compile-cache", envOr("SLUICE_GATEWAY_COMPILE_CACHE", ""), "directory to keep the plugin's compiled machine code in, so restarts skip compiling (seconds for plugin.wasm)")
 	if err := fs.Parse(args); err != nil {
 		return s, err
 	}
@@ -136,14 +140,24 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	case level >= slog.LevelInfo:
 		hostLevel = 2
 	}
-	host, err := e2e.New(ctx, wasm, e2e.Options{
+	opts := e2e.Options{
 		Workers: s.workers, PluginConfig: cfg, RootID: "sluice", Clusters: s.clusters,
 		Logger: logger, FailOpen: s.failOpen, LogLevel: hostLevel,
-	})
+	}
+	if s.cacheDir != "" {
+		cache, err := wazero.NewCompilationCacheWithDir(s.cacheDir)
+		if err != nil {
+			return fmt.Errorf("--compile-cache: %w", err)
+		}
+		opts.CompilationCache = cache
+	}
+	start := time.Now()
+	host, err := e2e.New(ctx, wasm, opts)
 	if err != nil {
 		return fmt.Errorf("starting the plugin: %w", err)
 	}
 	defer host.Close()
+	logger.Info("plugin started", "workers", s.workers, "took", time.Since(start).String())
 
 	up, _ := url.Parse(s.upstream)
 	proxy := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
