@@ -217,3 +217,25 @@ func TestConfig_EvaluateMissingIdentity(t *testing.T) {
 		t.Errorf("keys without api key / tenant: %q %q", a, b)
 	}
 }
+
+// Identity extraction and key building over hostile request headers: no
+// panic, exactly one hash tag per key, keys bounded whatever the input.
+func FuzzConfig_Evaluate(f *testing.F) {
+	c, err := ParseConfig([]byte(policyConfig))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add("GET", "/api/v1/chat/x?y", "api.beta.example.com", "1.2.3.4:5", "6.6.6.6, 203.0.113.7", "alice", "premium", "key", "acme")
+	f.Add("POST", "/api/v1/login", "", "[::1]:80", "unknown,,, [2001:db8::1]:443", "}{:", "", "", "")
+	f.Fuzz(func(t *testing.T, method, path, host, source, xff, user, tier, apiKey, tenant string) {
+		h := mapHeaders{"x-forwarded-for": xff, "x-user-id": user, "x-tier": tier, "x-api-key": apiKey, "x-tenant": tenant, "x-canary": "1"}
+		var plan Plan
+		c.Evaluate(&Request{Method: method, Path: path, Host: host, Source: source, Headers: h}, &plan)
+		for _, l := range plan.Limits {
+			k := string(l.Key)
+			if strings.Count(k, "{") != 1 || strings.Count(k, "}") != 1 || len(k) > 300 || !strings.HasPrefix(k, "rl:{") {
+				t.Fatalf("key %q", k)
+			}
+		}
+	})
+}

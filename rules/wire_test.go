@@ -121,3 +121,20 @@ func FuzzDecodeCheckRequest(f *testing.F) {
 		}
 	})
 }
+
+// The plugin parses whatever its call-out returns: never panic, and never
+// report more or fewer decisions than were asked for.
+func FuzzDecodeCheckResponse(f *testing.F) {
+	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0}]}`), 1)
+	f.Add([]byte(`{"allowed":false,"decisions":[{},{}]}`), 2)
+	f.Add([]byte(`{"allowed":true,"decisions":{"a":1}}`), 0)
+	f.Fuzz(func(t *testing.T, body []byte, want int) {
+		if want < 0 || want > MaxLimitsPerCheck {
+			return
+		}
+		var resp CheckResponse
+		if err := DecodeCheckResponse(body, want, &resp); err == nil && len(resp.Decisions) != want {
+			t.Fatalf("accepted %d decisions, want %d", len(resp.Decisions), want)
+		}
+	})
+}
