@@ -17,6 +17,8 @@ type Request struct {
 	Source  string // connection peer, Envoy source.address ("1.2.3.4:5678")
 	Headers HeaderSource
 	NowUnix int64 // for JWT exp/nbf
+	// Tokens, when set, caches verified JWTs across requests.
+	Tokens *TokenCache
 }
 
 // Plan is the outcome of evaluating a request: its identity, whether it is
@@ -136,7 +138,13 @@ func (c *Config) identify(r *Request, plan *Plan) {
 		}
 		switch src.Kind {
 		case SourceJWT:
-			pl, err := VerifyJWT(v, src, r.NowUnix)
+			var pl []byte
+			var err error
+			if r.Tokens != nil {
+				pl, err = r.Tokens.Verify(v, src, r.NowUnix)
+			} else {
+				pl, err = VerifyJWT(v, src, r.NowUnix)
+			}
 			if err != nil {
 				plan.JWTError = err
 				continue

@@ -56,6 +56,10 @@ const (
 	MetricConfigRefused = "sluice_config_refused_total"
 )
 
+// tokenCacheSlots bounds the verified-token cache of one VM (at most 2 KiB
+// tokens, so well under a megabyte).
+const tokenCacheSlots = 256
+
 type metrics struct {
 	requests, allowed, denied, shadowDenied, bridgeErrors, failOpen, failClosed, cacheHits, exempt, configRefused uint32
 }
@@ -67,7 +71,10 @@ type Plugin struct {
 	cfg  *rules.Config
 	// bridgeAuth is the call-out's Authorization value, built once per config.
 	bridgeAuth string
-	m          metrics
+	// tokens caches verified JWTs for this VM; new with each config, since
+	// its entries belong to that config's identity sources.
+	tokens *rules.TokenCache
+	m      metrics
 	// debug: the host logs debug messages, so allowed requests get an
 	// event too. Refreshed every tick rather than asked per request.
 	debug   bool
@@ -110,6 +117,7 @@ func (p *Plugin) OnPluginStart(int) bool {
 		return false
 	}
 	p.cfg = cfg
+	p.tokens = rules.NewTokenCache(tokenCacheSlots)
 	p.bridgeAuth = ""
 	if cfg.Bridge.Token != "" {
 		p.bridgeAuth = "Bearer " + cfg.Bridge.Token

@@ -59,6 +59,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		Source:  h.Property("source.address"),
 		Headers: s.hdrs,
 		NowUnix: s.nowMS / 1000,
+		Tokens:  p.tokens,
 	}
 	s.cfg.Evaluate(&s.req, &s.plan)
 	if s.plan.Exempt {
