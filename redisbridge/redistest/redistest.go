@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -23,9 +24,12 @@ type Server struct {
 	URL  string // redis://127.0.0.1:port/0
 
 	t    testing.TB
+	mu   sync.Mutex // guards cmd: fault tests stop servers from other goroutines
 	dir  string
 	port int
 	cmd  *exec.Cmd
+	args []string // extra arguments, kept for Restart
+	conf string   // config file given first (sentinels), or ""
 }
 
 // Start starts a redis-server and stops it when t ends. It fails the test
@@ -35,30 +39,45 @@ func Start(t testing.TB, args ...string) *Server {
 	if _, err := exec.LookPath(Binary); err != nil {
 		t.Fatalf("redistest: %s not found (apt-get install redis-server): %v", Binary, err)
 	}
+	s := newServer(t, args)
+	s.start()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// newServer picks a free port and a directory for a server not yet started.
+func newServer(t testing.TB, args []string) *Server {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("redistest: no free port: %v", err)
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	s := &Server{t: t, dir: t.TempDir(), port: port}
+	s := &Server{t: t, dir: t.TempDir(), port: port, args: args}
 	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	s.URL = "redis://" + s.Addr + "/0"
-	s.start(args)
-	t.Cleanup(s.Stop)
 	return s
 }
 
-func (s *Server) start(extra []string) {
+func (s *Server) start() {
 	s.t.Helper()
-	args := append([]string{
-		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.dir, "--logfile", "", "--loglevel", "warning",
-	}, extra...)
-	s.cmd = exec.Command(Binary, args...)
-	if err := s.cmd.Start(); err != nil {
+	var args []string
+	if s.conf != "" {
+		args = []string{s.conf, "--sentinel"}
+	} else {
+		args = append([]string{
+			"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", s.dir, "--logfile", "", "--loglevel", "warning",
+		}, s.args...)
+	}
+	cmd := exec.Command(Binary, args...)
+	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
 	}
+	s.mu.Lock()
+	s.cmd = cmd
+	s.mu.Unlock()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if err := ping(s.Addr); err == nil {
@@ -93,6 +112,8 @@ func ping(addr string) error {
 
 // Stop kills redis-server; its data is lost. Stopping twice is harmless.
 func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.cmd == nil {
 		return
 	}
@@ -101,9 +122,18 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
-// Restart starts an empty redis-server on the same port.
+// Restart starts redis-server again on the same port, with the same
+// arguments. Its data is lost; a cluster node keeps its nodes.conf and
+// rejoins its cluster.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Stop()
-	s.start(nil)
+	s.start()
+}
+
+// Running reports whether the server was started and not stopped.
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
 }

@@ -1,0 +1,94 @@
+package redistest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Do sends one command to the Redis (or sentinel) at addr and returns its
+// reply: a string for simple, bulk and integer replies, []any for arrays,
+// nil for a null reply. A Redis error reply is returned as an error. It
+// opens a connection per call: for test set-up and probes, not for load.
+func Do(addr string, timeout time.Duration, args ...string) (any, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := c.Write([]byte(b.String())); err != nil {
+		return nil, err
+	}
+	return readReply(bufio.NewReader(c))
+}
+
+// DoString is Do for commands with a string (or integer) reply.
+func DoString(addr string, timeout time.Duration, args ...string) (string, error) {
+	v, err := Do(addr, timeout, args...)
+	if err != nil {
+		return "", err
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("%s: reply %T, want a string", args[0], v)
+	}
+	return s, nil
+}
+
+func readReply(r *bufio.Reader) (any, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	line = strings.TrimSuffix(line, "\r\n")
+	if line == "" {
+		return nil, errors.New("empty reply line")
+	}
+	body := line[1:]
+	switch line[0] {
+	case '+', ':':
+		return body, nil
+	case '-':
+		return nil, errors.New(body)
+	case '$':
+		n, err := strconv.Atoi(body)
+		if err != nil {
+			return nil, fmt.Errorf("bulk length %q", body)
+		}
+		if n < 0 {
+			return nil, nil
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, err
+		}
+		return string(buf[:n]), nil
+	case '*':
+		n, err := strconv.Atoi(body)
+		if err != nil {
+			return nil, fmt.Errorf("array length %q", body)
+		}
+		if n < 0 {
+			return nil, nil
+		}
+		out := make([]any, n)
+		for i := range out {
+			if out[i], err = readReply(r); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("unknown reply %q", line)
+}
