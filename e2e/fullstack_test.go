@@ -34,14 +34,17 @@ var (
 	pluginErr  error
 )
 
-// builtPlugin builds the plugin as `make wasm` does, once per test binary.
+// builtPlugin builds the plugin as `make wasm` does, once per test binary,
+// into a directory of its own (test packages run in parallel).
 func builtPlugin(t *testing.T) []byte {
 	t.Helper()
 	pluginOnce.Do(func() {
-		out := filepath.Join("..", "build", "plugin.wasm")
-		if pluginErr = os.MkdirAll(filepath.Dir(out), 0o755); pluginErr != nil {
+		var dir string
+		if dir, pluginErr = os.MkdirTemp("", "sluice-e2e-"); pluginErr != nil {
 			return
 		}
+		defer os.RemoveAll(dir)
+		out := filepath.Join(dir, "plugin.wasm")
 		if pluginErr = e2e.BuildWasm("../plugin", out); pluginErr == nil {
 			pluginWasm, pluginErr = os.ReadFile(out)
 		}

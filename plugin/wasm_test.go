@@ -30,17 +30,19 @@ var wasmBytes []byte
 
 func TestMain(m *testing.M) {
 	// Build exactly what `make wasm` builds, so a stale build/plugin.wasm can
-	// never pass for the current code.
-	out := filepath.Join("..", "build", "plugin.wasm")
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err == nil {
-		err = e2e.BuildWasm(".", out)
-		if err == nil {
+	// never pass for the current code. Each test package builds into its own
+	// directory: packages run in parallel.
+	dir, err := os.MkdirTemp("", "sluice-plugin-")
+	if err == nil {
+		out := filepath.Join(dir, "plugin.wasm")
+		if err = e2e.BuildWasm(".", out); err == nil {
 			wasmBytes, err = os.ReadFile(out)
 		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
+		os.RemoveAll(dir)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	os.Exit(m.Run())
 }
