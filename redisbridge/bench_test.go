@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/redisbridge/internal/loadgen"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/rules"
@@ -218,61 +220,132 @@ func BenchmarkServer_Check(b *testing.B) {
 
 // BenchmarkBridgeProcess_Check runs cmd/redisbridge as its own process so
 // its CPU time per decision can be read apart from the load generator's.
+// The HTTP/1.1 load comes from internal/loadgen (raw keep-alive
+// connections, cheap per request); the h2c case uses net/http's client.
+//
+//	go test -run '^$' -bench BridgeProcess -benchtime 200000x ./redisbridge
 func BenchmarkBridgeProcess_Check(b *testing.B) {
-	bin := filepath.Join(b.TempDir(), "redisbridge")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/redisbridge").CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
-	}
 	rs := redistest.Start(b)
 	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rc.Close()
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	cmd := exec.Command(bin, "--listen", addr, "--store", "redis", "--redis-url", rs.URL, "--log-level", "error", "--redis-timeout", "2s")
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
+	var debug string
+	var args []string
+	if *bridgeProfile != "" {
+		debug = freeAddr(b)
+		args = append(args, "--debug-listen", debug)
 	}
-	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
-	sc := bufio.NewScanner(stderr)
-	for sc.Scan() && !strings.HasPrefix(sc.Text(), "listening on ") {
-	}
-	go io.Copy(io.Discard, stderr)
+	addr, pid := startBridgeProcess(b, rs.URL, args...)
 	url := "http://" + addr + "/v1/rate-limit/check"
 	for _, tc := range []struct {
 		alg rules.Algorithm
 		h2c bool
-	}{{rules.TokenBucket, false}, {rules.SlidingWindow, false}, {rules.TokenBucket, true}} {
+	}{{rules.TokenBucket, false}, {rules.SlidingWindow, false}, {rules.FixedWindow, false}, {rules.TokenBucket, true}} {
 		bodies := benchBodies(tc.alg)
 		name := tc.alg.String()
 		if tc.h2c {
 			name += "/h2c"
 		}
 		b.Run(name, func(b *testing.B) {
-			loadWith(b, url, bodies, benchUsers, tc.h2c)
-			before, rcpu, cpu0 := commandStats(b, rc), redisCPU(b, rc), childCPU(b, cmd.Process.Pid)
+			n := max(b.N, benchClients)
+			run := func(n int) []time.Duration {
+				if tc.h2c {
+					return loadWith(b, url, bodies, n, true)
+				}
+				res, err := loadgen.Run(context.Background(), loadgen.Options{
+					Addr: addr, Path: "/v1/rate-limit/check", Bodies: bodies, Conns: benchClients, N: n, Check: allowedAnswer,
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				return res.Latencies
+			}
+			run(benchUsers) // warm up: connections, script, keys
+			before, rcpu, cpu0, self0 := commandStats(b, rc), redisCPU(b, rc), childCPU(b, pid), processCPU()
+			var prof sync.WaitGroup
+			if debug != "" {
+				prof.Go(func() { saveProfile(b, debug, *bridgeProfile+"."+strings.ReplaceAll(name, "/", "_")) })
+			}
 			b.ResetTimer()
 			t0 := time.Now()
-			lat := loadWith(b, url, bodies, max(b.N, benchClients), tc.h2c)
+			lat := run(n)
 			elapsed := time.Since(t0)
 			b.StopTimer()
+			prof.Wait()
 			report(b, elapsed, lat, rc, before, rcpu)
-			b.ReportMetric(float64((childCPU(b, cmd.Process.Pid)-cpu0).Microseconds())/float64(len(lat)), "bridge-cpu-µs/decision")
+			d := float64(len(lat))
+			b.ReportMetric(float64((childCPU(b, pid)-cpu0).Microseconds())/d, "bridge-cpu-µs/decision")
+			b.ReportMetric(float64((processCPU()-self0).Microseconds())/d, "loader-cpu-µs/decision")
 		})
 	}
 }
 
-// childCPU reads utime+stime of pid from /proc (clock ticks of 10ms).
-func childCPU(b *testing.B, pid int) time.Duration {
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+var bridgeProfile = flag.String("bridge.cpuprofile", "",
+	"BenchmarkBridgeProcess_Check: write a 3s CPU profile of the bridge process, taken at the start of each case, to this path + \".<case>\"")
+
+// saveProfile fetches a CPU profile from the bridge's --debug-listen.
+func saveProfile(b *testing.B, debug, path string) {
+	resp, err := http.Get("http://" + debug + "/debug/pprof/profile?seconds=3")
+	if err != nil {
+		b.Error(err)
+		return
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		b.Error(err)
+		return
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		b.Error(err)
+	}
+}
+
+func freeAddr(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// allowedAnswer accepts 200 answers that allow the request.
+func allowedAnswer(status int, body []byte) error {
+	if status != 200 || !bytes.HasPrefix(body, []byte(`{"allowed":true`)) {
+		return fmt.Errorf("status %d: %s", status, body)
+	}
+	return nil
+}
+
+// startBridgeProcess builds and starts cmd/redisbridge against redisURL and
+// returns its address and pid; it is stopped when b ends.
+func startBridgeProcess(b *testing.B, redisURL string, args ...string) (string, int) {
+	bin := filepath.Join(b.TempDir(), "redisbridge")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/redisbridge").CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	addr := freeAddr(b)
+	cmd := exec.Command(bin, append([]string{"--listen", addr, "--store", "redis", "--redis-url", redisURL, "--log-level", "error"}, args...)...)
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() && !strings.HasPrefix(sc.Text(), "listening on ") {
+	}
+	go io.Copy(io.Discard, stderr)
+	return addr, cmd.Process.Pid
+}
+
+// childCPU reads utime+stime of pid from /proc (clock ticks of 10ms).
+func childCPU(b *testing.B, pid int) time.Duration {
+	d, err := loadgen.ProcessCPU(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
 }
 
 // BenchmarkRedisBenchmark_EvalSHA runs redis-benchmark with the same check

@@ -32,6 +32,9 @@ type Settings struct {
 	TLSCert         string        // PEM certificate; with TLSKey serves HTTPS (HTTP/1.1 and h2)
 	TLSKey          string
 	ShutdownGrace   time.Duration // drain time on SIGTERM, default 10s
+	// DebugListen serves net/http/pprof on its own address ("" disables it,
+	// the default). cmd/redisbridge serves it; keep it on loopback.
+	DebugListen string
 
 	// Not settable from flags: tests and embedders.
 	Logger *slog.Logger // default: JSON to stderr at LogLevel
@@ -105,6 +108,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.TLSCert, "tls-cert", s.TLSCert, "TLS certificate file")
 	fs.StringVar(&s.TLSKey, "tls-key", s.TLSKey, "TLS key file")
 	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
+	fs.StringVar(&s.DebugListen, "debug-listen", s.DebugListen, "address for /debug/pprof/ (empty: off)")
 	return fs
 }
 

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -35,6 +37,9 @@ func run() error {
 		return err
 	}
 	defer srv.Close()
+	if set.DebugListen != "" {
+		go serveDebug(set.DebugListen)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	done := make(chan error, 1)
@@ -50,4 +55,18 @@ func run() error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return <-done
+}
+
+// serveDebug serves the pprof handlers on their own listener, so profiling
+// is never reachable through the check port.
+func serveDebug(addr string) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if err := http.ListenAndServe(addr, mux); err != nil {
+		fmt.Fprintln(os.Stderr, "redisbridge: --debug-listen:", err)
+	}
 }

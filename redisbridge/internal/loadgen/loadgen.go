@@ -1,0 +1,223 @@
+// Package loadgen drives an HTTP/1.1 endpoint the way a fleet of proxies
+// does: a fixed set of keep-alive connections, each with one request in
+// flight. It writes prebuilt requests on raw connections and parses only
+// the status line and Content-Length of the answers, so that its own CPU
+// per request stays small next to the server's it measures.
+package loadgen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Options describe one run.
+type Options struct {
+	Addr   string   // host:port, loopback in tests
+	Path   string   // request target, e.g. /v1/rate-limit/check
+	Header string   // extra header lines, each ending in "\r\n"
+	Bodies [][]byte // POST bodies, sent round-robin across all connections
+	Conns  int      // concurrent connections, one request in flight each
+	N      int      // requests in all
+	// Check judges an answer; nil accepts status 200 only. body is only
+	// valid during the call.
+	Check func(status int, body []byte) error
+}
+
+// Result is what a run measured.
+type Result struct {
+	N         int
+	Elapsed   time.Duration
+	Latencies []time.Duration // sorted
+	CPU       time.Duration   // CPU time of this process during the run
+}
+
+// Rate is requests per second.
+func (r *Result) Rate() float64 { return float64(r.N) / r.Elapsed.Seconds() }
+
+// Percentile returns the latency at p (0 to 1).
+func (r *Result) Percentile(p float64) time.Duration {
+	if len(r.Latencies) == 0 {
+		return 0
+	}
+	return r.Latencies[int(float64(len(r.Latencies)-1)*p)]
+}
+
+// Run dials o.Conns connections and sends o.N requests over them. It stops
+// at the first failed request or answer.
+func Run(ctx context.Context, o Options) (Result, error) {
+	if o.Conns <= 0 || o.N <= 0 || len(o.Bodies) == 0 {
+		return Result{}, errors.New("loadgen: Conns, N and Bodies must be set")
+	}
+	reqs := make([][]byte, len(o.Bodies))
+	for i, b := range o.Bodies {
+		reqs[i] = fmt.Appendf(nil, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s",
+			o.Path, o.Addr, o.Header, len(b), b)
+	}
+	conns := make([]net.Conn, o.Conns)
+	for i := range conns {
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", o.Addr)
+		if err != nil {
+			for _, c := range conns[:i] {
+				c.Close()
+			}
+			return Result{}, fmt.Errorf("loadgen: dial: %w", err)
+		}
+		conns[i] = c
+	}
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	check := o.Check
+	if check == nil {
+		check = func(status int, body []byte) error {
+			if status != 200 {
+				return fmt.Errorf("status %d: %s", status, body)
+			}
+			return nil
+		}
+	}
+	var (
+		next    atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		firstEr error
+		lat     = make([][]time.Duration, len(conns))
+	)
+	fail := func(err error) {
+		errOnce.Do(func() { firstEr = err })
+		next.Store(int64(o.N)) // the others stop at their next request
+	}
+	cpu0 := processCPU()
+	t0 := time.Now()
+	for g, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := make([]time.Duration, 0, o.N/len(conns)+1)
+			r := bufio.NewReaderSize(c, 16<<10)
+			var body []byte
+			for ctx.Err() == nil {
+				i := next.Add(1) - 1
+				if i >= int64(o.N) {
+					break
+				}
+				start := time.Now()
+				if _, err := c.Write(reqs[i%int64(len(reqs))]); err != nil {
+					fail(fmt.Errorf("loadgen: write: %w", err))
+					return
+				}
+				status, b, err := readResponse(r, body[:0])
+				if err != nil {
+					fail(fmt.Errorf("loadgen: read: %w", err))
+					return
+				}
+				body = b
+				mine = append(mine, time.Since(start))
+				if err := check(status, body); err != nil {
+					fail(err)
+					return
+				}
+			}
+			lat[g] = mine
+		}()
+	}
+	wg.Wait()
+	res := Result{Elapsed: time.Since(t0), CPU: processCPU() - cpu0}
+	if firstEr != nil {
+		return res, firstEr
+	}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	res.Latencies = slices.Concat(lat...)
+	slices.Sort(res.Latencies)
+	res.N = len(res.Latencies)
+	return res, nil
+}
+
+var contentLength = []byte("content-length:")
+
+// readResponse reads one HTTP/1.1 response with a Content-Length body and
+// appends the body to buf.
+func readResponse(r *bufio.Reader, buf []byte) (int, []byte, error) {
+	line, err := r.ReadSlice('\n')
+	if err != nil {
+		return 0, buf, err
+	}
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.1 ")) {
+		return 0, buf, fmt.Errorf("bad status line %q", line)
+	}
+	status, err := strconv.Atoi(string(line[9:12]))
+	if err != nil {
+		return 0, buf, fmt.Errorf("bad status line %q", line)
+	}
+	n := -1
+	for {
+		line, err = r.ReadSlice('\n')
+		if err != nil {
+			return 0, buf, err
+		}
+		if len(line) <= 2 {
+			break
+		}
+		if len(line) > len(contentLength) && bytes.EqualFold(line[:len(contentLength)], contentLength) {
+			v := bytes.TrimSpace(line[len(contentLength):])
+			if n, err = strconv.Atoi(string(v)); err != nil {
+				return 0, buf, fmt.Errorf("bad Content-Length %q", v)
+			}
+		}
+	}
+	if n < 0 {
+		return 0, buf, errors.New("answer without Content-Length")
+	}
+	start := len(buf)
+	buf = slices.Grow(buf, n)[:start+n]
+	if _, err := io.ReadFull(r, buf[start:]); err != nil {
+		return 0, buf, err
+	}
+	return status, buf, nil
+}
+
+// processCPU is the user+system CPU time of this process so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// ProcessCPU returns user+system CPU time of process pid from /proc (Linux),
+// in clock ticks of 10 ms.
+func ProcessCPU(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(raw, ')')
+	if i < 0 || i+2 > len(raw) {
+		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	f := bytes.Fields(raw[i+2:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	ut, err1 := strconv.ParseInt(string(f[11]), 10, 64)
+	st, err2 := strconv.ParseInt(string(f[12]), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
