@@ -1,0 +1,280 @@
+package distributed
+
+import (
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/redisbridge/redistest"
+)
+
+const (
+	clients     = 64
+	bridgeCount = 3
+	exactLimit  = 200
+)
+
+// exactConfig has one rule per algorithm, each on its own path. Windows
+// are long (the run fits in one), except for the per-window and sliding
+// window counter checks. Host 0 keeps the local over-limit cache (the
+// default), host 1 asks the bridge on every request.
+func exactConfig(localCache bool) string {
+	return `{
+  "failure_mode": "fail_closed",
+  "bridge": {"cluster": "sluice_bridge", "timeout": "3s"},
+  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+  "local_cache": {"enabled": ` + fmt.Sprint(localCache) + `},
+  "rules": [
+    {"name": "tb", "scope": "user", "algorithm": "token_bucket", "limit": 200, "window": "24h", "match": {"paths": ["/tb"]}},
+    {"name": "fw", "scope": "user", "algorithm": "fixed_window", "limit": 200, "window": "1h", "match": {"paths": ["/fw"]}},
+    {"name": "sl", "scope": "user", "algorithm": "sliding_log", "limit": 200, "window": "1h", "match": {"paths": ["/sl"]}},
+    {"name": "fw2s", "scope": "user", "algorithm": "fixed_window", "limit": 40, "window": "2s", "match": {"paths": ["/fw2s"]}},
+    {"name": "sw", "scope": "user", "algorithm": "sliding_window", "limit": 40, "window": "1s", "match": {"paths": ["/sw"]}},
+    {"name": "two-user", "scope": "user", "algorithm": "fixed_window", "limit": 5, "window": "1h", "match": {"paths": ["/two"]}},
+    {"name": "two-global", "scope": "global", "algorithm": "sliding_log", "limit": 1000, "window": "1h", "match": {"paths": ["/two"]}}
+  ]
+}`
+}
+
+// TestExactness_SingleRedis and TestExactness_Cluster: 64 concurrent
+// clients, 3 bridge replicas, 2 hosts of 2 plugin VMs, one key.
+func TestExactness_SingleRedis(t *testing.T) {
+	rs := redistest.Start(t)
+	d := deploy(t, rs.URL, bridgeCount, exactConfig(true), exactConfig(false))
+	exactness(t, d, single(rs), "single")
+}
+
+func TestExactness_Cluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 1)
+	d := deploy(t, c.URL, bridgeCount, exactConfig(true), exactConfig(false))
+	exactness(t, d, onCluster(t, c), "cluster")
+	slotA, _ := c.Slot("rl:{u:x}:two-user")
+	slotB, _ := c.Slot("rl:{g}:two-global")
+	if slotA == slotB {
+		t.Errorf("the two-limit check should span two slots (refund path): both in %d", slotA)
+	}
+}
+
+func exactness(t *testing.T, d *deployment, at redisAt, topo string) {
+	for _, tc := range []struct {
+		rule  string
+		check func(t *testing.T, key string)
+	}{
+		{"tb", func(t *testing.T, key string) {
+			if n := doInt(t, at, "HGET", key+":tb", "tokens"); n != 0 {
+				t.Errorf("tokens left in Redis: %d, want 0", n)
+			}
+		}},
+		{"fw", func(t *testing.T, key string) {
+			if n := doInt(t, at, "HGET", key+":fw", "c"); n != exactLimit {
+				t.Errorf("window count in Redis: %d, want %d", n, exactLimit)
+			}
+		}},
+		{"sl", func(t *testing.T, key string) {
+			if n := doInt(t, at, "ZCARD", key+":sl"); n != exactLimit {
+				t.Errorf("log entries in Redis: %d, want %d", n, exactLimit)
+			}
+		}},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			// A fixed window is aligned to the hour: a run across the hour
+			// is repeated on a fresh key.
+			for attempt := 0; ; attempt++ {
+				user := fmt.Sprintf("hot-%s-%s-%d", topo, tc.rule, attempt)
+				start := time.Now()
+				rs := d.burst(clients, 3*exactLimit, "/"+tc.rule, user)
+				took := time.Since(start)
+				if tc.rule == "fw" && start.Truncate(time.Hour) != time.Now().Truncate(time.Hour) && attempt == 0 {
+					continue
+				}
+				st := statuses(rs)
+				if st[200] != exactLimit || st[429] != 2*exactLimit {
+					t.Fatalf("%d requests: statuses %v, want exactly %d admitted and %d refused", len(rs), st, exactLimit, 2*exactLimit)
+				}
+				tc.check(t, "rl:{u:"+user+"}:"+tc.rule)
+				t.Logf("%s %s: %d clients, %d requests in %v: %d admitted", topo, tc.rule, clients, len(rs), took.Round(time.Millisecond), st[200])
+				return
+			}
+		})
+	}
+
+	t.Run("fixed window per window", func(t *testing.T) {
+		// Windows of 2 s aligned to the epoch; X-RateLimit-Reset (unix s)
+		// is the window's end and names the window that admitted a request.
+		// Whole windows the load spans admit exactly the limit.
+		user := "per-window-" + topo
+		stop := time.Now().Add(5 * time.Second)
+		var all []result
+		for time.Now().Before(stop) {
+			all = append(all, d.burst(clients, 4*clients, "/fw2s", user)...)
+		}
+		first, last := all[0].start, all[0].end
+		perWindow := map[int64]int{}
+		for _, r := range all {
+			if r.status == 200 {
+				perWindow[r.reset]++
+			} else if r.status != 429 {
+				t.Fatalf("status %d (%v)", r.status, r.err)
+			}
+			if r.start.Before(first) {
+				first = r.start
+			}
+			if r.end.After(last) {
+				last = r.end
+			}
+		}
+		var ends []int64
+		for end := range perWindow {
+			ends = append(ends, end)
+		}
+		sort.Slice(ends, func(i, j int) bool { return ends[i] < ends[j] })
+		whole := 0
+		for _, end := range ends {
+			n := perWindow[end]
+			if end%2 != 0 {
+				t.Errorf("reset %d is not the end of an aligned 2 s window", end)
+			}
+			if n > 40 {
+				t.Errorf("window ending %d admitted %d, limit 40", end, n)
+			}
+			// A window that began after the load started and ended before it stopped.
+			if time.Unix(end-2, 0).After(first) && time.Unix(end, 0).Before(last) {
+				whole++
+				if n != 40 {
+					t.Errorf("whole window ending %d admitted %d, want exactly 40", end, n)
+				}
+			}
+		}
+		if whole < 1 {
+			t.Errorf("no whole window in %v of load: %v", last.Sub(first), perWindow)
+		}
+		t.Logf("%s fixed_window 40/2s: %d requests over %v, admitted per window %v (%d whole windows)", topo, len(all), last.Sub(first).Round(time.Millisecond), perWindow, whole)
+	})
+
+	t.Run("sliding window counter error", func(t *testing.T) {
+		slidingWindowError(t, d, "sw-"+topo, topo)
+	})
+
+	t.Run("refused by one limit consumes nothing from the other", func(t *testing.T) {
+		// Host 1 has no local cache: every refused request reaches the bridge.
+		user := "two-" + topo
+		before := doInt(t, at, "ZCARD", "rl:{g}:two-global:sl")
+		rs := make([]result, 0, 60)
+		for _, r := range d.burst(clients, 60, "/two", user) {
+			rs = append(rs, r)
+		}
+		st := statuses(rs)
+		if st[200] != 5 || st[429] != 55 {
+			t.Fatalf("statuses %v, want 5 admitted and 55 refused", st)
+		}
+		if n := doInt(t, at, "HGET", keyOf(user, "two-user", "fw"), "c"); n != 5 {
+			t.Errorf("per-user count %d, want 5", n)
+		}
+		if n := doInt(t, at, "ZCARD", "rl:{g}:two-global:sl") - before; n != 5 {
+			t.Errorf("the global limit consumed %d for 5 admitted requests (55 refused by the per-user limit)", n)
+		}
+	})
+}
+
+// slidingWindowError measures how far the weighted sliding window counter
+// (40 per second) is from an exact count: the most requests admitted in any
+// 1 s interval, which an exact sliding log keeps at the limit. Two traffic
+// shapes: bursts with pauses (every gateway, local cache included), and the
+// adversarial one, a full window admitted at the very end of an aligned
+// window and steady traffic in the next (through host 1, no local cache, so
+// every request reaches the bridge).
+func slidingWindowError(t *testing.T, d *deployment, user, topo string) {
+	const limit = 40
+	// Steady: bursts every ~50 ms for 4 s; measured from the second whole
+	// window on, once the previous window's count is in the estimate.
+	var all []result
+	start := time.Now()
+	for time.Since(start) < 4*time.Second {
+		all = append(all, d.burst(16, 48, "/sw", user)...)
+		time.Sleep(40 * time.Millisecond)
+	}
+	maxSteady, perSecond := maxPerSecond(t, all, start.Truncate(time.Second).Add(2*time.Second))
+	t.Logf("%s sliding_window 40/1s, steady: %d requests; admitted per aligned second %v; most admitted in any 1 s: %d (%.2f × limit)",
+		topo, len(all), perSecond, maxSteady, float64(maxSteady)/limit)
+	// The estimate is never below the current window's count, so an
+	// aligned window admits at most the limit (timestamps blur an
+	// admission near a boundary by its latency, hence the allowance).
+	for sec, n := range perSecond {
+		if n > limit+3 {
+			t.Errorf("aligned second %d admitted %d, limit %d", sec, n, limit)
+		}
+	}
+	// With traffic all along, the estimate lets admissions through evenly
+	// and the counter is close to exact.
+	if maxSteady > limit*5/4 {
+		t.Errorf("steady traffic: %d admitted in 1 s, want about the limit %d", maxSteady, limit)
+	}
+
+	// Adversarial: wait for 0.85 s into an aligned second, use up the
+	// window at its end, then send steadily through the next window.
+	user += "-adv"
+	now := time.Now()
+	at := now.Truncate(time.Second).Add(850 * time.Millisecond)
+	if at.Before(now) {
+		at = at.Add(time.Second)
+	}
+	time.Sleep(time.Until(at))
+	all = d.burstVia(1, 16, 2*limit, "/sw", user)
+	end := at.Truncate(time.Second).Add(1950 * time.Millisecond)
+	for time.Now().Before(end) {
+		all = append(all, d.burstVia(1, 4, 4, "/sw", user)...)
+		time.Sleep(5 * time.Millisecond)
+	}
+	maxAdv, _ := maxPerSecond(t, all, time.Time{})
+	t.Logf("%s sliding_window 40/1s, adversarial: %d requests; most admitted in any 1 s: %d (%.2f × limit)",
+		topo, len(all), maxAdv, float64(maxAdv)/limit)
+	// The estimate prev×(1−f)+cur ≤ limit lets cur reach limit×f after a
+	// previous window full at its end, so an interval of 1 s holds at most
+	// limit + limit×f < 2 × limit. Client timestamps blur each admission by
+	// its latency, hence the small allowance.
+	if hard := 2*limit + 2; maxAdv > hard {
+		t.Errorf("adversarial traffic: %d admitted in 1 s, above the bound %d", maxAdv, hard)
+	}
+	if maxAdv < limit*3/2 {
+		t.Errorf("adversarial traffic: only %d admitted in 1 s; the test no longer shows the counter's error", maxAdv)
+	}
+}
+
+// maxPerSecond returns the most requests admitted in any interval of 1 s
+// and the admissions per aligned second (unix time), counting admissions
+// from the time from on.
+func maxPerSecond(t *testing.T, all []result, from time.Time) (int, map[int64]int) {
+	t.Helper()
+	var admitted []time.Time
+	for _, r := range all {
+		switch r.status {
+		case 200:
+			// The bridge decided between start and end; take the middle.
+			if a := r.start.Add(r.took() / 2); !a.Before(from) {
+				admitted = append(admitted, a)
+			}
+		case 429:
+		default:
+			t.Fatalf("status %d (%v)", r.status, r.err)
+		}
+	}
+	if len(admitted) < 2 {
+		t.Fatalf("%d admitted", len(admitted))
+	}
+	sort.Slice(admitted, func(i, j int) bool { return admitted[i].Before(admitted[j]) })
+	maxCount, j := 0, 0
+	for i, a := range admitted {
+		for !admitted[j].Add(time.Second).After(a) {
+			j++
+		}
+		if n := i - j + 1; n > maxCount {
+			maxCount = n
+		}
+	}
+	perSecond := map[int64]int{}
+	for _, a := range admitted {
+		perSecond[a.Unix()]++
+	}
+	return maxCount, perSecond
+}
