@@ -260,6 +260,9 @@ func (s *Redis) exec(batch []*call) {
 		_ = p.Process(ctx, c.cmd)
 	}
 	_, _ = p.Exec(ctx) // errors are read per command
+	if s.cluster {
+		s.reloadOnNodeError(ctx, batch)
+	}
 	// A Redis that restarted or flushed its scripts answers NOSCRIPT: load
 	// the script once and send those calls again.
 	var again []*call
@@ -281,6 +284,25 @@ func (s *Redis) exec(batch []*call) {
 		_ = p.Process(ctx, c.cmd)
 	}
 	_, _ = p.Exec(ctx)
+}
+
+// reloadOnNodeError asks the cluster client to reload the slot map when a
+// node could not be reached. go-redis reloads it on MOVED and otherwise only
+// every ClusterStateReloadInterval (60 s); a pipeline to a dead master gets
+// dial errors, never MOVED, so without this the bridge kept sending a
+// failed-over slot to the dead node for up to a minute. Reloads are
+// coalesced by go-redis (at most one per 200 ms).
+func (s *Redis) reloadOnNodeError(ctx context.Context, batch []*call) {
+	for _, c := range batch {
+		err := c.cmd.Err()
+		var rerr redis.Error
+		if err != nil && err != redis.Nil && !errors.As(err, &rerr) {
+			if cc, ok := s.c.(*redis.ClusterClient); ok {
+				cc.ReloadState(ctx)
+			}
+			return
+		}
+	}
 }
 
 // run queues cmd for a pipeline and waits for its answer.
