@@ -229,7 +229,7 @@ func BenchmarkBridgeProcess_Check(b *testing.B) {
 	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rc.Close()
 	var debug string
-	var args []string
+	args := strings.Fields(*bridgeFlags)
 	if *bridgeProfile != "" {
 		debug = freeAddr(b)
 		args = append(args, "--debug-listen", debug)
@@ -278,6 +278,8 @@ func BenchmarkBridgeProcess_Check(b *testing.B) {
 		})
 	}
 }
+
+var bridgeFlags = flag.String("bridge.flags", "", "BenchmarkBridgeProcess_Check: extra flags for the bridge, space-separated")
 
 var bridgeProfile = flag.String("bridge.cpuprofile", "",
 	"BenchmarkBridgeProcess_Check: write a 3s CPU profile of the bridge process, taken at the start of each case, to this path + \".<case>\"")

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"sync/atomic"
 )
 
 // Error codes of the envelope (seed 002).
@@ -36,9 +37,18 @@ func writeError(w http.ResponseWriter, r *http.Request, status int, code, msg st
 		h.Set("Retry-After", "1")
 	}
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(struct {
+	_, _ = w.Write(errorBody(code, msg, details, requestID(r)))
+}
+
+// errorBody is the envelope as JSON, newline-terminated.
+func errorBody(code, msg string, details map[string]any, reqID string) []byte {
+	b, err := json.Marshal(struct {
 		Error apiError `json:"error"`
-	}{apiError{Code: code, Message: msg, Details: details, RequestID: requestID(r)}})
+	}{apiError{Code: code, Message: msg, Details: details, RequestID: reqID}})
+	if err != nil { // details hold only strings and numbers
+		b = []byte(`{"error":{"code":"INTERNAL_ERROR","message":"encoding the error failed","request_id":""}}`)
+	}
+	return append(b, '\n')
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -53,8 +63,27 @@ func requestID(r *http.Request) string {
 	return r.Header.Get("X-Request-Id")
 }
 
+// Request ids are a random per-process prefix and a counter: unique, not
+// secret, and made without a system call per request.
+var (
+	reqIDPrefix = func() [6]byte {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		return b
+	}()
+	reqIDSeq atomic.Uint64
+)
+
 func newRequestID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return "req_" + hex.EncodeToString(b[:])
+	var b [28]byte
+	copy(b[:], "req_")
+	hex.Encode(b[4:16], reqIDPrefix[:])
+	n := reqIDSeq.Add(1)
+	for i := 27; i >= 16; i-- {
+		b[i] = hexDigits[n&0xf]
+		n >>= 4
+	}
+	return string(b[:])
 }
+
+const hexDigits = "0123456789abcdef"

@@ -73,14 +73,11 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		req.RequestID = requestID(r)
 	}
 	resp := rules.CheckResponse{Decisions: make([]rules.Decision, 0, len(req.Limits))}
-	t0 := time.Now()
-	err = s.store.Check(r.Context(), &req, &resp)
-	s.m.storeDur.WithLabelValues("check").Observe(time.Since(t0).Seconds())
-	if err != nil {
-		s.checkFailed(w, r, err)
+	if err := s.decide(r.Context(), &req, &resp); err != nil {
+		status, code, msg := s.checkError(err)
+		writeError(w, r, status, code, msg, nil)
 		return
 	}
-	s.countDecisions(&req, &resp)
 	if i := mostRestrictive(&req, &resp); i >= 0 {
 		setLimitHeaders(w.Header(), &resp.Decisions[i], req.Limits[i].Spec.Algorithm)
 	}
@@ -91,14 +88,36 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	s.m.checkDur.Observe(time.Since(start).Seconds())
 }
 
+// decide runs a decoded check against the store and counts it. resp is
+// reset first, so callers may reuse it.
+func (s *Server) decide(ctx context.Context, req *rules.CheckRequest, resp *rules.CheckResponse) error {
+	*resp = rules.CheckResponse{Decisions: resp.Decisions[:0]}
+	t0 := time.Now()
+	err := s.store.Check(ctx, req, resp)
+	s.m.storeDur.WithLabelValues("check").Observe(time.Since(t0).Seconds())
+	if err != nil {
+		s.m.checks.WithLabelValues("error").Inc()
+		s.storeFailed("check", err)
+		return err
+	}
+	s.countDecisions(req, resp)
+	return nil
+}
+
+// checkError is the answer to a failed check: 503 when the store could not
+// be reached (the plugin applies its failure mode), 500 otherwise.
+func (s *Server) checkError(err error) (int, string, string) {
+	if errors.Is(err, store.ErrUnavailable) {
+		return http.StatusServiceUnavailable, codeServiceUnavailable, "counter store unavailable"
+	}
+	return http.StatusInternalServerError, codeInternal, "check failed"
+}
+
 func (s *Server) checkFailed(w http.ResponseWriter, r *http.Request, err error) {
 	s.m.checks.WithLabelValues("error").Inc()
 	s.storeFailed("check", err)
-	if errors.Is(err, store.ErrUnavailable) {
-		writeError(w, r, http.StatusServiceUnavailable, codeServiceUnavailable, "counter store unavailable", nil)
-		return
-	}
-	writeError(w, r, http.StatusInternalServerError, codeInternal, "check failed", nil)
+	status, code, msg := s.checkError(err)
+	writeError(w, r, status, code, msg, nil)
 }
 
 func (s *Server) countDecisions(req *rules.CheckRequest, resp *rules.CheckResponse) {

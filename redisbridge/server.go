@@ -42,6 +42,7 @@ type Server struct {
 
 	mu  sync.Mutex
 	srv *http.Server
+	h1  *http1 // cleartext only: the fast check path in front of srv
 }
 
 // New builds a bridge from validated settings. It does not listen yet.
@@ -140,13 +141,26 @@ func (s *Server) Serve(ln net.Listener) error {
 		return errors.New("redisbridge: Serve called twice")
 	}
 	s.srv = srv
-	s.mu.Unlock()
-	var err error
 	if s.set.TLSCert != "" {
-		err = srv.ServeTLS(ln, s.set.TLSCert, s.set.TLSKey)
-	} else {
-		err = srv.Serve(ln)
+		s.mu.Unlock()
+		return serverClosed(srv.ServeTLS(ln, s.set.TLSCert, s.set.TLSKey))
 	}
+	h := &http1{s: s, ln: ln, handoff: newChanListener(ln.Addr()), conns: map[*fastConn]struct{}{}}
+	s.h1 = h
+	s.mu.Unlock()
+	httpDone := make(chan error, 1)
+	go func() {
+		err := srv.Serve(h.handoff)
+		h.handoff.Close() // connections handed over from now on are closed
+		httpDone <- err
+	}()
+	if err := h.serve(); err != nil {
+		return err
+	}
+	return serverClosed(<-httpDone)
+}
+
+func serverClosed(err error) error {
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -167,12 +181,19 @@ func (s *Server) ListenAndServe() error {
 // Shutdown stops accepting requests and waits for those in flight.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	srv := s.srv
+	srv, h := s.srv, s.h1
 	s.mu.Unlock()
 	if srv == nil {
 		return nil
 	}
-	return srv.Shutdown(ctx)
+	var err error
+	if h != nil {
+		err = h.shutdown(ctx)
+	}
+	if e := srv.Shutdown(ctx); err == nil {
+		err = e
+	}
+	return err
 }
 
 // Close releases the store and the audit log. Call after Shutdown.
