@@ -55,7 +55,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	defer bufPool.Put(bp)
 	body, ok := readBody(w, r, (*bp)[:0])
 	if !ok {
-		s.m.checks.WithLabelValues("invalid").Inc()
+		s.m.checkInvalid.Inc()
 		return
 	}
 	*bp = body
@@ -65,7 +65,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 			s.handleSeedCheck(w, r, body)
 			return
 		}
-		s.m.checks.WithLabelValues("invalid").Inc()
+		s.m.checkInvalid.Inc()
 		writeError(w, r, http.StatusBadRequest, codeInvalidInput, err.Error(), nil)
 		return
 	}
@@ -94,9 +94,9 @@ func (s *Server) decide(ctx context.Context, req *rules.CheckRequest, resp *rule
 	*resp = rules.CheckResponse{Decisions: resp.Decisions[:0]}
 	t0 := time.Now()
 	err := s.store.Check(ctx, req, resp)
-	s.m.storeDur.WithLabelValues("check").Observe(time.Since(t0).Seconds())
+	s.m.storeCheck.Observe(time.Since(t0).Seconds())
 	if err != nil {
-		s.m.checks.WithLabelValues("error").Inc()
+		s.m.checkError.Inc()
 		s.storeFailed("check", err)
 		return err
 	}
@@ -114,7 +114,7 @@ func (s *Server) checkError(err error) (int, string, string) {
 }
 
 func (s *Server) checkFailed(w http.ResponseWriter, r *http.Request, err error) {
-	s.m.checks.WithLabelValues("error").Inc()
+	s.m.checkError.Inc()
 	s.storeFailed("check", err)
 	status, code, msg := s.checkError(err)
 	writeError(w, r, status, code, msg, nil)
@@ -122,9 +122,9 @@ func (s *Server) checkFailed(w http.ResponseWriter, r *http.Request, err error) 
 
 func (s *Server) countDecisions(req *rules.CheckRequest, resp *rules.CheckResponse) {
 	if resp.Allowed {
-		s.m.checks.WithLabelValues("allowed").Inc()
+		s.m.checkAllowed.Inc()
 	} else {
-		s.m.checks.WithLabelValues("denied").Inc()
+		s.m.checkDenied.Inc()
 	}
 	for i := range resp.Decisions {
 		res := "allowed"
@@ -134,7 +134,7 @@ func (s *Server) countDecisions(req *rules.CheckRequest, resp *rules.CheckRespon
 				res = "shadow_denied"
 			}
 		}
-		s.m.decisions.WithLabelValues(res, req.Limits[i].Spec.Algorithm.String(), s.m.ruleLabel(req.Limits[i].Rule)).Inc()
+		s.m.decision(res, req.Limits[i].Spec.Algorithm, req.Limits[i].Rule).Inc()
 	}
 }
 
@@ -266,7 +266,7 @@ func (s *Server) seedDecide(ctx context.Context, req *rules.CheckRequest) (seedR
 	var resp rules.CheckResponse
 	t0 := time.Now()
 	err := s.store.Check(ctx, req, &resp)
-	s.m.storeDur.WithLabelValues("check").Observe(time.Since(t0).Seconds())
+	s.m.storeCheck.Observe(time.Since(t0).Seconds())
 	if err != nil {
 		return seedResult{}, err
 	}
@@ -282,13 +282,13 @@ func (s *Server) seedDecide(ctx context.Context, req *rules.CheckRequest) (seedR
 func (s *Server) handleSeedCheck(w http.ResponseWriter, r *http.Request, body []byte) {
 	var c seedCheck
 	if err := json.Unmarshal(body, &c); err != nil {
-		s.m.checks.WithLabelValues("invalid").Inc()
+		s.m.checkInvalid.Inc()
 		writeError(w, r, http.StatusBadRequest, codeInvalidInput, "body: "+err.Error(), nil)
 		return
 	}
 	req, fe := s.seedRequest("", &c)
 	if fe != nil {
-		s.m.checks.WithLabelValues("invalid").Inc()
+		s.m.checkInvalid.Inc()
 		fe.write(w, r)
 		return
 	}

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/sluicehq/sluice/rules"
 )
 
 type metrics struct {
@@ -16,15 +18,27 @@ type metrics struct {
 	storeErrors *prometheus.CounterVec   // by op
 	adminOps    *prometheus.CounterVec   // by action, result
 
-	mu    sync.Mutex
-	rules map[string]struct{} // rule label values seen, bounded
+	// Children of the vectors the check path uses, looked up once: a
+	// WithLabelValues per check costs label hashing and a lock.
+	checkAllowed, checkDenied, checkError, checkInvalid prometheus.Counter
+	storeCheck                                          prometheus.Observer
+
+	mu    sync.RWMutex
+	rules map[string]struct{}                // rule label values seen, bounded
+	dec   map[decisionKey]prometheus.Counter // decisions children by key, same bound
+}
+
+type decisionKey struct {
+	result string
+	alg    rules.Algorithm
+	rule   string
 }
 
 // maxRuleLabels bounds the rule label: rule names come from callers.
 const maxRuleLabels = 500
 
 func newMetrics() *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), rules: map[string]struct{}{}}
+	m := &metrics{reg: prometheus.NewRegistry(), rules: map[string]struct{}{}, dec: map[decisionKey]prometheus.Counter{}}
 	m.checks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_bridge_checks_total", Help: "Check requests by result (allowed, denied, error, invalid).",
 	}, []string{"result"})
@@ -47,7 +61,31 @@ func newMetrics() *metrics {
 	}, []string{"action", "result"})
 	m.reg.MustRegister(m.checks, m.decisions, m.checkDur, m.storeDur, m.storeErrors, m.adminOps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.checkAllowed = m.checks.WithLabelValues("allowed")
+	m.checkDenied = m.checks.WithLabelValues("denied")
+	m.checkError = m.checks.WithLabelValues("error")
+	m.checkInvalid = m.checks.WithLabelValues("invalid")
+	m.storeCheck = m.storeDur.WithLabelValues("check")
 	return m
+}
+
+// decision returns the decisions counter for (result, alg, rule).
+func (m *metrics) decision(result string, alg rules.Algorithm, rule string) prometheus.Counter {
+	k := decisionKey{result, alg, rule}
+	m.mu.RLock()
+	c, ok := m.dec[k]
+	m.mu.RUnlock()
+	if ok {
+		return c
+	}
+	label := m.ruleLabel(rule)
+	c = m.decisions.WithLabelValues(result, alg.String(), label)
+	if label == rule {
+		m.mu.Lock()
+		m.dec[k] = c
+		m.mu.Unlock()
+	}
+	return c
 }
 
 // ruleLabel returns name, or "_other" once too many distinct names were seen.

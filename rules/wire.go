@@ -155,6 +155,11 @@ var ErrInvalidCheck = errors.New("invalid check request")
 
 // DecodeCheckRequest parses and validates a check request from an untrusted
 // caller. Errors name the field (limits[1].window_ms) and wrap ErrInvalidCheck.
+//
+// It walks each object once (ForEach) instead of looking every field up
+// (Get scans the object per call); the first occurrence of a duplicated
+// field wins, as with Get, and fields are validated in a fixed order so the
+// first error reported does not depend on the field order in the body.
 func DecodeCheckRequest(body []byte) (CheckRequest, error) {
 	var req CheckRequest
 	if !gjson.ValidBytes(body) {
@@ -164,81 +169,146 @@ func DecodeCheckRequest(body []byte) (CheckRequest, error) {
 	if !root.IsObject() {
 		return req, fmt.Errorf("%w: body must be a JSON object", ErrInvalidCheck)
 	}
-	if id := root.Get("request_id"); id.Exists() {
+	var id, user, endpoint, lims gjson.Result
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "request_id":
+			firstField(&id, v)
+		case "user":
+			firstField(&user, v)
+		case "endpoint":
+			firstField(&endpoint, v)
+		case "limits":
+			firstField(&lims, v)
+		}
+		return true
+	})
+	if id.Exists() {
 		if id.Type != gjson.String || len(id.Str) > 128 {
 			return req, fmt.Errorf("%w: request_id: must be a string of at most 128 bytes", ErrInvalidCheck)
 		}
 		req.RequestID = id.Str
 	}
-	for _, f := range [...]struct {
-		name string
-		dst  *string
-	}{{"user", &req.User}, {"endpoint", &req.Endpoint}} {
-		v := root.Get(f.name)
-		if !v.Exists() {
-			continue
+	if user.Exists() {
+		if user.Type != gjson.String || len(user.Str) > MaxKeyLen {
+			return req, fmt.Errorf("%w: %s: must be a string of at most %d bytes", ErrInvalidCheck, "user", MaxKeyLen)
 		}
-		if v.Type != gjson.String || len(v.Str) > MaxKeyLen {
-			return req, fmt.Errorf("%w: %s: must be a string of at most %d bytes", ErrInvalidCheck, f.name, MaxKeyLen)
-		}
-		*f.dst = v.Str
+		req.User = user.Str
 	}
-	lims := root.Get("limits")
+	if endpoint.Exists() {
+		if endpoint.Type != gjson.String || len(endpoint.Str) > MaxKeyLen {
+			return req, fmt.Errorf("%w: %s: must be a string of at most %d bytes", ErrInvalidCheck, "endpoint", MaxKeyLen)
+		}
+		req.Endpoint = endpoint.Str
+	}
 	if !lims.IsArray() {
 		return req, fmt.Errorf("%w: limits: must be an array", ErrInvalidCheck)
 	}
-	arr := lims.Array()
-	if len(arr) == 0 || len(arr) > MaxLimitsPerCheck {
+	// One pass decodes and counts; a wrong count wins over a bad element,
+	// and the first bad element over later ones.
+	var (
+		n      int
+		bad    error
+		badIdx int
+	)
+	req.Limits = make([]LimitRequest, 0, 4) // most checks have 1 to 4 limits
+	lims.ForEach(func(_, v gjson.Result) bool {
+		n++
+		if bad != nil || n > MaxLimitsPerCheck {
+			return true
+		}
+		req.Limits = append(req.Limits, LimitRequest{})
+		if err := decodeLimit(v, &req.Limits[n-1]); err != nil {
+			bad, badIdx = err, n-1
+		}
+		return true
+	})
+	if n == 0 || n > MaxLimitsPerCheck {
+		req.Limits = nil
 		return req, fmt.Errorf("%w: limits: must hold 1 to %d limits", ErrInvalidCheck, MaxLimitsPerCheck)
 	}
-	req.Limits = make([]LimitRequest, len(arr))
-	for i, v := range arr {
-		if err := decodeLimit(v, &req.Limits[i]); err != nil {
-			return req, fmt.Errorf("%w: limits[%d].%v", ErrInvalidCheck, i, err)
-		}
+	if bad != nil {
+		req.Limits = nil
+		return req, fmt.Errorf("%w: limits[%d].%v", ErrInvalidCheck, badIdx, bad)
 	}
 	return req, nil
+}
+
+// firstField keeps the first occurrence of a field, as gjson's Get does.
+func firstField(dst *gjson.Result, v gjson.Result) {
+	if !dst.Exists() {
+		*dst = v
+	}
+}
+
+// wireLimitFields are the fields of one limit object.
+type wireLimitFields struct {
+	key, rule, algorithm, limit, window, burst, cost, shadow, perUser, penalty gjson.Result
 }
 
 func decodeLimit(v gjson.Result, l *LimitRequest) error {
 	if !v.IsObject() {
 		return errors.New("(limit): must be an object")
 	}
-	key := v.Get("key")
-	if key.Type != gjson.String || len(key.Str) == 0 || len(key.Str) > MaxKeyLen {
+	var f wireLimitFields
+	v.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "key":
+			firstField(&f.key, v)
+		case "rule":
+			firstField(&f.rule, v)
+		case "algorithm":
+			firstField(&f.algorithm, v)
+		case "limit":
+			firstField(&f.limit, v)
+		case "window_ms":
+			firstField(&f.window, v)
+		case "burst":
+			firstField(&f.burst, v)
+		case "cost":
+			firstField(&f.cost, v)
+		case "shadow":
+			firstField(&f.shadow, v)
+		case "per_user":
+			firstField(&f.perUser, v)
+		case "penalty":
+			firstField(&f.penalty, v)
+		}
+		return true
+	})
+	if f.key.Type != gjson.String || len(f.key.Str) == 0 || len(f.key.Str) > MaxKeyLen {
 		return fmt.Errorf("key: must be a string of 1 to %d bytes", MaxKeyLen)
 	}
-	l.Key = key.Str
-	rule := v.Get("rule")
-	if rule.Exists() && (rule.Type != gjson.String || len(rule.Str) > MaxRuleNameLen+8) {
+	l.Key = f.key.Str
+	if f.rule.Exists() && (f.rule.Type != gjson.String || len(f.rule.Str) > MaxRuleNameLen+8) {
 		return fmt.Errorf("rule: must be a string of at most %d bytes", MaxRuleNameLen+8)
 	}
-	l.Rule = rule.Str
-	alg, ok := ParseAlgorithm(v.Get("algorithm").Str)
+	l.Rule = f.rule.Str
+	alg, ok := ParseAlgorithm(f.algorithm.Str)
 	if !ok {
 		return errors.New("algorithm: must be one of token_bucket, sliding_window, sliding_log, fixed_window")
 	}
 	l.Spec.Algorithm = alg
 	var err error
-	if l.Spec.Limit, err = wireInt(v, "limit", 1, MaxLimitValue, 0); err != nil {
+	if l.Spec.Limit, err = wireIntField(f.limit, "limit", 1, MaxLimitValue, 0); err != nil {
 		return err
 	}
-	if l.Spec.WindowMS, err = wireInt(v, "window_ms", 1, MaxWindowMS, 0); err != nil {
+	if l.Spec.WindowMS, err = wireIntField(f.window, "window_ms", 1, MaxWindowMS, 0); err != nil {
 		return err
 	}
-	if l.Spec.Burst, err = wireInt(v, "burst", 1, MaxLimitValue, l.Spec.Limit); err != nil {
+	if l.Spec.Burst, err = wireIntField(f.burst, "burst", 1, MaxLimitValue, l.Spec.Limit); err != nil {
 		return err
 	}
-	if l.Spec.Cost, err = wireInt(v, "cost", 1, MaxLimitValue, 1); err != nil {
+	if l.Spec.Cost, err = wireIntField(f.cost, "cost", 1, MaxLimitValue, 1); err != nil {
 		return err
 	}
-	if l.Shadow, err = wireBool(v, "shadow"); err != nil {
+	if l.Shadow, err = wireBoolField(f.shadow, "shadow"); err != nil {
 		return err
 	}
-	if l.PerUser, err = wireBool(v, "per_user"); err != nil {
+	if l.PerUser, err = wireBoolField(f.perUser, "per_user"); err != nil {
 		return err
 	}
-	if p := v.Get("penalty"); p.Exists() {
+	if p := f.penalty; p.Exists() {
 		if !p.IsObject() {
 			return errors.New("penalty: must be an object")
 		}
@@ -270,8 +340,7 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 	return nil
 }
 
-func wireBool(v gjson.Result, name string) (bool, error) {
-	f := v.Get(name)
+func wireBoolField(f gjson.Result, name string) (bool, error) {
 	if !f.Exists() {
 		return false, nil
 	}
@@ -283,7 +352,10 @@ func wireBool(v gjson.Result, name string) (bool, error) {
 
 // wireInt reads an integer field; def applies when absent and def > 0.
 func wireInt(v gjson.Result, name string, lo, hi, def int64) (int64, error) {
-	f := v.Get(name)
+	return wireIntField(v.Get(name), name, lo, hi, def)
+}
+
+func wireIntField(f gjson.Result, name string, lo, hi, def int64) (int64, error) {
 	if !f.Exists() && def > 0 {
 		return def, nil
 	}
