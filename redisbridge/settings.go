@@ -19,7 +19,7 @@ type Settings struct {
 	Store           string        // "memory" (default) or "redis"
 	RedisURL        string        // redis://, rediss://, redis+sentinel://, redis+cluster://
 	RedisPoolSize   int           // connections per Redis node (0: go-redis default)
-	RedisTimeout    time.Duration // dial/read/write timeout and bound on a check, default 500ms
+	RedisTimeout    time.Duration // dial/read/write timeout and bound on a check, default 150ms
 	RedisPipelines  int           // pipelines in flight at once, default 4
 	AdminKey        string        // required by config and reset endpoints; "" disables them
 	CheckToken      string        // when set, check endpoints require "Authorization: Bearer <token>"
@@ -44,7 +44,11 @@ type Settings struct {
 // DefaultSettings returns the settings a bridge starts with.
 func DefaultSettings() Settings {
 	return Settings{
-		Listen: ":8081", Store: "memory", RedisTimeout: 500 * time.Millisecond, RedisPipelines: 4,
+		// 150ms: below the plugin's default call-out timeout (200ms), so the
+		// bridge answers 503 before the plugin gives up on it; otherwise the
+		// plugin applies its failure mode while the bridge may still count
+		// the request in Redis.
+		Listen: ":8081", Store: "memory", RedisTimeout: 150 * time.Millisecond, RedisPipelines: 4,
 		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultStrategy: "sliding_window",
 		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second,
 	}
