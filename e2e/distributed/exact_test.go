@@ -13,6 +13,9 @@ const (
 	clients     = 64
 	bridgeCount = 3
 	exactLimit  = 200
+	// exactRedisTimeout is long: these tests count decisions, a loaded
+	// machine must not turn them into failures.
+	exactRedisTimeout = 2 * time.Second
 )
 
 // exactConfig has one rule per algorithm, each on its own path. Windows
@@ -41,13 +44,13 @@ func exactConfig(localCache bool) string {
 // clients, 3 bridge replicas, 2 hosts of 2 plugin VMs, one key.
 func TestExactness_SingleRedis(t *testing.T) {
 	rs := redistest.Start(t)
-	d := deploy(t, rs.URL, bridgeCount, exactConfig(true), exactConfig(false))
+	d := deploy(t, rs.URL, bridgeCount, exactRedisTimeout, exactConfig(true), exactConfig(false))
 	exactness(t, d, single(rs), "single")
 }
 
 func TestExactness_Cluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 1)
-	d := deploy(t, c.URL, bridgeCount, exactConfig(true), exactConfig(false))
+	d := deploy(t, c.URL, bridgeCount, exactRedisTimeout, exactConfig(true), exactConfig(false))
 	exactness(t, d, onCluster(t, c), "cluster")
 	slotA, _ := c.Slot("rl:{u:x}:two-user")
 	slotB, _ := c.Slot("rl:{g}:two-global")

@@ -56,16 +56,12 @@ func builtPlugin(t *testing.T) []byte {
 	return pluginWasm
 }
 
-// redisTimeout is the bridge's bound on a Redis call: below the plugin's
-// call-out timeout in the fault tests, so that a slow Redis is answered by
-// the bridge (503) before the plugin gives up.
-const redisTimeout = 150 * time.Millisecond
-
 // bridgeProc is one bridge replica on a fixed loopback address.
 type bridgeProc struct {
 	t        *testing.T
 	addr     string
 	redisURL string
+	timeout  time.Duration // Settings.RedisTimeout
 	mu       sync.Mutex
 	srv      *redisbridge.Server
 }
@@ -80,9 +76,9 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func startBridge(t *testing.T, redisURL string) *bridgeProc {
+func startBridge(t *testing.T, redisURL string, redisTimeout time.Duration) *bridgeProc {
 	t.Helper()
-	b := &bridgeProc{t: t, addr: freeAddr(t), redisURL: redisURL}
+	b := &bridgeProc{t: t, addr: freeAddr(t), redisURL: redisURL, timeout: redisTimeout}
 	b.start()
 	t.Cleanup(b.stop)
 	return b
@@ -92,7 +88,7 @@ func (b *bridgeProc) start() {
 	b.t.Helper()
 	set := redisbridge.DefaultSettings()
 	set.Listen, set.Store, set.RedisURL = b.addr, "redis", b.redisURL
-	set.RedisTimeout = redisTimeout
+	set.RedisTimeout = b.timeout
 	set.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	set.AuditLog = filepath.Join(b.t.TempDir(), "audit.log")
 	srv, err := redisbridge.New(set)
@@ -259,12 +255,14 @@ type deployment struct {
 	client   *http.Client
 }
 
-func deploy(t *testing.T, redisURL string, bridges int, configs ...string) *deployment {
+// deploy starts the bridges with the given Redis timeout and one host per
+// plugin configuration.
+func deploy(t *testing.T, redisURL string, bridges int, redisTimeout time.Duration, configs ...string) *deployment {
 	t.Helper()
 	d := &deployment{t: t}
 	var addrs []string
 	for i := 0; i < bridges; i++ {
-		b := startBridge(t, redisURL)
+		b := startBridge(t, redisURL, redisTimeout)
 		p := startProxy(t, b.addr)
 		d.bridges, d.proxies = append(d.bridges, b), append(d.proxies, p)
 		addrs = append(addrs, p.addr)
