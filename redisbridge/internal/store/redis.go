@@ -216,8 +216,10 @@ func splitMultiHostURL(rest string) (multiHostURL, error) {
 
 // call is one script call waiting for a pipeline.
 type call struct {
-	cmd  *redis.Cmd
-	done chan struct{}
+	cmd      *redis.Cmd
+	deadline time.Time // the pipeline drops the call once it is past
+	expired  bool      // set by the pipeline: dropped, never sent
+	done     chan struct{}
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
@@ -233,15 +235,27 @@ func (s *Redis) pipeline(maxBatch int) {
 		case <-s.stop:
 			return
 		case first := <-s.in:
-			batch = append(batch[:0], first)
-		fill:
-			for len(batch) < maxBatch {
-				select {
-				case c := <-s.in:
+			// Calls that waited past their deadline (every pipeline was
+			// busy with a slow Redis) fail at once rather than run late.
+			now := time.Now()
+			batch = batch[:0]
+			for c := first; c != nil; {
+				if c.deadline.After(now) {
 					batch = append(batch, c)
-				default:
-					break fill
+				} else {
+					c.expired = true
+					c.done <- struct{}{}
 				}
+				c = nil
+				if len(batch) < maxBatch {
+					select {
+					case c = <-s.in:
+					default:
+					}
+				}
+			}
+			if len(batch) == 0 {
+				continue
 			}
 			s.exec(batch)
 			for i, c := range batch {
@@ -253,7 +267,15 @@ func (s *Redis) pipeline(maxBatch int) {
 }
 
 func (s *Redis) exec(batch []*call) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	// The batch may take as long as its most patient call may wait; calls
+	// queue in arrival order, so that is usually the first one.
+	deadline := batch[0].deadline
+	for _, c := range batch[1:] {
+		if c.deadline.Before(deadline) {
+			deadline = c.deadline
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	p := s.c.Pipeline()
 	for _, c := range batch {
@@ -305,10 +327,16 @@ func (s *Redis) reloadOnNodeError(ctx context.Context, batch []*call) {
 	}
 }
 
-// run queues cmd for a pipeline and waits for its answer.
+// run queues cmd for a pipeline and waits for its answer, at most the
+// store's timeout or until ctx's deadline. The pipeline enforces the
+// deadline (one timer per batch, not one per check).
 func (s *Redis) run(ctx context.Context, cmd *redis.Cmd) (*redis.Cmd, error) {
 	c := callPool.Get().(*call)
-	c.cmd = cmd
+	c.cmd, c.expired = cmd, false
+	c.deadline = time.Now().Add(s.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(c.deadline) {
+		c.deadline = d
+	}
 	select {
 	case s.in <- c:
 	case <-ctx.Done():
@@ -319,13 +347,18 @@ func (s *Redis) run(ctx context.Context, cmd *redis.Cmd) (*redis.Cmd, error) {
 	}
 	select {
 	case <-c.done:
-		cmd = c.cmd
+		cmd, expired := c.cmd, c.expired
 		c.cmd = nil
 		callPool.Put(c)
+		if expired {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, context.DeadlineExceeded)
+		}
 		return cmd, nil
 	case <-ctx.Done():
 		// The pipeline still owns c; it is dropped, not pooled.
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+	case <-s.stop:
+		return nil, fmt.Errorf("%w: store closed", ErrUnavailable)
 	}
 }
 
@@ -342,13 +375,14 @@ func (s *Redis) Check(ctx context.Context, req *rules.CheckRequest, resp *rules.
 		return errors.New("check: no limits")
 	}
 	resp.Decisions = append(resp.Decisions[:0], make([]rules.Decision, len(req.Limits))...)
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 	if s.split {
 		if gs := groupBySlot(req.Limits); len(gs) > 1 {
+			ctx, cancel := context.WithTimeout(ctx, s.timeout) // bounds the refunds too
+			defer cancel()
 			return s.checkGroups(ctx, req, gs, resp)
 		}
 	}
+	// run bounds the wait by s.timeout.
 	cmd, err := s.run(ctx, checkCmd(ctx, "c", req.Limits, nil))
 	if err != nil {
 		return err
