@@ -18,6 +18,11 @@ func TestStartCluster_KillMaster(t *testing.T) {
 	if _, err := DoString(m.Addr, opTimeout, "SET", key, "1"); err != nil {
 		t.Fatalf("SET on the slot's master: %v", err)
 	}
+	// Replication is asynchronous: without WAIT the kill may come before
+	// the replica has the write, and the write is lost with the master.
+	if n, err := DoString(m.Addr, opTimeout, "WAIT", "1", "1000"); err != nil || n != "1" {
+		t.Fatalf("WAIT for the replica: %q %v", n, err)
+	}
 	start := time.Now()
 	if _, err := c.KillMasterOf(key); err != nil {
 		t.Fatal(err)
