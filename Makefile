@@ -30,7 +30,8 @@ demo-upstream:
 # Debian packages the tests and `make run` need; installed when missing (we are root in CI).
 deps:
 	@missing=""; \
-	command -v redis-server >/dev/null || missing="$$missing redis-server redis-tools"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || missing="$$missing redis-tools"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
