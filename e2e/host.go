@@ -244,6 +244,10 @@ func (h *Host) Histogram(name string) []uint64 { return h.metrics.samples(name) 
 // SharedData returns a copy of the value stored under key and its CAS token.
 func (h *Host) SharedData(key string) ([]byte, uint32, bool) { return h.shared.get(key) }
 
+// SharedDataLen returns how many keys the shared data holds: proxy-wasm
+// ABI 0.2.1 cannot delete them, so a plugin must bound the keys it writes.
+func (h *Host) SharedDataLen() int { return h.shared.len() }
+
 // Logs returns the newest plugin log entries, oldest first.
 func (h *Host) Logs() []LogEntry { return h.logs.snapshot() }
 

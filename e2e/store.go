@@ -40,6 +40,12 @@ func (s *sharedStore) getView(key string) ([]byte, uint32, bool) {
 	return e.value, e.cas, ok
 }
 
+func (s *sharedStore) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.data)
+}
+
 func (s *sharedStore) set(key string, value []byte, cas uint32) Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
