@@ -47,7 +47,9 @@ func memoryHarness(t *testing.T) *harness {
 
 func redisHarness(t *testing.T, split bool) *harness {
 	srv := redistest.Start(t)
-	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: time.Second, splitSlots: split})
+	// "redis" sends checks on the store's own connections (direct.go),
+	// "redis-split" through go-redis, as for Cluster: the suite covers both.
+	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: time.Second, splitSlots: split, viaGoRedis: split})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,7 +527,7 @@ func TestRedis_URLs(t *testing.T) {
 		{"http://x", "unknown scheme"},
 		{"redis+cluster://a:1,,b:2", "empty host"},
 	} {
-		c, _, err := newClient(RedisOptions{URL: tc.url})
+		c, _, _, err := newClient(RedisOptions{URL: tc.url})
 		if tc.wantErr == "" {
 			if err != nil {
 				t.Errorf("%s: %v", tc.url, err)

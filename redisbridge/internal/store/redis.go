@@ -50,6 +50,9 @@ type RedisOptions struct {
 	// splitSlots decides per hash tag even on a single node, so tests can
 	// exercise the Redis Cluster path with one redis-server.
 	splitSlots bool
+	// viaGoRedis sends checks to a single Redis through go-redis too, as
+	// for Cluster and Sentinel (tests and benchmarks of that path).
+	viaGoRedis bool
 }
 
 // Redis keeps counters in Redis (single, Sentinel or Cluster).
@@ -60,6 +63,7 @@ type Redis struct {
 	timeout   time.Duration
 	log       *slog.Logger
 	in        chan *call
+	direct    *redis.Options // single Redis: pipelines use connections of their own (direct.go)
 	overrides atomic.Pointer[overrideTable]
 	version   atomic.Int64
 	stop      chan struct{}
@@ -74,7 +78,7 @@ const overridesKey = "sluice:overrides"
 // NewRedis connects lazily: a Redis that is down at start makes checks fail
 // until it is up, it does not stop the bridge.
 func NewRedis(o RedisOptions) (*Redis, error) {
-	c, cluster, err := newClient(o)
+	c, cluster, single, err := newClient(o)
 	if err != nil {
 		return nil, err
 	}
@@ -97,6 +101,9 @@ func NewRedis(o RedisOptions) (*Redis, error) {
 		c: c, cluster: cluster, split: cluster || o.splitSlots, timeout: o.Timeout, log: o.Logger,
 		in: make(chan *call, 4096), stop: make(chan struct{}),
 	}
+	if single != nil && !o.viaGoRedis {
+		s.direct = single
+	}
 	s.overrides.Store(&overrideTable{})
 	s.version.Store(-1)
 	redisLogOnce.Do(func() { redis.SetLogger(goRedisLog{o.Logger}) })
@@ -109,11 +116,12 @@ func NewRedis(o RedisOptions) (*Redis, error) {
 	return s, nil
 }
 
-// newClient builds a go-redis client from our URL forms.
-func newClient(o RedisOptions) (redis.UniversalClient, bool, error) {
+// newClient builds a go-redis client from our URL forms. For a single Redis
+// it also returns the client's options.
+func newClient(o RedisOptions) (redis.UniversalClient, bool, *redis.Options, error) {
 	scheme, rest, ok := strings.Cut(o.URL, "://")
 	if !ok {
-		return nil, false, fmt.Errorf("redis url: missing scheme (redis://, rediss://, redis+sentinel://, redis+cluster://)")
+		return nil, false, nil, fmt.Errorf("redis url: missing scheme (redis://, rediss://, redis+sentinel://, redis+cluster://)")
 	}
 	setup := func(dial, rw *time.Duration, pool *int, retries *int) {
 		if o.Timeout > 0 {
@@ -129,18 +137,18 @@ func newClient(o RedisOptions) (redis.UniversalClient, bool, error) {
 	case "redis", "rediss", "unix":
 		opt, err := redis.ParseURL(o.URL)
 		if err != nil {
-			return nil, false, fmt.Errorf("redis url: %w", err)
+			return nil, false, nil, fmt.Errorf("redis url: %w", err)
 		}
 		setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
 		opt.WriteTimeout = opt.ReadTimeout
-		return redis.NewClient(opt), false, nil
+		return redis.NewClient(opt), false, opt, nil
 	case "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster":
 	default:
-		return nil, false, fmt.Errorf("redis url: unknown scheme %q", scheme)
+		return nil, false, nil, fmt.Errorf("redis url: unknown scheme %q", scheme)
 	}
 	u, err := splitMultiHostURL(rest)
 	if err != nil {
-		return nil, false, fmt.Errorf("redis url: %w", err)
+		return nil, false, nil, fmt.Errorf("redis url: %w", err)
 	}
 	var tlsConf *tls.Config
 	if strings.HasPrefix(scheme, "rediss") {
@@ -149,15 +157,15 @@ func newClient(o RedisOptions) (redis.UniversalClient, bool, error) {
 	}
 	if strings.HasSuffix(scheme, "+cluster") {
 		if u.path != "" {
-			return nil, false, errors.New("redis url: a cluster URL has no path (Redis Cluster has only db 0)")
+			return nil, false, nil, errors.New("redis url: a cluster URL has no path (Redis Cluster has only db 0)")
 		}
 		opt := &redis.ClusterOptions{Addrs: u.hosts, Username: u.user, Password: u.pass, TLSConfig: tlsConf}
 		setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
 		opt.WriteTimeout = opt.ReadTimeout
-		return redis.NewClusterClient(opt), true, nil
+		return redis.NewClusterClient(opt), true, nil, nil
 	}
 	if u.path == "" {
-		return nil, false, errors.New("redis url: a sentinel URL needs the master name as its path: redis+sentinel://host:26379/mymaster")
+		return nil, false, nil, errors.New("redis url: a sentinel URL needs the master name as its path: redis+sentinel://host:26379/mymaster")
 	}
 	opt := &redis.FailoverOptions{
 		MasterName: u.path, SentinelAddrs: u.hosts, Username: u.user, Password: u.pass, TLSConfig: tlsConf,
@@ -165,12 +173,12 @@ func newClient(o RedisOptions) (redis.UniversalClient, bool, error) {
 	}
 	if db := u.query.Get("db"); db != "" {
 		if opt.DB, err = strconv.Atoi(db); err != nil || opt.DB < 0 {
-			return nil, false, fmt.Errorf("redis url: db: %q is not a database number", db)
+			return nil, false, nil, fmt.Errorf("redis url: db: %q is not a database number", db)
 		}
 	}
 	setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
 	opt.WriteTimeout = opt.ReadTimeout
-	return redis.NewFailoverClient(opt), false, nil
+	return redis.NewFailoverClient(opt), false, nil, nil
 }
 
 type multiHostURL struct {
@@ -214,12 +222,33 @@ func splitMultiHostURL(rest string) (multiHostURL, error) {
 	return u, nil
 }
 
-// call is one script call waiting for a pipeline.
+// call is one check.lua call waiting for a pipeline: the limits idx of ls
+// (all when idx is nil) in mode "c" or "p".
 type call struct {
-	cmd      *redis.Cmd
+	mode     string
+	ls       []rules.LimitRequest
+	idx      []int
 	deadline time.Time // the pipeline drops the call once it is past
 	expired  bool      // set by the pipeline: dropped, never sent
+	vals     []int64   // the script's answer, or
+	err      error     // why there is none
 	done     chan struct{}
+}
+
+// limits is how many limits the call decides.
+func (c *call) limits() int {
+	if c.idx != nil {
+		return len(c.idx)
+	}
+	return len(c.ls)
+}
+
+// limit returns the j-th limit the call decides.
+func (c *call) limit(j int) *rules.LimitRequest {
+	if c.idx != nil {
+		return &c.ls[c.idx[j]]
+	}
+	return &c.ls[j]
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
@@ -229,6 +258,11 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 // of these running, a pipeline fills while the others wait for Redis.
 func (s *Redis) pipeline(maxBatch int) {
 	defer s.wg.Done()
+	var d *directConn
+	if s.direct != nil {
+		d = &directConn{opt: s.direct, timeout: s.timeout}
+		defer d.close()
+	}
 	batch := make([]*call, 0, maxBatch)
 	for {
 		select {
@@ -257,7 +291,11 @@ func (s *Redis) pipeline(maxBatch int) {
 			if len(batch) == 0 {
 				continue
 			}
-			s.exec(batch)
+			if d != nil {
+				d.exec(batch, batchDeadline(batch))
+			} else {
+				s.exec(batch)
+			}
 			for i, c := range batch {
 				c.done <- struct{}{}
 				batch[i] = nil
@@ -266,46 +304,60 @@ func (s *Redis) pipeline(maxBatch int) {
 	}
 }
 
-func (s *Redis) exec(batch []*call) {
-	// The batch may take as long as its most patient call may wait; calls
-	// queue in arrival order, so that is usually the first one.
+// batchDeadline is how long a batch may take: as long as its most patient
+// call may wait. Calls queue in arrival order, so usually the first one's.
+func batchDeadline(batch []*call) time.Time {
 	deadline := batch[0].deadline
 	for _, c := range batch[1:] {
 		if c.deadline.Before(deadline) {
 			deadline = c.deadline
 		}
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	return deadline
+}
+
+// exec sends a batch through go-redis (Cluster, Sentinel).
+func (s *Redis) exec(batch []*call) {
+	ctx, cancel := context.WithDeadline(context.Background(), batchDeadline(batch))
 	defer cancel()
+	cmds := make([]*redis.Cmd, len(batch))
 	p := s.c.Pipeline()
-	for _, c := range batch {
-		_ = p.Process(ctx, c.cmd)
+	for i, c := range batch {
+		cmds[i] = checkCmd(ctx, c.mode, c.ls, c.idx)
+		_ = p.Process(ctx, cmds[i])
 	}
 	_, _ = p.Exec(ctx) // errors are read per command
 	if s.cluster {
-		s.reloadOnNodeError(ctx, batch)
+		s.reloadOnNodeError(ctx, cmds)
 	}
 	// A Redis that restarted or flushed its scripts answers NOSCRIPT: load
 	// the script once and send those calls again.
-	var again []*call
-	for _, c := range batch {
-		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
-			again = append(again, c)
+	var again []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, i)
 		}
 	}
-	if len(again) == 0 {
-		return
+	if len(again) > 0 {
+		// EVAL caches the script on whichever node the call lands (cluster).
+		p = s.c.Pipeline()
+		for _, i := range again {
+			args := cmds[i].Args()
+			cmds[i] = redis.NewCmd(ctx, append([]any{"eval", checkLua}, args[2:]...)...)
+			_ = p.Process(ctx, cmds[i])
+		}
+		_, _ = p.Exec(ctx)
 	}
-	// EVAL caches the script on whichever node the call lands (cluster).
-	for _, c := range again {
-		args := c.cmd.Args()
-		c.cmd = redis.NewCmd(ctx, append([]any{"eval", checkLua}, args[2:]...)...)
+	for i, c := range batch {
+		c.vals, c.err = c.vals[:0], nil
+		if err := cmds[i].Err(); err != nil {
+			c.err = storeErr(err)
+		} else if v, err := cmds[i].Int64Slice(); err != nil {
+			c.err = fmt.Errorf("redis script: unexpected answer (%v)", err)
+		} else {
+			c.vals = append(c.vals, v...)
+		}
 	}
-	p = s.c.Pipeline()
-	for _, c := range again {
-		_ = p.Process(ctx, c.cmd)
-	}
-	_, _ = p.Exec(ctx)
 }
 
 // reloadOnNodeError asks the cluster client to reload the slot map when a
@@ -314,9 +366,9 @@ func (s *Redis) exec(batch []*call) {
 // dial errors, never MOVED, so without this the bridge kept sending a
 // failed-over slot to the dead node for up to a minute. Reloads are
 // coalesced by go-redis (at most one per 200 ms).
-func (s *Redis) reloadOnNodeError(ctx context.Context, batch []*call) {
-	for _, c := range batch {
-		err := c.cmd.Err()
+func (s *Redis) reloadOnNodeError(ctx context.Context, cmds []*redis.Cmd) {
+	for _, cmd := range cmds {
+		err := cmd.Err()
 		var rerr redis.Error
 		if err != nil && err != redis.Nil && !errors.As(err, &rerr) {
 			if cc, ok := s.c.(*redis.ClusterClient); ok {
@@ -327,12 +379,13 @@ func (s *Redis) reloadOnNodeError(ctx context.Context, batch []*call) {
 	}
 }
 
-// run queues cmd for a pipeline and waits for its answer, at most the
-// store's timeout or until ctx's deadline. The pipeline enforces the
-// deadline (one timer per batch, not one per check).
-func (s *Redis) run(ctx context.Context, cmd *redis.Cmd) (*redis.Cmd, error) {
+// run has a pipeline call check.lua for the limits idx of ls (all when
+// nil) and waits for the answer, at most the store's timeout or until ctx's
+// deadline; the pipeline enforces the deadline (one timer per batch, not
+// one per check). The caller reads c.vals and c.err, then releases c.
+func (s *Redis) run(ctx context.Context, mode string, ls []rules.LimitRequest, idx []int) (*call, error) {
 	c := callPool.Get().(*call)
-	c.cmd, c.expired = cmd, false
+	c.mode, c.ls, c.idx, c.expired, c.err = mode, ls, idx, false, nil
 	c.deadline = time.Now().Add(s.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(c.deadline) {
 		c.deadline = d
@@ -340,26 +393,29 @@ func (s *Redis) run(ctx context.Context, cmd *redis.Cmd) (*redis.Cmd, error) {
 	select {
 	case s.in <- c:
 	case <-ctx.Done():
-		callPool.Put(c)
+		release(c)
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
 	case <-s.stop:
 		return nil, fmt.Errorf("%w: store closed", ErrUnavailable)
 	}
 	select {
 	case <-c.done:
-		cmd, expired := c.cmd, c.expired
-		c.cmd = nil
-		callPool.Put(c)
-		if expired {
+		if c.expired {
+			release(c)
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, context.DeadlineExceeded)
 		}
-		return cmd, nil
+		return c, nil
 	case <-ctx.Done():
 		// The pipeline still owns c; it is dropped, not pooled.
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
 	case <-s.stop:
 		return nil, fmt.Errorf("%w: store closed", ErrUnavailable)
 	}
+}
+
+func release(c *call) {
+	c.ls, c.idx, c.err = nil, nil, nil
+	callPool.Put(c)
 }
 
 // group is the limits of a check that live in one slot.
@@ -382,12 +438,13 @@ func (s *Redis) Check(ctx context.Context, req *rules.CheckRequest, resp *rules.
 			return s.checkGroups(ctx, req, gs, resp)
 		}
 	}
-	// run bounds the wait by s.timeout.
-	cmd, err := s.run(ctx, checkCmd(ctx, "c", req.Limits, nil))
+	c, err := s.run(ctx, "c", req.Limits, nil)
 	if err != nil {
 		return err
 	}
-	return readCheck(cmd, nil, resp)
+	_, err = readGroup(c, nil, resp)
+	release(c)
+	return err
 }
 
 // checkCmd builds the EVALSHA of check.lua for the limits idx of ls (all when nil).
@@ -444,24 +501,19 @@ func storeErr(err error) error {
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
-// readCheck copies a check.lua answer into resp.Decisions (at idx when not
+// readGroup copies a check.lua answer into resp.Decisions (at idx when not
 // nil) and returns the script's allowed flag.
-func readCheck(cmd *redis.Cmd, idx []int, resp *rules.CheckResponse) error {
-	_, err := readGroup(cmd, idx, resp)
-	return err
-}
-
-func readGroup(cmd *redis.Cmd, idx []int, resp *rules.CheckResponse) (bool, error) {
-	if err := cmd.Err(); err != nil {
-		return false, storeErr(err)
+func readGroup(c *call, idx []int, resp *rules.CheckResponse) (bool, error) {
+	if c.err != nil {
+		return false, c.err
 	}
-	v, err := cmd.Int64Slice()
+	v := c.vals
 	n := len(resp.Decisions)
 	if idx != nil {
 		n = len(idx)
 	}
-	if err != nil || len(v) != 2+5*n {
-		return false, fmt.Errorf("redis script: unexpected answer (%d values, %v)", len(v), err)
+	if len(v) != 2+5*n {
+		return false, fmt.Errorf("redis script: unexpected answer (%d values)", len(v))
 	}
 	resp.NowMS = max(resp.NowMS, v[0])
 	for j := range n {
@@ -501,7 +553,7 @@ func groupBySlot(ls []rules.LimitRequest) []group {
 // denied, the slots that consumed are refunded.
 func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []group, resp *rules.CheckResponse) error {
 	type result struct {
-		cmd *redis.Cmd
+		c   *call
 		err error
 	}
 	res := make([]result, len(gs))
@@ -510,7 +562,7 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[g].cmd, res[g].err = s.run(ctx, checkCmd(ctx, "c", req.Limits, gs[g].idx))
+			res[g].c, res[g].err = s.run(ctx, "c", req.Limits, gs[g].idx)
 		}()
 	}
 	wg.Wait()
@@ -521,7 +573,8 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 		err := res[g].err
 		ok := false
 		if err == nil {
-			ok, err = readGroup(res[g].cmd, gs[g].idx, resp)
+			ok, err = readGroup(res[g].c, gs[g].idx, resp)
+			release(res[g].c)
 		}
 		if err != nil {
 			firstErr = cmp(firstErr, err)
@@ -599,9 +652,10 @@ func (s *Redis) Status(ctx context.Context, key string, spec rules.LimitSpec) (r
 	ls := []rules.LimitRequest{{Key: key, Spec: spec}}
 	var resp rules.CheckResponse
 	resp.Decisions = make([]rules.Decision, 1)
-	cmd, err := s.run(ctx, checkCmd(ctx, "p", ls, nil))
+	c, err := s.run(ctx, "p", ls, nil)
 	if err == nil {
-		err = readCheck(cmd, nil, &resp)
+		_, err = readGroup(c, nil, &resp)
+		release(c)
 	}
 	if err != nil {
 		return rules.Decision{}, 0, err

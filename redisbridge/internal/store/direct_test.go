@@ -1,0 +1,132 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/redisbridge/redistest"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// TestRedis_DirectAuthAndDB: the store's own connections authenticate and
+// select the database of the URL, as go-redis's do.
+func TestRedis_DirectAuthAndDB(t *testing.T) {
+	srv := redistest.Start(t)
+	// After the start: redistest's readiness probe does not authenticate.
+	if err := redis.NewClient(&redis.Options{Addr: srv.Addr}).ConfigSet(context.Background(), "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, url string }{
+		{"password", "redis://:s3cret@" + srv.Addr + "/3"},
+		{"default user", "redis://default:s3cret@" + srv.Addr + "/3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := NewRedis(RedisOptions{URL: tc.url, Timeout: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if s.direct == nil {
+				t.Fatal("single Redis not on direct connections")
+			}
+			key := "rl:{u:auth-" + tc.name + "}:x"
+			req := rules.CheckRequest{Limits: []rules.LimitRequest{lim(key, spec(rules.FixedWindow, 5, hour))}}
+			var resp rules.CheckResponse
+			if err := s.Check(context.Background(), &req, &resp); err != nil || !resp.Allowed || resp.Decisions[0].Remaining != 4 {
+				t.Fatalf("%+v %v", resp, err)
+			}
+			rc := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "s3cret", DB: 3})
+			defer rc.Close()
+			if n, err := rc.Exists(context.Background(), key+":fw").Result(); err != nil || n != 1 {
+				t.Fatalf("counter not in db 3: %d %v", n, err)
+			}
+		})
+	}
+	s, err := NewRedis(RedisOptions{URL: "redis://:wrong@" + srv.Addr + "/0", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:x}:x", spec(rules.FixedWindow, 5, hour))}}
+	var resp rules.CheckResponse
+	if err := s.Check(context.Background(), &req, &resp); err == nil {
+		t.Fatal("wrong password accepted")
+	}
+}
+
+// TestAppendCheck_SameAsCheckCmd: the RESP the direct path writes carries
+// exactly the arguments of checkCmd, which go-redis sends.
+func TestAppendCheck_SameAsCheckCmd(t *testing.T) {
+	pen := spec(rules.SlidingLog, 3, hour)
+	pen.Penalty = &rules.Penalty{Enabled: true, DetectionWindowMS: 60_000, ViolationThreshold: 2, Multipliers: []int64{2, 4}}
+	ls := []rules.LimitRequest{lim("rl:{u:a}:x", spec(rules.TokenBucket, 10, 1000)), lim("rl:{u:a}:y", pen), lim("rl:{g}:z", spec(rules.FixedWindow, 1, 1))}
+	ls[2].Shadow = true
+	for _, idx := range [][]int{nil, {1, 2}} {
+		c := &call{mode: "c", ls: ls, idx: idx}
+		got := appendCheck(nil, c, false)
+		want := []any{}
+		for _, a := range checkCmd(context.Background(), "c", ls, idx).Args() {
+			want = append(want, a)
+		}
+		var exp []byte
+		exp = append(exp, '*')
+		exp = strconv.AppendInt(exp, int64(len(want)), 10)
+		exp = append(exp, "\r\n"...)
+		for i, a := range want {
+			var s string
+			switch v := a.(type) {
+			case string:
+				s = v
+			case int:
+				s = strconv.Itoa(v)
+			case int64:
+				s = strconv.FormatInt(v, 10)
+			default:
+				t.Fatalf("arg %d: %T", i, a)
+			}
+			if i == 0 {
+				s = "EVALSHA"
+			}
+			exp = appendBulk(exp, s, "")
+		}
+		if !bytes.Equal(got, exp) {
+			t.Fatalf("idx %v:\n got %q\nwant %q", idx, got, exp)
+		}
+	}
+}
+
+// FuzzDirect_ReadInts: any bytes from the connection give an answer, an
+// error reply, or an error, never a panic; a well-formed array reads back.
+func FuzzDirect_ReadInts(f *testing.F) {
+	for _, s := range []string{"*3\r\n:1\r\n:-2\r\n:3\r\n", "-NOSCRIPT No matching script\r\n", "*1\r\n$1\r\nx\r\n", "*-1\r\n", ":5\r\n", "*2\r\n:1\r\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d := &directConn{r: bufio.NewReader(bytes.NewReader(b))}
+		c := &call{}
+		if err := d.readInts(c); err != nil {
+			return
+		}
+		if c.err == nil {
+			var w []byte
+			w = append(w, '*')
+			w = strconv.AppendInt(w, int64(len(c.vals)), 10)
+			w = append(w, "\r\n"...)
+			for _, v := range c.vals {
+				w = append(w, ':')
+				w = strconv.AppendInt(w, v, 10)
+				w = append(w, "\r\n"...)
+			}
+			c2 := &call{}
+			if err := (&directConn{r: bufio.NewReader(bytes.NewReader(w))}).readInts(c2); err != nil || c2.err != nil || len(c2.vals) != len(c.vals) {
+				t.Fatalf("%v read back as %v (%v %v)", c.vals, c2.vals, err, c2.err)
+			}
+		}
+	})
+}
