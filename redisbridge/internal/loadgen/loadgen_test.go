@@ -1,0 +1,72 @@
+package loadgen
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+func TestReadResponse(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		status   int
+		body     string
+		ok       bool
+	}{
+		{"ok", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX: y\r\n\r\nhi", 200, "hi", true},
+		{"lower case", "HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n", 429, "", true},
+		{"no length", "HTTP/1.1 200 OK\r\n\r\n", 0, "", false},
+		{"bad length", "HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", 0, "", false},
+		{"short body", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab", 0, "", false},
+		{"not http", "SSH-2.0\r\n\r\n", 0, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body, err := readResponse(bufio.NewReader(strings.NewReader(tc.in)), nil)
+			if (err == nil) != tc.ok {
+				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
+			}
+			if tc.ok && (status != tc.status || string(body) != tc.body) {
+				t.Fatalf("got %d %q, want %d %q", status, body, tc.status, tc.body)
+			}
+		})
+	}
+}
+
+func TestRun(t *testing.T) {
+	var served atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		served.Add(1)
+		w.Write(b) // echo
+	}))
+	defer srv.Close()
+	bodies := [][]byte{[]byte("a"), []byte("bb")}
+	var seen atomic.Int64
+	res, err := Run(context.Background(), Options{
+		Addr: strings.TrimPrefix(srv.URL, "http://"), Path: "/x", Bodies: bodies, Conns: 4, N: 100,
+		Check: func(status int, body []byte) error {
+			if status == 200 && (string(body) == "a" || string(body) == "bb") {
+				seen.Add(1)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.N != 100 || len(res.Latencies) != 100 || served.Load() != 100 || seen.Load() != 100 || res.Rate() <= 0 {
+		t.Fatalf("N %d, latencies %d, served %d, echoed %d", res.N, len(res.Latencies), served.Load(), seen.Load())
+	}
+	if res.Percentile(0.99) < res.Percentile(0.5) {
+		t.Fatal("latencies not sorted")
+	}
+	if _, err := Run(context.Background(), Options{Addr: strings.TrimPrefix(srv.URL, "http://"), Path: "/x", Bodies: bodies, Conns: 2, N: 10,
+		Check: func(status int, body []byte) error { return io.ErrUnexpectedEOF }}); err == nil {
+		t.Fatal("a failing Check did not stop the run")
+	}
+}
