@@ -24,6 +24,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetratelabs/wazero"
+
 	"github.com/sluicehq/sluice/e2e"
 	"github.com/sluicehq/sluice/redisbridge"
 )
@@ -60,6 +62,23 @@ func builtPlugin(t testing.TB) []byte {
 		t.Fatal(pluginErr)
 	}
 	return pluginWasm
+}
+
+var (
+	cacheOnce sync.Once
+	cache     wazero.CompilationCache
+)
+
+// compileCache keeps the plugin's machine code on disk: every fuzz worker
+// is a process of its own, and compiling the module takes seconds.
+func compileCache() wazero.CompilationCache {
+	cacheOnce.Do(func() {
+		var err error
+		if cache, err = wazero.NewCompilationCacheWithDir(filepath.Join(os.TempDir(), "sluice-hostile-wazero")); err != nil {
+			cache = nil // e2e.New uses its in-memory cache
+		}
+	})
+	return cache
 }
 
 const (
@@ -134,7 +153,7 @@ func newStackWith(t testing.TB, cfg string) *stack {
 	})
 	s := &stack{bridge: br}
 	s.host, err = e2e.New(context.Background(), builtPlugin(t), e2e.Options{
-		Workers: 2, PluginConfig: []byte(cfg), RootID: "sluice",
+		Workers: 2, CompilationCache: compileCache(), PluginConfig: []byte(cfg), RootID: "sluice",
 		Clusters: map[string]string{"sluice_bridge": "http://" + ln.Addr().String()},
 		Logger:   slog.New(slog.DiscardHandler),
 	})
