@@ -275,6 +275,7 @@ func BenchmarkBridgeProcess_Check(b *testing.B) {
 			}
 			run(benchUsers) // warm up: connections, script, keys
 			before, rcpu, cpu0, self0 := commandStats(b, rc), redisCPU(b, rc), childCPU(b, pid), processCPU()
+			sys0 := childSyscalls(pid)
 			var prof sync.WaitGroup
 			if debug != "" {
 				prof.Go(func() { saveProfile(b, debug, *bridgeProfile+"."+strings.ReplaceAll(name, "/", "_")) })
@@ -288,6 +289,9 @@ func BenchmarkBridgeProcess_Check(b *testing.B) {
 			report(b, elapsed, lat, rc, before, rcpu)
 			d := float64(len(lat))
 			b.ReportMetric(float64((childCPU(b, pid)-cpu0).Microseconds())/d, "bridge-cpu-µs/decision")
+			if sys0 >= 0 {
+				b.ReportMetric(float64(childSyscalls(pid)-sys0)/d, "bridge-rw-syscalls/decision")
+			}
 			b.ReportMetric(float64((processCPU()-self0).Microseconds())/d, "loader-cpu-µs/decision")
 		})
 	}
@@ -353,6 +357,25 @@ func startBridgeProcess(b *testing.B, redisURL string, args ...string) (string, 
 	}
 	go io.Copy(io.Discard, stderr)
 	return addr, cmd.Process.Pid
+}
+
+// childSyscalls is how many read and write system calls pid made
+// (syscr + syscw of /proc/pid/io), -1 if unknown.
+func childSyscalls(pid int) int64 {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
+	if err != nil {
+		return -1
+	}
+	var n int64
+	for _, line := range strings.Split(string(raw), "\n") {
+		for _, f := range []string{"syscr: ", "syscw: "} {
+			if v, ok := strings.CutPrefix(line, f); ok {
+				x, _ := strconv.ParseInt(v, 10, 64)
+				n += x
+			}
+		}
+	}
+	return n
 }
 
 // childCPU reads utime+stime of pid from /proc (clock ticks of 10ms).
