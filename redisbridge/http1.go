@@ -145,11 +145,13 @@ func (h *http1) serveConn(fc *fastConn) {
 	out := &outBufs{head: make([]byte, 0, 1024), body: make([]byte, 0, 512)}
 	var resp rules.CheckResponse
 	for {
+		// In this order: a shutdown that finds the connection idle sets a
+		// deadline in the past after ours, or we see closing here.
 		fc.idle.Store(true)
+		_ = fc.c.SetReadDeadline(time.Now().Add(idleTimeout))
 		if h.closing.Load() {
 			break
 		}
-		_ = fc.c.SetReadDeadline(time.Now().Add(idleTimeout))
 		if _, err := fc.r.Peek(1); err != nil {
 			break
 		}
