@@ -31,7 +31,15 @@ type directConn struct {
 	c       net.Conn
 	r       *bufio.Reader
 	w       []byte
+	used    time.Time // end of the last batch
+	// idleCheck: a connection idle this long is probed before use (one
+	// system call), as go-redis probes every pooled connection. Under load
+	// connections are never idle that long, so the probe costs nothing.
+	idleCheck time.Duration
 }
+
+// defaultIdleCheck is directConn.idleCheck outside tests.
+const defaultIdleCheck = time.Second
 
 // replyError is an error reply of Redis; it is a redis.Error so that
 // storeErr and redis.HasErrorPrefix treat it as go-redis's own.
@@ -211,12 +219,16 @@ func (d *directConn) exec(batch []*call, deadline time.Time) {
 			c.vals, c.err = c.vals[:0], fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 	}
+	if d.c != nil && time.Since(d.used) >= d.idleCheck && !connAlive(d.c) {
+		d.close()
+	}
 	if d.c == nil {
 		if err := d.connect(deadline); err != nil {
 			fail(batch, err)
 			return
 		}
 	}
+	defer func() { d.used = time.Now() }()
 	_ = d.c.SetDeadline(deadline)
 	w := d.w[:0]
 	for _, c := range batch {

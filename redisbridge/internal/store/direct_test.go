@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,4 +130,38 @@ func FuzzDirect_ReadInts(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestRedis_DirectIdleConnectionClosed: Redis closing idle connections
+// (its timeout setting, a proxy) does not fail the next checks.
+func TestRedis_DirectIdleConnectionClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: time.Second, Pipelines: 2, idleCheck: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check := func() error {
+		req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:idle}:x", spec(rules.FixedWindow, 100, hour))}}
+		var resp rules.CheckResponse
+		return s.Check(context.Background(), &req, &resp)
+	}
+	var wg sync.WaitGroup
+	for range 20 { // open both pipelines' connections
+		wg.Go(func() { check() })
+	}
+	wg.Wait()
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rc.Close()
+	for round := range 3 {
+		if err := rc.Do(context.Background(), "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		for i := range 4 {
+			if err := check(); err != nil {
+				t.Fatalf("round %d, check %d after the idle connections were closed: %v", round, i, err)
+			}
+		}
+	}
 }

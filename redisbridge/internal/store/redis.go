@@ -53,6 +53,7 @@ type RedisOptions struct {
 	// viaGoRedis sends checks to a single Redis through go-redis too, as
 	// for Cluster and Sentinel (tests and benchmarks of that path).
 	viaGoRedis bool
+	idleCheck  time.Duration // direct connections: probe after this idle time (tests)
 }
 
 // Redis keeps counters in Redis (single, Sentinel or Cluster).
@@ -64,6 +65,7 @@ type Redis struct {
 	log       *slog.Logger
 	in        chan *call
 	direct    *redis.Options // single Redis: pipelines use connections of their own (direct.go)
+	idleCheck time.Duration  // see directConn.idleCheck
 	overrides atomic.Pointer[overrideTable]
 	version   atomic.Int64
 	stop      chan struct{}
@@ -103,6 +105,10 @@ func NewRedis(o RedisOptions) (*Redis, error) {
 	}
 	if single != nil && !o.viaGoRedis {
 		s.direct = single
+		s.idleCheck = o.idleCheck
+		if s.idleCheck <= 0 {
+			s.idleCheck = defaultIdleCheck
+		}
 	}
 	s.overrides.Store(&overrideTable{})
 	s.version.Store(-1)
@@ -260,7 +266,7 @@ func (s *Redis) pipeline(maxBatch int) {
 	defer s.wg.Done()
 	var d *directConn
 	if s.direct != nil {
-		d = &directConn{opt: s.direct, timeout: s.timeout}
+		d = &directConn{opt: s.direct, timeout: s.timeout, idleCheck: s.idleCheck}
 		defer d.close()
 	}
 	batch := make([]*call, 0, maxBatch)
