@@ -98,14 +98,21 @@ func AppendCheckRequestFrom(dst []byte, req *CheckRequest) []byte {
 	return append(dst, "]}"...)
 }
 
+// maxOverrideField is the longest user or endpoint a check carries. They
+// only serve to look up overrides, which the bridge bounds at MaxKeyLen
+// bytes; a byte >= 0x80 is sent as \u00XX and decodes to two, so longer
+// values are left out rather than have the bridge refuse the whole check
+// (a long URL must still be counted, whatever the failure mode).
+const maxOverrideField = MaxKeyLen / 2
+
 func appendCheckHead(dst []byte, requestID, user, endpoint string) []byte {
 	dst = append(dst, `{"request_id":`...)
 	dst = appendJSONString(dst, requestID)
-	if user != "" {
+	if user != "" && len(user) <= maxOverrideField {
 		dst = append(dst, `,"user":`...)
 		dst = appendJSONString(dst, user)
 	}
-	if endpoint != "" {
+	if endpoint != "" && len(endpoint) <= maxOverrideField {
 		dst = append(dst, `,"endpoint":`...)
 		dst = appendJSONString(dst, endpoint)
 	}

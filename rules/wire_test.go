@@ -138,3 +138,19 @@ func FuzzDecodeCheckResponse(f *testing.F) {
 		}
 	})
 }
+
+// A check for a long or non-ASCII path still decodes: the override fields
+// are left out rather than exceed what the bridge accepts.
+func TestAppendCheckRequest_LongOverrideFields(t *testing.T) {
+	spec := &LimitSpec{Algorithm: FixedWindow, Limit: 3, WindowMS: 1000, Burst: 3, Cost: 1}
+	limits := []PlannedLimit{{Key: []byte("rl:{a:1.2.3.4}:r"), Name: "r", Spec: spec, Action: Reject}}
+	for _, endpoint := range []string{"/" + strings.Repeat("a", 600), "/" + strings.Repeat("\xff", 300), "/short"} {
+		req, err := DecodeCheckRequest(AppendCheckRequest(nil, "id", strings.Repeat("u", 300), endpoint, limits))
+		if err != nil {
+			t.Fatalf("endpoint of %d bytes: %v", len(endpoint), err)
+		}
+		if want := endpoint == "/short"; (req.Endpoint != "") != want || req.User != "" {
+			t.Errorf("endpoint of %d bytes: endpoint %q user %q", len(endpoint), req.Endpoint, req.User)
+		}
+	}
+}
