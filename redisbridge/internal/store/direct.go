@@ -33,13 +33,16 @@ type directConn struct {
 	w       []byte
 	used    time.Time // end of the last batch
 	// idleCheck: a connection idle this long is probed before use (one
-	// system call), as go-redis probes every pooled connection. Under load
-	// connections are never idle that long, so the probe costs nothing.
+	// system call), as go-redis probes every pooled connection: Redis may
+	// have restarted meanwhile (the first check on each stale connection
+	// would fail) or closed it (its timeout setting). Under load a
+	// pipeline's connection is reused well within it, so the probe costs
+	// nothing there; a restart never takes less.
 	idleCheck time.Duration
 }
 
 // defaultIdleCheck is directConn.idleCheck outside tests.
-const defaultIdleCheck = time.Second
+const defaultIdleCheck = 5 * time.Millisecond
 
 // replyError is an error reply of Redis; it is a redis.Error so that
 // storeErr and redis.HasErrorPrefix treat it as go-redis's own.

@@ -165,3 +165,31 @@ func TestRedis_DirectIdleConnectionClosed(t *testing.T) {
 		}
 	}
 }
+
+// TestRedis_DirectAfterRestart: after a Redis restart every pipeline's
+// connection is stale; none of them may fail a check once Redis is back.
+func TestRedis_DirectAfterRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: time.Second, Pipelines: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check := func(i int) error {
+		req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:restart"+strconv.Itoa(i)+"}:x", spec(rules.TokenBucket, 100, hour))}}
+		var resp rules.CheckResponse
+		return s.Check(context.Background(), &req, &resp)
+	}
+	var wg sync.WaitGroup
+	for i := range 64 { // open every pipeline's connection
+		wg.Go(func() { check(i) })
+	}
+	wg.Wait()
+	srv.Restart()
+	time.Sleep(20 * time.Millisecond)
+	for i := range 12 {
+		if err := check(i); err != nil {
+			t.Fatalf("check %d after the restart: %v", i, err)
+		}
+	}
+}
