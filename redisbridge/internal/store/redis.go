@@ -496,13 +496,26 @@ func checkCmd(ctx context.Context, mode string, ls []rules.LimitRequest, idx []i
 	return redis.NewCmd(ctx, full...)
 }
 
+// unavailableReplies are error replies that mean Redis cannot serve us now
+// (starting, failing over) or will not let us in (credentials, ACL; an
+// unauthenticated client's script call gets "Protocol error:
+// unauthenticated multibulk length", and Redis then closes the
+// connection): the store is unavailable, not broken.
+var unavailableReplies = []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY", "NOAUTH", "WRONGPASS", "NOPERM", "Protocol error"}
+
 // storeErr classifies a command error: a Redis error reply is a bug (ours or
-// a hostile setup), anything else means Redis could not be reached in time.
+// a hostile setup) unless it is one of unavailableReplies; anything else
+// means Redis could not be reached in time.
 func storeErr(err error) error {
 	var rerr redis.Error
-	if errors.As(err, &rerr) && !redis.HasErrorPrefix(err, "LOADING") && !redis.HasErrorPrefix(err, "CLUSTERDOWN") &&
-		!redis.HasErrorPrefix(err, "TRYAGAIN") && !redis.HasErrorPrefix(err, "MASTERDOWN") && !redis.HasErrorPrefix(err, "READONLY") {
-		return fmt.Errorf("redis script: %w", err)
+	if errors.As(err, &rerr) {
+		unavailable := false
+		for _, p := range unavailableReplies {
+			unavailable = unavailable || redis.HasErrorPrefix(err, p)
+		}
+		if !unavailable {
+			return fmt.Errorf("redis script: %w", err)
+		}
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
