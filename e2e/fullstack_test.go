@@ -15,45 +15,20 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/e2e"
+	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 )
 
-var (
-	pluginOnce sync.Once
-	pluginWasm []byte
-	pluginErr  error
-)
-
-// builtPlugin builds the plugin as `make wasm` does, once per test binary,
-// into a directory of its own (test packages run in parallel).
-func builtPlugin(t *testing.T) []byte {
-	t.Helper()
-	pluginOnce.Do(func() {
-		var dir string
-		if dir, pluginErr = os.MkdirTemp("", "sluice-e2e-"); pluginErr != nil {
-			return
-		}
-		defer os.RemoveAll(dir)
-		out := filepath.Join(dir, "plugin.wasm")
-		if pluginErr = e2e.BuildWasm("../plugin", out); pluginErr == nil {
-			pluginWasm, pluginErr = os.ReadFile(out)
-		}
-	})
-	if pluginErr != nil {
-		t.Fatal(pluginErr)
-	}
-	return pluginWasm
-}
+// builtPlugin is the plugin as `make wasm` builds it.
+func builtPlugin(t *testing.T) []byte { return e2etest.Plugin(t) }
 
 const jwtSecret = "full-stack-test-secret-0123456789abcdef"
 

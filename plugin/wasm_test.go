@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,24 +22,15 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/e2e"
+	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/rules"
 )
 
 var wasmBytes []byte
 
 func TestMain(m *testing.M) {
-	// Build exactly what `make wasm` builds, so a stale build/plugin.wasm can
-	// never pass for the current code. Each test package builds into its own
-	// directory: packages run in parallel.
-	dir, err := os.MkdirTemp("", "sluice-plugin-")
-	if err == nil {
-		out := filepath.Join(dir, "plugin.wasm")
-		if err = e2e.BuildWasm(".", out); err == nil {
-			wasmBytes, err = os.ReadFile(out)
-		}
-		os.RemoveAll(dir)
-	}
-	if err != nil {
+	var err error
+	if wasmBytes, err = e2etest.BuildPlugin(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -2,13 +2,11 @@ package distributed
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -18,43 +16,13 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/e2e"
+	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 )
 
-var (
-	buildDir   string
-	pluginOnce sync.Once
-	pluginWasm []byte
-	pluginErr  error
-)
-
-func TestMain(m *testing.M) {
-	var err error
-	if buildDir, err = os.MkdirTemp("", "sluice-distributed-"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(buildDir)
-	os.Exit(code)
-}
-
-// builtPlugin builds the plugin once per test binary, into a directory of
-// its own so that it never races with the e2e package's build.
-func builtPlugin(t *testing.T) []byte {
-	t.Helper()
-	pluginOnce.Do(func() {
-		out := filepath.Join(buildDir, "plugin.wasm")
-		if pluginErr = e2e.BuildWasm("../../plugin", out); pluginErr == nil {
-			pluginWasm, pluginErr = os.ReadFile(out)
-		}
-	})
-	if pluginErr != nil {
-		t.Fatal(pluginErr)
-	}
-	return pluginWasm
-}
+// builtPlugin is the plugin as `make wasm` builds it.
+func builtPlugin(t *testing.T) []byte { return e2etest.Plugin(t) }
 
 // bridgeProc is one bridge replica on a fixed loopback address.
 type bridgeProc struct {

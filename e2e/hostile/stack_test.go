@@ -27,42 +27,13 @@ import (
 	"github.com/tetratelabs/wazero"
 
 	"github.com/sluicehq/sluice/e2e"
+	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/redisbridge"
 )
 
-var (
-	buildDir   string
-	pluginOnce sync.Once
-	pluginWasm []byte
-	pluginErr  error
-)
-
-func TestMain(m *testing.M) {
-	var err error
-	if buildDir, err = os.MkdirTemp("", "sluice-hostile-"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(buildDir)
-	os.Exit(code)
-}
-
-// builtPlugin builds the plugin once per test binary (and once per fuzz
-// worker), into a directory of its own.
-func builtPlugin(t testing.TB) []byte {
-	t.Helper()
-	pluginOnce.Do(func() {
-		out := filepath.Join(buildDir, "plugin.wasm")
-		if pluginErr = e2e.BuildWasm("../../plugin", out); pluginErr == nil {
-			pluginWasm, pluginErr = os.ReadFile(out)
-		}
-	})
-	if pluginErr != nil {
-		t.Fatal(pluginErr)
-	}
-	return pluginWasm
-}
+// builtPlugin is the plugin as `make wasm` builds it (once per test
+// process, and so once per fuzz worker).
+func builtPlugin(t testing.TB) []byte { return e2etest.Plugin(t) }
 
 var (
 	cacheOnce sync.Once
