@@ -315,7 +315,11 @@ func TestSecurity_TLSListener(t *testing.T) {
 
 // startTLSRedis starts a redis-server that listens only with TLS, with a
 // certificate from ca, and stops it when t ends.
-func startTLSRedis(t *testing.T, ca *testCA) string {
+func startTLSRedis(t *testing.T, ca *testCA) string { return startTLSRedisAuth(t, ca, false) }
+
+// startTLSRedisAuth starts a TLS-only redis-server; with authClients it
+// also requires a client certificate signed by ca (mutual TLS).
+func startTLSRedisAuth(t *testing.T, ca *testCA, authClients bool) string {
 	t.Helper()
 	dir := t.TempDir()
 	certFile, keyFile := ca.issue(t, dir, "redis")
@@ -331,7 +335,7 @@ func startTLSRedis(t *testing.T, ca *testCA) string {
 	ln.Close()
 	_, port, _ := net.SplitHostPort(addr)
 	cmd := exec.Command(redistest.Binary, "--port", "0", "--tls-port", port, "--bind", "127.0.0.1",
-		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no",
+		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", map[bool]string{false: "no", true: "yes"}[authClients],
 		"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", "", "--loglevel", "warning")
 	var stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
@@ -340,8 +344,17 @@ func startTLSRedis(t *testing.T, ca *testCA) string {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	deadline := time.Now().Add(10 * time.Second)
+	probe := &tls.Config{RootCAs: ca.pool}
+	if authClients {
+		cf, kf := ca.issue(t, dir, "probe")
+		pair, err := tls.LoadX509KeyPair(cf, kf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		probe.Certificates = []tls.Certificate{pair}
+	}
 	for {
-		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.pool})
+		c, err := tls.Dial("tcp", addr, probe)
 		if err == nil {
 			c.Write([]byte("PING\r\n"))
 			line, _ := bufio.NewReader(c).ReadString('\n')
@@ -365,8 +378,8 @@ const redissChildURL = "SLUICE_TEST_REDISS_URL"
 // rediss:// URL. The server certificate is verified by default (a CA the
 // process does not trust makes the store unavailable), and is trusted
 // through the system roots: SSL_CERT_FILE, in a child process because Go
-// reads the roots once per process. There is no setting for a CA file of
-// the bridge's own (see docs/reliability.md).
+// reads the roots once per process, or --redis-tls-ca; with a Redis that
+// requires client certificates, --redis-tls-cert/--redis-tls-key.
 func TestSecurity_RedisTLS(t *testing.T) {
 	if u := os.Getenv(redissChildURL); u != "" {
 		expectStore(t, u, 200)
@@ -378,6 +391,37 @@ func TestSecurity_RedisTLS(t *testing.T) {
 	t.Run("untrusted CA", func(t *testing.T) { expectStore(t, url, 503) })
 	t.Run("skip_verify", func(t *testing.T) { expectStore(t, url+"?skip_verify=true", 200) })
 	t.Run("cleartext URL", func(t *testing.T) { expectStore(t, "redis://"+addr+"/0", 503) })
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("CA in --redis-tls-ca", func(t *testing.T) {
+		expectStoreWith(t, url, 200, func(s *Settings) { s.RedisTLSCA = caFile })
+	})
+	t.Run("mutual TLS", func(t *testing.T) {
+		mtls := "rediss://" + startTLSRedisAuth(t, ca, true) + "/0"
+		expectStoreWith(t, mtls, 503, func(s *Settings) { s.RedisTLSCA = caFile })
+		cert, key := ca.issue(t, dir, "bridge")
+		expectStoreWith(t, mtls, 200, func(s *Settings) { s.RedisTLSCA, s.RedisTLSCert, s.RedisTLSKey = caFile, cert, key })
+	})
+	t.Run("bad settings stop the start", func(t *testing.T) {
+		for _, tc := range []struct {
+			set  func(*Settings)
+			want string
+		}{
+			{func(s *Settings) { s.RedisTLSCA = filepath.Join(dir, "missing.pem") }, "--redis-tls-ca"},
+			{func(s *Settings) { s.RedisTLSCA = filepath.Join(dir, "ca.pem"); s.RedisURL = "redis://" + addr }, "--redis-tls-ca"},
+			{func(s *Settings) { s.RedisTLSCert = caFile }, "--redis-tls-cert, --redis-tls-key"},
+		} {
+			set := testSettings()
+			set.Store, set.RedisURL = "redis", url
+			tc.set(&set)
+			if _, err := New(set); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one naming %s", err, tc.want)
+			}
+		}
+	})
 	t.Run("CA in SSL_CERT_FILE", func(t *testing.T) {
 		caFile := filepath.Join(t.TempDir(), "ca.pem")
 		if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
@@ -396,9 +440,18 @@ func TestSecurity_RedisTLS(t *testing.T) {
 // to answer want (200, or 503 when the store is unreachable).
 func expectStore(t *testing.T, redisURL string, want int) {
 	t.Helper()
+	expectStoreWith(t, redisURL, want, nil)
+}
+
+// expectStoreWith is expectStore with settings adjusted by tweak.
+func expectStoreWith(t *testing.T, redisURL string, want int, tweak func(*Settings)) {
+	t.Helper()
 	set := testSettings()
 	set.Store, set.RedisURL = "redis", redisURL
 	set.RedisTimeout = 2 * time.Second
+	if tweak != nil {
+		tweak(&set)
+	}
 	ts := startServer(t, set)
 	r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", checkBody(limit("rl:{u:tls-"+strconv.Itoa(want)+"}:x", rules.SlidingLog, 5)))
 	if r.status != want {

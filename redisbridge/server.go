@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -75,10 +77,15 @@ func New(set Settings) (*Server, error) {
 	}
 	switch set.Store {
 	case "redis":
-		r, err := store.NewRedis(store.RedisOptions{
+		ro := store.RedisOptions{
 			URL: set.RedisURL, PoolSize: set.RedisPoolSize, Timeout: set.RedisTimeout,
 			Pipelines: set.RedisPipelines, Logger: s.log,
-		})
+		}
+		if err := loadRedisTLS(&set, &ro); err != nil {
+			s.closeAudit()
+			return nil, err
+		}
+		r, err := store.NewRedis(ro)
 		if err != nil {
 			s.closeAudit()
 			return nil, fmt.Errorf("--redis-url: %w", err)
@@ -354,4 +361,27 @@ func (c *idemCache) put(key string, body []byte, now time.Time) {
 	}
 	c.m[key] = idemEntry{body: body, at: now}
 	c.order = append(c.order, key)
+}
+
+// loadRedisTLS reads the Redis CA and client certificate files once, at
+// start, so a bad file stops the start with the setting's name.
+func loadRedisTLS(set *Settings, ro *store.RedisOptions) error {
+	if set.RedisTLSCA != "" {
+		pemBytes, err := os.ReadFile(set.RedisTLSCA)
+		if err != nil {
+			return fmt.Errorf("--redis-tls-ca: %w", err)
+		}
+		ro.RootCAs = x509.NewCertPool()
+		if !ro.RootCAs.AppendCertsFromPEM(pemBytes) {
+			return fmt.Errorf("--redis-tls-ca: no PEM certificate in %s", set.RedisTLSCA)
+		}
+	}
+	if set.RedisTLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(set.RedisTLSCert, set.RedisTLSKey)
+		if err != nil {
+			return fmt.Errorf("--redis-tls-cert: %w", err)
+		}
+		ro.Certificates = []tls.Certificate{cert}
+	}
+	return nil
 }

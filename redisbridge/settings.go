@@ -29,9 +29,12 @@ type Settings struct {
 	DefaultStrategy string        // seed-style API: algorithm, default sliding_window
 	MemoryMaxKeys   int           // memory store bound, default 1,000,000
 	LogLevel        string        // debug, info (default), warn, error
-	TLSCert         string        // PEM certificate; with TLSKey serves HTTPS (HTTP/1.1 and h2)
-	TLSKey          string
-	ShutdownGrace   time.Duration // drain time on SIGTERM, default 10s
+	// Redis over TLS (rediss://): a CA to verify the server with, instead
+	// of the system roots, and a client certificate for mutual TLS.
+	RedisTLSCA, RedisTLSCert, RedisTLSKey string
+	TLSCert                               string // PEM certificate; with TLSKey serves HTTPS (HTTP/1.1 and h2)
+	TLSKey                                string
+	ShutdownGrace                         time.Duration // drain time on SIGTERM, default 10s
 	// DebugListen serves net/http/pprof on its own address ("" disables it,
 	// the default). cmd/redisbridge serves it; keep it on loopback.
 	DebugListen string
@@ -109,6 +112,9 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.DefaultStrategy, "default-strategy", s.DefaultStrategy, "seed API default algorithm")
 	fs.IntVar(&s.MemoryMaxKeys, "memory-max-keys", s.MemoryMaxKeys, "memory store key bound")
 	fs.StringVar(&s.LogLevel, "log-level", s.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&s.RedisTLSCA, "redis-tls-ca", s.RedisTLSCA, "PEM CA certificates that verify Redis's certificate (rediss:// URLs); default: the system roots")
+	fs.StringVar(&s.RedisTLSCert, "redis-tls-cert", s.RedisTLSCert, "PEM client certificate for Redis (mutual TLS)")
+	fs.StringVar(&s.RedisTLSKey, "redis-tls-key", s.RedisTLSKey, "PEM key of --redis-tls-cert")
 	fs.StringVar(&s.TLSCert, "tls-cert", s.TLSCert, "TLS certificate file")
 	fs.StringVar(&s.TLSKey, "tls-key", s.TLSKey, "TLS key file")
 	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
@@ -147,6 +153,12 @@ func (s *Settings) Validate() error {
 	}
 	if _, err := parseLevel(s.LogLevel); err != nil {
 		return err
+	}
+	if (s.RedisTLSCert == "") != (s.RedisTLSKey == "") {
+		return errors.New("--redis-tls-cert, --redis-tls-key: set both or neither")
+	}
+	if (s.RedisTLSCA != "" || s.RedisTLSCert != "") && !strings.HasPrefix(s.RedisURL, "rediss") {
+		return errors.New("--redis-tls-ca, --redis-tls-cert: only with a rediss:// URL (Redis over TLS)")
 	}
 	if (s.TLSCert == "") != (s.TLSKey == "") {
 		return errors.New("--tls-cert, --tls-key: set both or neither")

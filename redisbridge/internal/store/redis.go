@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	_ "embed"
 	"encoding/json"
 	"errors"
@@ -47,6 +48,10 @@ type RedisOptions struct {
 	// RefreshEvery is how often overrides are looked up in Redis, default 1s.
 	RefreshEvery time.Duration
 	Logger       *slog.Logger
+	// RootCAs verify Redis's certificate on rediss:// URLs (nil: system
+	// roots); Certificates are presented to it (mutual TLS).
+	RootCAs      *x509.CertPool
+	Certificates []tls.Certificate
 	// splitSlots decides per hash tag even on a single node, so tests can
 	// exercise the Redis Cluster path with one redis-server.
 	splitSlots bool
@@ -147,6 +152,7 @@ func newClient(o RedisOptions) (redis.UniversalClient, bool, *redis.Options, err
 		}
 		setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
 		opt.WriteTimeout = opt.ReadTimeout
+		applyTLS(opt.TLSConfig, o)
 		return redis.NewClient(opt), false, opt, nil
 	case "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster":
 	default:
@@ -160,6 +166,7 @@ func newClient(o RedisOptions) (redis.UniversalClient, bool, *redis.Options, err
 	if strings.HasPrefix(scheme, "rediss") {
 		host, _, _ := strings.Cut(u.hosts[0], ":")
 		tlsConf = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+		applyTLS(tlsConf, o)
 	}
 	if strings.HasSuffix(scheme, "+cluster") {
 		if u.path != "" {
@@ -185,6 +192,20 @@ func newClient(o RedisOptions) (redis.UniversalClient, bool, *redis.Options, err
 	setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
 	opt.WriteTimeout = opt.ReadTimeout
 	return redis.NewFailoverClient(opt), false, nil, nil
+}
+
+// applyTLS adds the configured CA and client certificates to c (nil for
+// cleartext URLs).
+func applyTLS(c *tls.Config, o RedisOptions) {
+	if c == nil {
+		return
+	}
+	if o.RootCAs != nil {
+		c.RootCAs = o.RootCAs
+	}
+	if len(o.Certificates) > 0 {
+		c.Certificates = o.Certificates
+	}
 }
 
 type multiHostURL struct {
