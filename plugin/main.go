@@ -7,6 +7,7 @@
 package main
 
 import (
+	"syscall"
 	"unsafe"
 
 	"github.com/sluicehq/sluice/plugin/filter"
@@ -111,3 +112,8 @@ func (abiHost) LogLevel() proxywasm.LogLevel {
 }
 
 func (abiHost) SetTickPeriod(ms uint32) { _ = proxywasm.SetTickPeriod(ms) }
+
+// Env reads the environment the runtime copied from WASI environ_get when
+// the module started: what the proxy gives the VM (Envoy:
+// vm_config.environment_variables), not the proxy's own environment.
+func (abiHost) Env(name string) (string, bool) { return syscall.Getenv(name) }

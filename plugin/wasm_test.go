@@ -3,7 +3,7 @@
 package main
 
 // These tests run the built plugin (the same build as `make wasm`) in the
-// e2e proxy-wasm host, with two worker VMs, against an httptest bridge:
+// wasmhost proxy-wasm host, with two worker VMs, against an httptest bridge:
 // the filter's logic is unit-tested natively in plugin/filter, and here
 // the ABI, memory and lifecycle around it are.
 
@@ -21,9 +21,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/e2e"
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/wasmhost"
 )
 
 var wasmBytes []byte
@@ -78,7 +78,7 @@ func (b *fakeBridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			d.Remaining = l.Spec.Limit - n - l.Spec.Cost
 		} else {
 			d.RetryAfterMS = l.Spec.WindowMS
-			if !l.Shadow {
+			if !l.LogOnly {
 				resp.Allowed = false
 			}
 		}
@@ -100,14 +100,14 @@ const wasmConfig = `{
   "identity": {"sources": [{"type": "header", "header": "x-user-id"}], "client_ip": {"trusted_proxy_depth": 1}},
   "rules": [
     {"name": "api", "match": {"paths": ["/api/**"]}, "limit": 3, "window": "1m", "algorithm": "fixed_window"},
-    {"name": "shadow", "match": {"paths": ["/api/search"]}, "limit": 1, "window": "1m", "action": "log_only"}
+    {"name": "log-only", "match": {"paths": ["/api/search"]}, "limit": 1, "window": "1m", "action": "log_only"}
   ],
   "exemptions": {"users": ["ops"]}
 }`
 
 type harness struct {
 	t      *testing.T
-	host   *e2e.Host
+	host   *wasmhost.Host
 	bridge *fakeBridge
 }
 
@@ -121,7 +121,7 @@ func newHarnessTimeout(t *testing.T, mode, cluster, timeout string) *harness {
 	srv := httptest.NewServer(b)
 	t.Cleanup(srv.Close)
 	cfg := strings.NewReplacer("%MODE%", mode, "%CLUSTER%", cluster, `"100ms"`, `"`+timeout+`"`).Replace(wasmConfig)
-	host, err := e2e.New(context.Background(), wasmBytes, e2e.Options{
+	host, err := wasmhost.New(context.Background(), wasmBytes, wasmhost.Options{
 		Workers: 2, PluginConfig: []byte(cfg), RootID: "sluice",
 		Clusters: map[string]string{"bridge": srv.URL},
 	})
@@ -130,6 +130,52 @@ func newHarnessTimeout(t *testing.T, mode, cluster, timeout string) *harness {
 	}
 	t.Cleanup(func() { host.Close() })
 	return &harness{t: t, host: host, bridge: b}
+}
+
+// The built plugin reads its category defaults from the VM's environment
+// (wasmhost.Options.Environment, as Envoy's vm_config.environment_variables),
+// and refuses a bad value by the variable's name.
+func TestWasm_Environment(t *testing.T) {
+	b := &fakeBridge{counts: map[string]int64{}}
+	srv := httptest.NewServer(b)
+	t.Cleanup(srv.Close)
+	const cfg = `{"bridge": {"cluster": "bridge"}, "categories": [{"name": "chat", "paths": ["/chat"], "algorithm": "fixed_window"}]}`
+	opts := wasmhost.Options{
+		Workers: 2, PluginConfig: []byte(cfg), RootID: "sluice", Clusters: map[string]string{"bridge": srv.URL},
+		Environment: map[string]string{"RATE_LIMIT_CHAT_REQUESTS": "2", "RATE_LIMIT_CHAT_WINDOW": "90"},
+	}
+	host, err := wasmhost.New(context.Background(), wasmBytes, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Close() })
+	h := &harness{t: t, host: host, bridge: b}
+	u := map[string]string{"x-forwarded-for": "192.0.2.1"}
+	for i, want := range []int{200, 200, 429} {
+		if o := h.do("/chat", u, 200); o.status != want || o.headers["x-ratelimit-limit"] != "2" {
+			t.Fatalf("request %d: %+v, want %d with limit 2", i+1, o, want)
+		}
+	}
+
+	opts.Environment = map[string]string{"RATE_LIMIT_CHAT_WINDOW": "a while"}
+	var (
+		mu   sync.Mutex
+		logs []string
+	)
+	opts.OnLog = func(e wasmhost.LogEntry) {
+		mu.Lock()
+		defer mu.Unlock()
+		logs = append(logs, e.Message)
+	}
+	if bad, err := wasmhost.New(context.Background(), wasmBytes, opts); err == nil {
+		bad.Close()
+		t.Fatal("a bad RATE_LIMIT_CHAT_WINDOW was accepted")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(strings.Join(logs, "\n"), `configuration refused: RATE_LIMIT_CHAT_WINDOW: must be`) {
+		t.Errorf("the refusal does not name the variable: %q", logs)
+	}
 }
 
 type outcome struct {
@@ -147,7 +193,7 @@ func (h *harness) do(path string, headers map[string]string, upstreamStatus int)
 		hdrs = append(hdrs, [2]string{k, v})
 	}
 	ctx := context.Background()
-	s := h.host.NewStream(ctx, e2e.RequestInfo{Method: "GET", Path: path, Host: "api.example.com", Headers: hdrs, SourceAddress: "198.51.100.7:4242", RequestID: "rid-1"})
+	s := h.host.NewStream(ctx, wasmhost.RequestInfo{Method: "GET", Path: path, Host: "api.example.com", Headers: hdrs, SourceAddress: "198.51.100.7:4242", RequestID: "rid-1"})
 	defer s.Close()
 	res, err := s.RequestHeaders(ctx)
 	if err != nil {
@@ -231,8 +277,8 @@ func TestWasm_LogOnly(t *testing.T) {
 	if o := h.do("/api/search", u, 200); o.status != 200 {
 		t.Fatalf("log_only denial must pass: %+v", o)
 	}
-	if h.metric("sluice_shadow_denied_total") != 1 {
-		t.Errorf("shadow denials: %d", h.metric("sluice_shadow_denied_total"))
+	if h.metric("sluice_log_only_denied_total") != 1 {
+		t.Errorf("log_only denials: %d", h.metric("sluice_log_only_denied_total"))
 	}
 }
 
@@ -309,7 +355,7 @@ func TestWasm_ConcurrentExact(t *testing.T) {
 			for i := 0; i < 10; i++ {
 				u := g % 4
 				ctx := context.Background()
-				s := h.host.NewStream(ctx, e2e.RequestInfo{Method: "GET", Path: "/api/x", Headers: [][2]string{{"x-user-id", fmt.Sprint("u", u)}}, SourceAddress: "198.51.100.7:1"})
+				s := h.host.NewStream(ctx, wasmhost.RequestInfo{Method: "GET", Path: "/api/x", Headers: [][2]string{{"x-user-id", fmt.Sprint("u", u)}}, SourceAddress: "198.51.100.7:1"})
 				res, err := s.RequestHeaders(ctx)
 				if err == nil && res.Local == nil {
 					passed[u].Add(1)
@@ -338,7 +384,7 @@ func (p inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 	return rec.Result(), nil
 }
 
-// BenchmarkWasm measures whole requests through the built plugin in the e2e
+// BenchmarkWasm measures whole requests through the built plugin in the wasmhost
 // host (wazero compiler): (a) no rule matches, (b) over-limit cache hit,
 // (c) the call-out path with an in-process bridge. cpu-ns/op is the whole
 // process (host and guest); guest-ns/op is the plugin's own code, all its
@@ -346,7 +392,7 @@ func (p inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 func BenchmarkWasm(b *testing.B) {
 	bridge := &fakeBridge{counts: map[string]int64{}}
 	cfg := strings.NewReplacer("%MODE%", "fail_open", "%CLUSTER%", "bridge", "\"limit\": 3,", "\"limit\": 1000000000,").Replace(wasmConfig)
-	host, err := e2e.New(context.Background(), wasmBytes, e2e.Options{
+	host, err := wasmhost.New(context.Background(), wasmBytes, wasmhost.Options{
 		Workers: 1, PluginConfig: []byte(cfg), RootID: "sluice", MeasureGuest: true,
 		Clusters:   map[string]string{"bridge": "http://bridge.invalid"},
 		HTTPClient: &http.Client{Transport: inProcess{bridge}},
@@ -357,7 +403,7 @@ func BenchmarkWasm(b *testing.B) {
 	defer host.Close()
 	ctx := context.Background()
 	run := func(b *testing.B, path, user string) {
-		info := e2e.RequestInfo{Method: "GET", Path: path, Host: "api.example.com", SourceAddress: "198.51.100.7:4242",
+		info := wasmhost.RequestInfo{Method: "GET", Path: path, Host: "api.example.com", SourceAddress: "198.51.100.7:4242",
 			Headers: [][2]string{{"x-user-id", user}, {"x-request-id", "rid"}}}
 		b.ReportAllocs()
 		cpu, guest := cpuNanos(), host.GuestTime()
@@ -378,7 +424,7 @@ func BenchmarkWasm(b *testing.B) {
 		bridge.mu.Lock()
 		bridge.counts["rl:{u:mallory}:api"] = 1 << 40
 		bridge.mu.Unlock()
-		s := host.NewStream(ctx, e2e.RequestInfo{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "mallory"}}})
+		s := host.NewStream(ctx, wasmhost.RequestInfo{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "mallory"}}})
 		s.RequestHeaders(ctx)
 		s.Close()
 		run(b, "/api/x", "mallory")
@@ -408,7 +454,7 @@ func cpuNanos() int64 {
 func TestWasm_HeapFlat(t *testing.T) {
 	bridge := &fakeBridge{counts: map[string]int64{"rl:{u:mallory}:api": 1 << 40}}
 	cfg := strings.NewReplacer("%MODE%", "fail_open", "%CLUSTER%", "bridge", "\"limit\": 3,", "\"limit\": 1000000000,").Replace(wasmConfig)
-	host, err := e2e.New(context.Background(), wasmBytes, e2e.Options{
+	host, err := wasmhost.New(context.Background(), wasmBytes, wasmhost.Options{
 		Workers: 2, PluginConfig: []byte(cfg), RootID: "sluice", LogCapacity: 16,
 		Clusters:   map[string]string{"bridge": "http://bridge.invalid"},
 		HTTPClient: &http.Client{Transport: inProcess{bridge}},
@@ -418,7 +464,7 @@ func TestWasm_HeapFlat(t *testing.T) {
 	}
 	defer host.Close()
 	ctx := context.Background()
-	infos := []e2e.RequestInfo{
+	infos := []wasmhost.RequestInfo{
 		{Method: "GET", Path: "/health", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "mallory"}}},
 		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},

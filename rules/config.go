@@ -36,7 +36,7 @@ type Action uint8
 
 const (
 	Reject  Action = iota + 1 // answer 429
-	LogOnly                   // shadow mode: log and count, let the request pass
+	LogOnly                   // log and count a denial, let the request pass
 )
 
 func (a Action) String() string {

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -196,5 +197,38 @@ func TestParseConfig_ReadmeExample(t *testing.T) {
 	}
 	if n == 0 {
 		t.Error("README.md has no json configuration example")
+	}
+}
+
+// The documents state the bounds the code enforces: limits per check, and
+// rules and categories per configuration.
+func TestDocs_Bounds(t *testing.T) {
+	config, err := os.ReadFile(configDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	protocol, err := os.ReadFile("../docs/protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []string
+	for i := 0; i < MaxLimitsPerCheck; i++ {
+		rules = append(rules, fmt.Sprintf(`{"name":"r%d","limit":1,"window":"1s"}`, i))
+	}
+	_, perr := ParseConfig([]byte(`{"rules":[` + strings.Join(rules, ",") + `]}`))
+	if perr == nil {
+		t.Fatalf("%d rules accepted", MaxLimitsPerCheck)
+	}
+	for _, want := range []string{
+		"error:  " + perr.Error(),
+		fmt.Sprintf("at most %d limits per check", MaxLimitsPerCheck),
+		fmt.Sprintf("at most %d rules and categories", MaxLimitsPerCheck-1),
+	} {
+		if !strings.Contains(string(config), want) {
+			t.Errorf("docs/config.md does not say %q", want)
+		}
+	}
+	if want := fmt.Sprintf("| `limits` | array | 1 to %d limits", MaxLimitsPerCheck); !strings.Contains(string(protocol), want) {
+		t.Errorf("docs/protocol.md does not say %q", want)
 	}
 }

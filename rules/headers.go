@@ -40,8 +40,8 @@ func (h *ResponseHeaders) add(name string, value func([]byte) []byte) {
 
 // Headline picks the decision the response headers describe: the denying
 // enforced limit that makes the client wait longest, or, when everything
-// passed, the enforced limit with the least remaining. Shadow (log_only)
-// limits never show. Returns -1 when no enforced limit applies.
+// passed, the enforced limit with the least remaining. log_only limits
+// never show. Returns -1 when no enforced limit applies.
 func Headline(limits []PlannedLimit, decisions []Decision) int {
 	best := -1
 	for i := range decisions {
@@ -77,7 +77,7 @@ func (h *HeaderConfig) Render(out *ResponseHeaders, l *PlannedLimit, d *Decision
 	if h.Disabled {
 		return
 	}
-	resetSec := ceilDiv(d.ResetMS, 1000)
+	resetSec := ceilSeconds(d.ResetMS)
 	remaining := max(d.Remaining, 0)
 	out.add(h.limitName, func(b []byte) []byte { return strconv.AppendInt(b, d.Limit, 10) })
 	out.add(h.remainingName, func(b []byte) []byte { return strconv.AppendInt(b, remaining, 10) })
@@ -92,18 +92,18 @@ func (h *HeaderConfig) Render(out *ResponseHeaders, l *PlannedLimit, d *Decision
 	if h.Draft {
 		// draft-ietf-httpapi-ratelimit-headers-11 structured fields.
 		out.add("RateLimit-Policy", func(b []byte) []byte {
-			b = appendSFString(b, l.Name)
+			b = appendSFString(b, l.Rule)
 			b = append(b, ";q="...)
 			b = strconv.AppendInt(b, d.Limit, 10)
 			b = append(b, ";w="...)
-			return strconv.AppendInt(b, ceilDiv(l.Spec.WindowMS, 1000), 10)
+			return strconv.AppendInt(b, ceilSeconds(l.Spec.WindowMS), 10)
 		})
 		out.add("RateLimit", func(b []byte) []byte {
-			b = appendSFString(b, l.Name)
+			b = appendSFString(b, l.Rule)
 			b = append(b, ";r="...)
 			b = strconv.AppendInt(b, remaining, 10)
 			b = append(b, ";t="...)
-			t := max(ceilDiv(d.ResetMS-nowMS, 1000), 0)
+			t := max(ceilSeconds(d.ResetMS-nowMS), 0)
 			if denied {
 				t = retry
 			}
@@ -119,14 +119,16 @@ func RetryAfterSeconds(d *Decision, nowMS int64) int64 {
 	if ms <= 0 {
 		ms = d.ResetMS - nowMS
 	}
-	return max(ceilDiv(ms, 1000), 1)
+	return max(ceilSeconds(ms), 1)
 }
 
-func ceilDiv(a, b int64) int64 {
-	if a <= 0 {
-		return a / b
+// ceilSeconds rounds milliseconds up to whole seconds (down for negative
+// values, which only occur for a reset in the past).
+func ceilSeconds(ms int64) int64 {
+	if ms <= 0 {
+		return ms / 1000
 	}
-	return (a + b - 1) / b
+	return (ms + 999) / 1000
 }
 
 // appendSFString writes a structured-field string; names are [a-z0-9_.:-].
@@ -141,11 +143,12 @@ func appendSFString(b []byte, s string) []byte {
 }
 
 // AppendDenyBody appends the 429 JSON body in the error envelope of the
-// internal API (seed 002), so clients parse one error shape everywhere.
+// bridge's REST API, so clients parse one error shape everywhere; details
+// name the rule whose limit denied.
 func (c *Config) AppendDenyBody(dst []byte, l *PlannedLimit, d *Decision, nowMS int64, requestID string) []byte {
 	dst = append(dst, `{"error":{"code":"RATE_LIMITED","message":`...)
 	if c.Deny.Message != "" {
-		dst = appendJSONString(dst, c.Deny.Message)
+		dst = AppendJSONString(dst, c.Deny.Message)
 	} else {
 		dst = append(dst, `"Rate limit exceeded: `...)
 		dst = strconv.AppendInt(dst, d.Limit, 10)
@@ -156,21 +159,21 @@ func (c *Config) AppendDenyBody(dst []byte, l *PlannedLimit, d *Decision, nowMS 
 	dst = append(dst, `,"details":{"limit":`...)
 	dst = strconv.AppendInt(dst, d.Limit, 10)
 	dst = append(dst, `,"remaining":0,"reset_at":`...)
-	dst = strconv.AppendInt(dst, ceilDiv(d.ResetMS, 1000), 10)
+	dst = strconv.AppendInt(dst, ceilSeconds(d.ResetMS), 10)
 	dst = append(dst, `,"retry_after":`...)
 	dst = strconv.AppendInt(dst, RetryAfterSeconds(d, nowMS), 10)
-	dst = append(dst, `,"policy":`...)
-	dst = appendJSONString(dst, l.Name)
+	dst = append(dst, `,"rule":`...)
+	dst = AppendJSONString(dst, l.Rule)
 	dst = append(dst, `},"request_id":`...)
-	dst = appendJSONString(dst, requestID)
+	dst = AppendJSONString(dst, requestID)
 	return append(dst, "}}"...)
 }
 
 // AppendUnavailableBody appends the fail_closed answer's body.
 func AppendUnavailableBody(dst []byte, reason, requestID string) []byte {
 	dst = append(dst, `{"error":{"code":"SERVICE_UNAVAILABLE","message":"Rate limiter unavailable; request refused (fail_closed).","details":{"reason":`...)
-	dst = appendJSONString(dst, reason)
+	dst = AppendJSONString(dst, reason)
 	dst = append(dst, `},"request_id":`...)
-	dst = appendJSONString(dst, requestID)
+	dst = AppendJSONString(dst, requestID)
 	return append(dst, "}}"...)
 }

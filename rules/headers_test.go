@@ -19,7 +19,7 @@ func render(t *testing.T, h HeaderConfig, l *PlannedLimit, d *Decision, now int6
 
 func TestHeaderConfig_Render(t *testing.T) {
 	spec := &LimitSpec{Algorithm: TokenBucket, Limit: 100, WindowMS: 60_000}
-	l := &PlannedLimit{Name: "tier.free", Spec: spec}
+	l := &PlannedLimit{Rule: "tier.free", Spec: spec}
 	now := int64(1_700_000_000_000)
 	allowed := &Decision{Allowed: true, Limit: 100, Remaining: 42, ResetMS: now + 30_500}
 	denied := &Decision{Allowed: false, Limit: 100, Remaining: 0, ResetMS: now + 59_000, RetryAfterMS: 1_200}
@@ -64,7 +64,7 @@ func TestHeadline(t *testing.T) {
 	l := []PlannedLimit{{Action: Reject}, {Action: LogOnly}, {Action: Reject}, {Action: Reject}}
 	d := []Decision{
 		{Allowed: true, Remaining: 5, Limit: 10},
-		{Allowed: false, RetryAfterMS: 99_000}, // shadow: never the headline
+		{Allowed: false, RetryAfterMS: 99_000}, // log_only: never the headline
 		{Allowed: true, Remaining: 2, Limit: 50},
 		{Allowed: true, Remaining: 2, Limit: 20},
 	}
@@ -77,16 +77,16 @@ func TestHeadline(t *testing.T) {
 		t.Errorf("denied headline: %d, want 2 (longest wait)", got)
 	}
 	if got := Headline(l[1:2], d[1:2]); got != -1 {
-		t.Errorf("only shadow limits: %d, want -1", got)
+		t.Errorf("only log_only limits: %d, want -1", got)
 	}
 }
 
 func TestConfig_AppendDenyBody(t *testing.T) {
 	c := &Config{}
-	l := &PlannedLimit{Name: "tier.free", Spec: &LimitSpec{WindowMS: 60_000}}
+	l := &PlannedLimit{Rule: "tier.free", Spec: &LimitSpec{WindowMS: 60_000}}
 	d := &Decision{Limit: 100, ResetMS: 1_700_000_060_000, RetryAfterMS: 30_000}
 	body := string(c.AppendDenyBody(nil, l, d, 1_700_000_030_000, `r"1`))
-	want := `{"error":{"code":"RATE_LIMITED","message":"Rate limit exceeded: 100 requests per 1m allowed.","details":{"limit":100,"remaining":0,"reset_at":1700000060,"retry_after":30,"policy":"tier.free"},"request_id":"r\"1"}}`
+	want := `{"error":{"code":"RATE_LIMITED","message":"Rate limit exceeded: 100 requests per 1m allowed.","details":{"limit":100,"remaining":0,"reset_at":1700000060,"retry_after":30,"rule":"tier.free"},"request_id":"r\"1"}}`
 	if body != want {
 		t.Errorf("got  %s\nwant %s", body, want)
 	}

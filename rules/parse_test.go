@@ -33,7 +33,7 @@ func TestParseConfig_Example(t *testing.T) {
 	if ent.Spec.Burst != 2000 || ent.Spec.Limit != 10000 {
 		t.Errorf("enterprise burst: %+v", ent.Spec)
 	}
-	// Seed 003 defaults fill in what the categories leave out.
+	// The well-known categories' defaults fill in what the configuration leaves out.
 	want := map[string]struct {
 		limit, window int64
 		scope         Scope
@@ -140,6 +140,11 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"tier unlimited with limit", `{"tiers":{"list":[{"name":"u","unlimited":true,"limit":5}]}}`, "tiers.list[0].limit", "no limits"},
 		{"tier override bad path", `{"tiers":{"list":[{"name":"f","limit":5,"window":"1m","endpoints":{"nope":1}}]}}`, `tiers.list[0].endpoints["nope"]`, "/"},
 		{"tier override zero", `{"tiers":{"list":[{"name":"f","limit":5,"window":"1m","endpoints":{"/a":0}}]}}`, `tiers.list[0].endpoints["/a"]`, "must be from 1"},
+		{"tier override looser", `{"tiers":{"list":[{"name":"f","limit":20,"window":"1m","endpoints":{"/x":500}}]}}`, `tiers.list[0].endpoints["/x"]`, "looser than the tier"},
+		{"tier override faster", `{"tiers":{"list":[{"name":"f","limit":20,"window":"1m","endpoints":{"/x":{"limit":10,"window":"1s"}}}]}}`, `tiers.list[0].endpoints["/x"]`, "looser than the tier"},
+		{"tier override bigger burst", `{"tiers":{"list":[{"name":"f","limit":20,"window":"1m","endpoints":{"/x":{"limit":50,"window":"1h"}}}]}}`, `tiers.list[0].endpoints["/x"]`, "looser than the tier"},
+		{"tier override bucket", `{"tiers":{"list":[{"name":"f","algorithm":"token_bucket","limit":20,"burst":5,"window":"1m","endpoints":{"/x":{"burst":6}}}]}}`, `tiers.list[0].endpoints["/x"]`, "looser than the tier"},
+		{"tier override cheaper", `{"tiers":{"list":[{"name":"f","limit":20,"cost":2,"window":"1m","endpoints":{"/x":{"cost":1}}}]}}`, `tiers.list[0].endpoints["/x"]`, "looser than the tier"},
 		{"tier claim needs jwt", `{"tiers":{"claim":"plan","list":[{"name":"f","limit":5,"window":"1m"}]}}`, "tiers.claim", "jwt"},
 		{"jwt without keys", `{"identity":{"sources":[{"type":"jwt"}]}}`, "identity.sources[0].keys", "at least one"},
 		{"jwt weak secret", `{"identity":{"sources":[{"type":"jwt","keys":[{"alg":"HS256","secret":"short"}]}]}}`, "identity.sources[0].keys[0]", ""},
@@ -232,4 +237,23 @@ func FuzzParseConfig(f *testing.F) {
 			}
 		}
 	})
+}
+
+// An endpoint override may only tighten its tier: the most restrictive
+// limit wins. Compared in requests, so as many at once (the capacity) and
+// as many over time (the rate), whatever the window.
+func TestParseConfig_EndpointOverrideTightens(t *testing.T) {
+	for _, endpoints := range []string{
+		`{"/x": 20}`,
+		`{"/x": 5}`,
+		`{"/x": {"limit": 10, "window": "30s"}}`, // same rate, half the capacity
+		`{"/x": {"limit": 20, "window": "1h"}}`,  // same capacity, slower
+		`{"/x": {"limit": 30, "cost": 2}}`,       // 15 requests per minute
+		`{"/x": {"algorithm": "token_bucket"}}`,  // same numbers, another algorithm
+	} {
+		cfg := `{"tiers":{"list":[{"name":"f","limit":20,"window":"1m","endpoints":` + endpoints + `}]}}`
+		if _, err := ParseConfig([]byte(cfg)); err != nil {
+			t.Errorf("%s: %v", endpoints, err)
+		}
+	}
 }

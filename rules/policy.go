@@ -100,20 +100,8 @@ func (p *Plan) add(c *Config, name string, spec *LimitSpec, action Action, scope
 	p.keys = AppendKey(p.keys, name, scope, id, c.Identity.Anonymous, method, p.Endpoint)
 	p.ends = append(p.ends, len(p.keys))
 	p.Limits = append(p.Limits, PlannedLimit{
-		Name: name, Spec: spec, Action: action, PerUser: scope.Has(ScopeUser),
+		Rule: name, Spec: spec, Action: action, PerUser: scope.Has(ScopeUser),
 	})
-}
-
-// WireUser is the identity per-user overrides are looked up by: the user id,
-// or the client IP for anonymous clients.
-func (p *Plan) WireUser(buf []byte) []byte {
-	if p.Identity.User != "" {
-		return append(buf, p.Identity.User...)
-	}
-	if p.Identity.IP.IsValid() {
-		return p.Identity.IP.AppendTo(buf)
-	}
-	return buf
 }
 
 func (c *Config) identify(r *Request, plan *Plan) {
@@ -190,7 +178,8 @@ func (c *Config) identify(r *Request, plan *Plan) {
 	}
 }
 
-// maxUserIDLen bounds a user id taken from a header (seed 000: 255).
+// maxUserIDLen bounds a user id taken from a header; a longer one is no
+// identity (the request is anonymous).
 const maxUserIDLen = 255
 
 func (c *Config) exempt(id *Identity) bool {

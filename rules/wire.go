@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -17,28 +18,30 @@ import (
 // the bridge build huge keys or scripts.
 const (
 	MaxLimitsPerCheck = 64
+	MaxRequestIDLen   = 128
 	MaxKeyLen         = 512
 	MaxRuleNameLen    = 64
 	MaxLimitValue     = 1 << 40         // requests per window
 	MaxWindowMS       = 366 * 86400_000 // one year
 	MaxMultipliers    = 16
 	MaxMultiplier     = 1 << 16
-	MaxViolations     = 1000 // violations kept per key, seed 000
+	MaxViolations     = 1000 // violations kept per key: bounds a penalty's memory
 )
 
 // LimitRequest is one limit of a check, as the bridge receives it.
 type LimitRequest struct {
-	Key    string // full counter key, hash tag included; the bridge appends suffixes only
-	Rule   string
-	Spec   LimitSpec
-	Shadow bool // log_only: its denial does not deny the request
+	Key     string // full counter key, hash tag included; the bridge appends suffixes only
+	Rule    string
+	Spec    LimitSpec
+	LogOnly bool // its denial is logged and counted but does not deny the request
 	// PerUser marks limits kept per client identity; overrides set through
 	// the bridge's config API for (User, Endpoint) replace their Spec.
 	PerUser bool
 }
 
 // CheckRequest carries every limit of one HTTP request. The bridge decides
-// them together: when any non-shadow limit denies, nothing is consumed.
+// them together: when any enforced (not log_only) limit denies, nothing is
+// consumed.
 type CheckRequest struct {
 	RequestID string
 	User      string // the client identity the per-user limits are kept for ("" if none)
@@ -57,7 +60,7 @@ type Decision struct {
 
 // CheckResponse answers a CheckRequest, one decision per limit in order.
 type CheckResponse struct {
-	Allowed   bool  // every non-shadow decision allowed
+	Allowed   bool  // every enforced (not log_only) decision allowed
 	NowMS     int64 // the store's clock, so callers can age cache entries
 	Decisions []Decision
 }
@@ -66,7 +69,7 @@ type CheckResponse struct {
 // Key points into the plan's buffer and is valid until the next Evaluate.
 type PlannedLimit struct {
 	Key     []byte
-	Name    string     // rule or category name, or "tier.<name>" / "tier.<name>.<override>"
+	Rule    string     // the rule the limit comes from: a rule or category name, or "tier.<name>" / "tier.<name>.<override>"
 	Spec    *LimitSpec // points into the Config
 	Action  Action
 	PerUser bool
@@ -80,7 +83,7 @@ func AppendCheckRequest(dst []byte, requestID, user, endpoint string, limits []P
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendLimit(dst, l.Key, l.Name, l.Spec, l.Action == LogOnly, l.PerUser)
+		dst = appendLimit(dst, l.Key, l.Rule, l.Spec, l.Action == LogOnly, l.PerUser)
 	}
 	return append(dst, "]}"...)
 }
@@ -93,37 +96,49 @@ func AppendCheckRequestFrom(dst []byte, req *CheckRequest) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.Shadow, l.PerUser)
+		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.LogOnly, l.PerUser)
 	}
 	return append(dst, "]}"...)
 }
 
-// maxOverrideField is the longest user or endpoint a check carries. They
-// only serve to look up overrides, which the bridge bounds at MaxKeyLen
-// bytes; a byte >= 0x80 is sent as \u00XX and decodes to two, so longer
-// values are left out rather than have the bridge refuse the whole check
-// (a long URL must still be counted, whatever the failure mode).
-const maxOverrideField = MaxKeyLen / 2
-
-func appendCheckHead(dst []byte, requestID, user, endpoint string) []byte {
-	dst = append(dst, `{"request_id":`...)
-	dst = appendJSONString(dst, requestID)
-	if user != "" && len(user) <= maxOverrideField {
-		dst = append(dst, `,"user":`...)
-		dst = appendJSONString(dst, user)
-	}
-	if endpoint != "" && len(endpoint) <= maxOverrideField {
-		dst = append(dst, `,"endpoint":`...)
-		dst = appendJSONString(dst, endpoint)
-	}
-	return append(dst, `,"limits":[`...)
+// sendOverrideField reports whether a user or endpoint goes into a check.
+// They only serve to look up overrides, which the bridge bounds at
+// MaxKeyLen bytes and which are set through JSON, so as valid UTF-8. A
+// longer value, or one that is not UTF-8 (it would arrive with U+FFFD in
+// place of its bad bytes, and could match another client's override), is
+// left out rather than have the bridge refuse the whole check: a long URL
+// must still be counted, whatever the failure mode.
+func sendOverrideField(s string) bool {
+	return s != "" && len(s) <= MaxKeyLen && utf8.ValidString(s)
 }
 
-func appendLimit(dst, key []byte, name string, s *LimitSpec, shadow, perUser bool) []byte {
+func appendCheckHead(dst []byte, requestID, user, endpoint string) []byte {
+	dst = append(dst, '{')
+	// The request id only serves the bridge's logs: one it would refuse,
+	// or could not log as sent, is left out.
+	if len(requestID) <= MaxRequestIDLen && utf8.ValidString(requestID) {
+		dst = append(dst, `"request_id":`...)
+		dst = AppendJSONString(dst, requestID)
+		dst = append(dst, ',')
+	}
+	if sendOverrideField(user) {
+		dst = append(dst, `"user":`...)
+		dst = AppendJSONString(dst, user)
+		dst = append(dst, ',')
+	}
+	if sendOverrideField(endpoint) {
+		dst = append(dst, `"endpoint":`...)
+		dst = AppendJSONString(dst, endpoint)
+		dst = append(dst, ',')
+	}
+	return append(dst, `"limits":[`...)
+}
+
+func appendLimit(dst, key []byte, rule string, s *LimitSpec, logOnly, perUser bool) []byte {
 	dst = append(dst, `{"key":`...)
-	dst = appendJSONBytes(dst, key)
+	dst = AppendJSONBytes(dst, key)
 	dst = append(dst, `,"rule":`...)
-	dst = appendJSONString(dst, name)
+	dst = AppendJSONString(dst, rule)
 	dst = append(dst, `,"algorithm":"`...)
 	dst = append(dst, s.Algorithm.String()...)
 	dst = append(dst, `","limit":`...)
@@ -134,16 +149,16 @@ func appendLimit(dst, key []byte, name string, s *LimitSpec, shadow, perUser boo
 	dst = strconv.AppendInt(dst, s.Burst, 10)
 	dst = append(dst, `,"cost":`...)
 	dst = strconv.AppendInt(dst, s.Cost, 10)
-	if shadow {
-		dst = append(dst, `,"shadow":true`...)
+	if logOnly {
+		dst = append(dst, `,"log_only":true`...)
 	}
 	if perUser {
 		dst = append(dst, `,"per_user":true`...)
 	}
 	if p := s.Penalty; p != nil && p.Enabled {
-		dst = append(dst, `,"penalty":{"window_ms":`...)
+		dst = append(dst, `,"penalty":{"detection_window_ms":`...)
 		dst = strconv.AppendInt(dst, p.DetectionWindowMS, 10)
-		dst = append(dst, `,"threshold":`...)
+		dst = append(dst, `,"violation_threshold":`...)
 		dst = strconv.AppendInt(dst, p.ViolationThreshold, 10)
 		dst = append(dst, `,"multipliers":[`...)
 		for i, m := range p.Multipliers {
@@ -172,6 +187,12 @@ func DecodeCheckRequest(body []byte) (CheckRequest, error) {
 	if !gjson.ValidBytes(body) {
 		return req, fmt.Errorf("%w: body is not valid JSON", ErrInvalidCheck)
 	}
+	// JSON text is UTF-8. gjson passes other bytes inside strings through,
+	// and a rule name that is not UTF-8 cannot be a metric label or a log
+	// field; the plugin's encoder never writes such bytes.
+	if !utf8.Valid(body) {
+		return req, fmt.Errorf("%w: body is not UTF-8", ErrInvalidCheck)
+	}
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
 		return req, fmt.Errorf("%w: body must be a JSON object", ErrInvalidCheck)
@@ -191,8 +212,8 @@ func DecodeCheckRequest(body []byte) (CheckRequest, error) {
 		return true
 	})
 	if id.Exists() {
-		if id.Type != gjson.String || len(id.Str) > 128 {
-			return req, fmt.Errorf("%w: request_id: must be a string of at most 128 bytes", ErrInvalidCheck)
+		if id.Type != gjson.String || len(id.Str) > MaxRequestIDLen {
+			return req, fmt.Errorf("%w: request_id: must be a string of at most %d bytes", ErrInvalidCheck, MaxRequestIDLen)
 		}
 		req.RequestID = id.Str
 	}
@@ -250,7 +271,7 @@ func firstField(dst *gjson.Result, v gjson.Result) {
 
 // wireLimitFields are the fields of one limit object.
 type wireLimitFields struct {
-	key, rule, algorithm, limit, window, burst, cost, shadow, perUser, penalty gjson.Result
+	key, rule, algorithm, limit, window, burst, cost, logOnly, perUser, penalty gjson.Result
 }
 
 func decodeLimit(v gjson.Result, l *LimitRequest) error {
@@ -274,8 +295,8 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 			firstField(&f.burst, v)
 		case "cost":
 			firstField(&f.cost, v)
-		case "shadow":
-			firstField(&f.shadow, v)
+		case "log_only":
+			firstField(&f.logOnly, v)
 		case "per_user":
 			firstField(&f.perUser, v)
 		case "penalty":
@@ -309,7 +330,7 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 	if l.Spec.Cost, err = wireIntField(f.cost, "cost", 1, MaxLimitValue, 1); err != nil {
 		return err
 	}
-	if l.Shadow, err = wireBoolField(f.shadow, "shadow"); err != nil {
+	if l.LogOnly, err = wireBoolField(f.logOnly, "log_only"); err != nil {
 		return err
 	}
 	if l.PerUser, err = wireBoolField(f.perUser, "per_user"); err != nil {
@@ -320,10 +341,10 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 			return errors.New("penalty: must be an object")
 		}
 		pen := &Penalty{Enabled: true}
-		if pen.DetectionWindowMS, err = wireInt(p, "window_ms", 1, MaxWindowMS, 0); err != nil {
+		if pen.DetectionWindowMS, err = wireInt(p, "detection_window_ms", 1, MaxWindowMS, 0); err != nil {
 			return fmt.Errorf("penalty.%w", err)
 		}
-		if pen.ViolationThreshold, err = wireInt(p, "threshold", 1, MaxViolations, 0); err != nil {
+		if pen.ViolationThreshold, err = wireInt(p, "violation_threshold", 1, MaxViolations, 0); err != nil {
 			return fmt.Errorf("penalty.%w", err)
 		}
 		ms := p.Get("multipliers")
@@ -459,36 +480,4 @@ func bytesView(b []byte) string {
 		return ""
 	}
 	return unsafe.String(&b[0], len(b))
-}
-
-const hexDigits = "0123456789abcdef"
-
-func appendJSONString(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	for i := 0; i < len(s); i++ {
-		dst = appendJSONByte(dst, s[i])
-	}
-	return append(dst, '"')
-}
-
-func appendJSONBytes(dst, s []byte) []byte {
-	dst = append(dst, '"')
-	for _, c := range s {
-		dst = appendJSONByte(dst, c)
-	}
-	return append(dst, '"')
-}
-
-// appendJSONByte escapes quotes, backslashes and control bytes. Bytes >= 0x80
-// pass through: callers hand in keys and ids that are ASCII or already
-// validated UTF-8; invalid UTF-8 is escaped byte-wise as \u00XX so the
-// output stays valid JSON.
-func appendJSONByte(dst []byte, c byte) []byte {
-	switch {
-	case c == '"' || c == '\\':
-		return append(dst, '\\', c)
-	case c < 0x20 || c >= 0x80:
-		return append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-	}
-	return append(dst, c)
 }

@@ -2,8 +2,10 @@ package rules
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestCheckRequest_RoundTrip(t *testing.T) {
@@ -13,8 +15,8 @@ func TestCheckRequest_RoundTrip(t *testing.T) {
 		{Algorithm: SlidingLog, Limit: 5, WindowMS: 60_000, Burst: 5, Cost: 1},
 	}
 	limits := []PlannedLimit{
-		{Key: []byte(`rl:{u:"al\ice"}:r`), Name: "r", Spec: &specs[0], Action: Reject, PerUser: true},
-		{Key: []byte("rl:{g}:s"), Name: "s", Spec: &specs[1], Action: LogOnly},
+		{Key: []byte(`rl:{u:"al\ice"}:r`), Rule: "r", Spec: &specs[0], Action: Reject, PerUser: true},
+		{Key: []byte("rl:{g}:s"), Rule: "s", Spec: &specs[1], Action: LogOnly},
 	}
 	body := AppendCheckRequest(nil, "req-1", "alice", "/v1/x", limits)
 	req, err := DecodeCheckRequest(body)
@@ -25,14 +27,14 @@ func TestCheckRequest_RoundTrip(t *testing.T) {
 		t.Fatalf("decoded %+v", req)
 	}
 	a, b := req.Limits[0], req.Limits[1]
-	if a.Key != `rl:{u:"al\ice"}:r` || a.Rule != "r" || a.Shadow || !a.PerUser || a.Spec.Algorithm != TokenBucket ||
+	if a.Key != `rl:{u:"al\ice"}:r` || a.Rule != "r" || a.LogOnly || !a.PerUser || a.Spec.Algorithm != TokenBucket ||
 		a.Spec.Limit != 10 || a.Spec.WindowMS != 1000 || a.Spec.Burst != 20 || a.Spec.Cost != 2 {
 		t.Errorf("limit 0: %+v", a)
 	}
 	if a.Spec.Penalty == nil || a.Spec.Penalty.ViolationThreshold != 3 || len(a.Spec.Penalty.Multipliers) != 3 {
 		t.Errorf("penalty: %+v", a.Spec.Penalty)
 	}
-	if !b.Shadow || b.PerUser || b.Spec.Penalty != nil || b.Spec.Algorithm != SlidingLog {
+	if !b.LogOnly || b.PerUser || b.Spec.Penalty != nil || b.Spec.Algorithm != SlidingLog {
 		t.Errorf("limit 1: %+v", b)
 	}
 	again := AppendCheckRequestFrom(nil, &req)
@@ -59,9 +61,10 @@ func TestDecodeCheckRequest_Errors(t *testing.T) {
 		{"overflow limit", `{"limits":[{"key":"k","algorithm":"fixed_window","limit":99999999999999999999,"window_ms":1}]}`, "limits[0].limit"},
 		{"float window", `{"limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_ms":1.5}]}`, "limits[0].window_ms"},
 		{"zero cost", lim(`,"cost":0`), "limits[0].cost"},
-		{"shadow string", lim(`,"shadow":"yes"`), "limits[0].shadow"},
-		{"penalty multipliers", lim(`,"penalty":{"window_ms":1000,"threshold":1,"multipliers":[0]}`), "penalty.multipliers[0]"},
-		{"penalty no multipliers", lim(`,"penalty":{"window_ms":1000,"threshold":1}`), "penalty.multipliers"},
+		{"log_only string", lim(`,"log_only":"yes"`), "limits[0].log_only"},
+		{"penalty multipliers", lim(`,"penalty":{"detection_window_ms":1000,"violation_threshold":1,"multipliers":[0]}`), "penalty.multipliers[0]"},
+		{"penalty no multipliers", lim(`,"penalty":{"detection_window_ms":1000,"violation_threshold":1}`), "penalty.multipliers"},
+		{"not UTF-8", "{\"limits\":[{\"key\":\"k\",\"rule\":\"\x8e\",\"algorithm\":\"fixed_window\",\"limit\":1,\"window_ms\":1}]}", "not UTF-8"},
 		{"user not string", `{"user":5,"limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_ms":1}]}`, "user"},
 	}
 	for _, tc := range tests {
@@ -97,9 +100,13 @@ func TestCheckResponse_RoundTrip(t *testing.T) {
 	}
 }
 
+// Whatever decodes is in range, and re-encodes to a body that decodes to
+// the same request.
 func FuzzDecodeCheckRequest(f *testing.F) {
-	f.Add([]byte(`{"request_id":"r","user":"u","endpoint":"/e","limits":[{"key":"rl:{u:a}:r","rule":"r","algorithm":"token_bucket","limit":10,"window_ms":1000,"burst":20,"cost":1,"per_user":true,"penalty":{"window_ms":3600000,"threshold":3,"multipliers":[1,2]}}]}`))
+	f.Add([]byte(`{"request_id":"r","user":"u","endpoint":"/e","limits":[{"key":"rl:{u:a}:r","rule":"r","algorithm":"token_bucket","limit":10,"window_ms":1000,"burst":20,"cost":1,"per_user":true,"penalty":{"detection_window_ms":3600000,"violation_threshold":3,"multipliers":[1,2]}}]}`))
 	f.Add([]byte(`{"limits":[{"key":"k","algorithm":"sliding_log","limit":1e3,"window_ms":-1}]}`))
+	f.Add([]byte(`{"user":"jos\u00e9 \ud83d\ude00","endpoint":"/caf\u00e9","limits":[{"key":"k\u0000","algorithm":"fixed_window","limit":1,"window_ms":1,"log_only":true}]}`))
+	f.Add([]byte("{\"user\":\"\xff\",\"limits\":[{\"key\":\"k\xc3\",\"algorithm\":\"fixed_window\",\"limit\":1,\"window_ms\":1}]}"))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := DecodeCheckRequest(body)
 		if err != nil {
@@ -114,43 +121,183 @@ func FuzzDecodeCheckRequest(f *testing.F) {
 				t.Fatalf("accepted out-of-range limit %+v", l)
 			}
 		}
-		// What decodes re-encodes to something that decodes the same.
 		again, err := DecodeCheckRequest(AppendCheckRequestFrom(nil, &req))
-		if err != nil || len(again.Limits) != len(req.Limits) {
+		if err != nil {
 			t.Fatalf("re-encoded request does not decode: %v", err)
+		}
+		if !reflect.DeepEqual(again, req) {
+			t.Fatalf("round trip changed the request:\n got %+v\nwant %+v", again, req)
 		}
 	})
 }
 
-// The plugin parses whatever its call-out returns: never panic, and never
-// report more or fewer decisions than were asked for.
+// inRange maps any n onto lo..hi.
+func inRange(n, lo, hi int64) int64 {
+	u := uint64(n) % uint64(hi-lo+1)
+	return lo + int64(u)
+}
+
+// What the plugin encodes, the bridge decodes to the same request: every
+// field, whatever bytes the client-controlled strings hold (they come back
+// UTF-8, or are left out when they cannot).
+func FuzzCheckRequest_RoundTrip(f *testing.F) {
+	f.Add("req-1", "josé", "/v1/café", "rl:{u:jos\xc3\xa9}:chat", "chat", uint8(1), int64(10), int64(60_000), int64(20), int64(1), true, false, int64(3600_000), int64(3), []byte{1, 2, 4})
+	f.Add("\xff", "\xff", strings.Repeat("/", 600), "k\"\\\n", "tier.free.0", uint8(4), int64(-1), int64(0), int64(0), int64(0), false, true, int64(0), int64(0), []byte{})
+	f.Fuzz(func(t *testing.T, id, user, endpoint, key, rule string, alg uint8, limit, window, burst, cost int64, logOnly, perUser bool, penWindow, penThreshold int64, mults []byte) {
+		wantKey, wantRule := validPerByte(key), validPerByte(rule)
+		if key == "" || len(wantKey) > MaxKeyLen || len(wantRule) > MaxRuleNameLen+8 {
+			return // the plugin never builds such keys or names
+		}
+		spec := LimitSpec{
+			Algorithm: Algorithm(1 + alg%4), Limit: inRange(limit, 1, MaxLimitValue), WindowMS: inRange(window, 1, MaxWindowMS),
+			Burst: inRange(burst, 1, MaxLimitValue), Cost: inRange(cost, 1, MaxLimitValue),
+		}
+		if n := len(mults); n > 0 {
+			pen := &Penalty{Enabled: true, DetectionWindowMS: inRange(penWindow, 1, MaxWindowMS), ViolationThreshold: inRange(penThreshold, 1, MaxViolations)}
+			for _, m := range mults[:min(n, MaxMultipliers)] {
+				pen.Multipliers = append(pen.Multipliers, 1+int64(m))
+			}
+			spec.Penalty = pen
+		}
+		plain := spec
+		plain.Penalty = nil
+		action, other := Reject, LogOnly
+		if logOnly {
+			action, other = LogOnly, Reject
+		}
+		limits := []PlannedLimit{
+			{Key: []byte(key), Rule: rule, Spec: &spec, Action: action, PerUser: perUser},
+			{Key: []byte(key), Rule: rule, Spec: &plain, Action: other, PerUser: !perUser},
+		}
+		body := AppendCheckRequest(nil, id, user, endpoint, limits)
+		got, err := DecodeCheckRequest(body)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, body)
+		}
+		want := CheckRequest{Limits: []LimitRequest{
+			{Key: wantKey, Rule: wantRule, Spec: spec, LogOnly: logOnly, PerUser: perUser},
+			{Key: wantKey, Rule: wantRule, Spec: plain, LogOnly: !logOnly, PerUser: !perUser},
+		}}
+		if len(id) <= MaxRequestIDLen && utf8.ValidString(id) {
+			want.RequestID = id
+		}
+		if sendOverrideField(user) {
+			want.User = user
+		}
+		if sendOverrideField(endpoint) {
+			want.Endpoint = endpoint
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("round trip:\n got %+v\nwant %+v\n%s", got, want, body)
+		}
+	})
+}
+
+// The plugin parses whatever its call-out returns: never panic, never
+// report more or fewer decisions than were asked for, and what it reads
+// is what the bridge's encoder wrote: an answer that decodes re-encodes to
+// one that decodes to the same whole value, every number of every decision.
 func FuzzDecodeCheckResponse(f *testing.F) {
 	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0}]}`), 1)
 	f.Add([]byte(`{"allowed":false,"decisions":[{},{}]}`), 2)
 	f.Add([]byte(`{"allowed":true,"decisions":{"a":1}}`), 0)
+	f.Add([]byte(`{"allowed":false,"now_ms":-9223372036854775808,"decisions":[{"allowed":false,"limit":9223372036854775807,"remaining":-1,"reset_ms":1099511627776,"retry_after_ms":9007199254740993}]}`), 1)
 	f.Fuzz(func(t *testing.T, body []byte, want int) {
 		if want < 0 || want > MaxLimitsPerCheck {
 			return
 		}
 		var resp CheckResponse
-		if err := DecodeCheckResponse(body, want, &resp); err == nil && len(resp.Decisions) != want {
+		if err := DecodeCheckResponse(body, want, &resp); err != nil {
+			return
+		}
+		if len(resp.Decisions) != want {
 			t.Fatalf("accepted %d decisions, want %d", len(resp.Decisions), want)
+		}
+		var again CheckResponse
+		if err := DecodeCheckResponse(AppendCheckResponse(nil, &resp), want, &again); err != nil {
+			t.Fatalf("re-encoded answer does not decode: %v", err)
+		}
+		if !reflect.DeepEqual(again, resp) {
+			t.Fatalf("round trip:\n got %+v\nwant %+v", again, resp)
 		}
 	})
 }
 
-// A check for a long or non-ASCII path still decodes: the override fields
+// A check for a long or non-UTF-8 path still decodes: the override fields
 // are left out rather than exceed what the bridge accepts.
 func TestAppendCheckRequest_LongOverrideFields(t *testing.T) {
 	spec := &LimitSpec{Algorithm: FixedWindow, Limit: 3, WindowMS: 1000, Burst: 3, Cost: 1}
-	limits := []PlannedLimit{{Key: []byte("rl:{a:1.2.3.4}:r"), Name: "r", Spec: spec, Action: Reject}}
+	limits := []PlannedLimit{{Key: []byte("rl:{a:1.2.3.4}:r"), Rule: "r", Spec: spec, Action: Reject}}
 	for _, endpoint := range []string{"/" + strings.Repeat("a", 600), "/" + strings.Repeat("\xff", 300), "/short"} {
-		req, err := DecodeCheckRequest(AppendCheckRequest(nil, "id", strings.Repeat("u", 300), endpoint, limits))
+		req, err := DecodeCheckRequest(AppendCheckRequest(nil, "id", strings.Repeat("u", MaxKeyLen+1), endpoint, limits))
 		if err != nil {
 			t.Fatalf("endpoint of %d bytes: %v", len(endpoint), err)
 		}
 		if want := endpoint == "/short"; (req.Endpoint != "") != want || req.User != "" {
 			t.Errorf("endpoint of %d bytes: endpoint %q user %q", len(endpoint), req.Endpoint, req.User)
+		}
+	}
+}
+
+// The plugin encodes a check and decodes the answer on every request that
+// reaches the bridge: both must stay allocation-free once buffers grew.
+func BenchmarkAppendCheckRequest(b *testing.B) {
+	pen := &Penalty{Enabled: true, DetectionWindowMS: 3600_000, ViolationThreshold: 3, Multipliers: []int64{1, 2, 4, 8}}
+	specs := []LimitSpec{
+		{Algorithm: TokenBucket, Limit: 10, WindowMS: 1000, Burst: 20, Cost: 1, Penalty: pen},
+		{Algorithm: SlidingWindow, Limit: 100, WindowMS: 60_000, Burst: 100, Cost: 1},
+	}
+	limits := []PlannedLimit{
+		{Key: []byte("rl:{u:jos\xc3\xa9}:chat"), Rule: "chat", Spec: &specs[0], Action: Reject, PerUser: true},
+		{Key: []byte("rl:{u:jos\xc3\xa9}:tier.free"), Rule: "tier.free", Spec: &specs[1], Action: LogOnly, PerUser: true},
+	}
+	var buf []byte
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		buf = AppendCheckRequest(buf[:0], "0f8fad5b-d9cb-469f-a165-70867728950e", "jos\xc3\xa9", "/api/v1/chat/send", limits)
+	}
+}
+
+func BenchmarkDecodeCheckResponse(b *testing.B) {
+	body := AppendCheckResponse(nil, &CheckResponse{Allowed: true, NowMS: 1700000000123, Decisions: []Decision{
+		{Allowed: true, Limit: 20, Remaining: 19, ResetMS: 1700000003123},
+		{Allowed: true, Limit: 100, Remaining: 99, ResetMS: 1700000120000},
+	}})
+	var resp CheckResponse
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if err := DecodeCheckResponse(body, 2, &resp); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// Non-ASCII text reaches the bridge as the same text: per-user overrides
+// are set through JSON for "josé" and must match a check for "josé".
+// A request id, user or endpoint that is not UTF-8 is left out: no override
+// can be set for it, and U+FFFD in place of its bad bytes could match
+// another client's.
+func TestAppendCheckRequest_UTF8(t *testing.T) {
+	spec := &LimitSpec{Algorithm: FixedWindow, Limit: 3, WindowMS: 1000, Burst: 3, Cost: 1}
+	limits := []PlannedLimit{{Key: []byte("rl:{u:~00}:r"), Rule: "r", Spec: spec, Action: Reject, PerUser: true}}
+	tests := []struct {
+		id, user, endpoint             string
+		wantID, wantUser, wantEndpoint string
+	}{
+		{"é-1", "josé", "/café/ü", "é-1", "josé", "/café/ü"},
+		{"日本", "ユーザー", "/😀", "日本", "ユーザー", "/😀"},
+		{"a\xffb", "bo\xc3b", "/x\xe2\x82", "", "", ""},
+		{"\x00\x1f\x7f\"\\", "tab\there", "/\u2028", "\x00\x1f\x7f\"\\", "tab\there", "/\u2028"},
+	}
+	for _, tc := range tests {
+		body := AppendCheckRequest(nil, tc.id, tc.user, tc.endpoint, limits)
+		req, err := DecodeCheckRequest(body)
+		if err != nil {
+			t.Fatalf("%q: %v\n%s", tc.user, err, body)
+		}
+		if req.RequestID != tc.wantID || req.User != tc.wantUser || req.Endpoint != tc.wantEndpoint {
+			t.Errorf("sent (%q, %q, %q), decoded (%q, %q, %q), want (%q, %q, %q)\n%s",
+				tc.id, tc.user, tc.endpoint, req.RequestID, req.User, req.Endpoint, tc.wantID, tc.wantUser, tc.wantEndpoint, body)
 		}
 	}
 }

@@ -6,8 +6,10 @@ import (
 )
 
 // Events are one JSON line per blocked request (info), per bridge failure
-// (warn) and, when the host logs at debug, per allowed request (debug), with the fields of a RateLimitEvent (seed 003) plus what
-// an operator needs to find the request: request id, policy, action.
+// (warn) and, when the host logs at debug, per allowed request (debug):
+// when, who (user, IP), where (endpoint), the count against the limit and
+// its reset, plus what an operator needs to find the request and its cause:
+// request id, rule, action (docs/config.md, "Metrics and events").
 
 func (s *Stream) eventHead(b []byte, typ string) []byte {
 	b = append(b, `{"timestamp":"`...)
@@ -15,20 +17,20 @@ func (s *Stream) eventHead(b []byte, typ string) []byte {
 	b = append(b, `","event_type":"`...)
 	b = append(b, typ...)
 	b = append(b, `","request_id":`...)
-	b = appendJSON(b, s.requestID)
+	b = rules.AppendJSONBytes(b, s.requestID)
 	b = append(b, `,"endpoint":`...)
-	b = appendJSON(b, s.endpoint)
+	b = rules.AppendJSONBytes(b, s.endpoint)
 	b = append(b, `,"user_id":`...)
-	b = appendJSON(b, s.user)
+	b = rules.AppendJSONBytes(b, s.user)
 	b = append(b, `,"ip_address":`...)
-	return appendJSON(b, s.ip)
+	return rules.AppendJSONBytes(b, s.ip)
 }
 
 func (s *Stream) event(level proxywasm.LogLevel, typ string, i int, d *rules.Decision, action string) {
 	l := &s.plan.Limits[i]
 	b := s.eventHead(s.p.event[:0], typ)
-	b = append(b, `,"policy":"`...)
-	b = append(b, l.Name...)
+	b = append(b, `,"rule":"`...)
+	b = append(b, l.Rule...) // a validated name: nothing to escape
 	b = append(b, `","action":"`...)
 	b = append(b, action...)
 	b = append(b, `","request_count":`...)
@@ -49,30 +51,12 @@ func (s *Stream) event(level proxywasm.LogLevel, typ string, i int, d *rules.Dec
 func (s *Stream) backendError(reason string) {
 	b := s.eventHead(s.p.event[:0], "backend_error")
 	b = append(b, `,"reason":`...)
-	b = appendJSON(b, []byte(reason))
+	b = rules.AppendJSONString(b, reason)
 	b = append(b, `,"failure_mode":"`...)
 	b = append(b, s.cfg.FailureMode.String()...)
 	b = append(b, `"}`...)
 	s.p.event = b
 	s.p.host.Log(proxywasm.LogLevelWarn, b)
-}
-
-// appendJSON writes s as a JSON string, escaping what JSON requires and any
-// byte outside printable ASCII, since ids come from clients.
-func appendJSON(b, s []byte) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for _, c := range s {
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20 || c >= 0x7f:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
 }
 
 // appendTimestamp writes Unix ms as RFC 3339 UTC with milliseconds. It is

@@ -40,6 +40,9 @@ type Host interface {
 	// LogLevel is the host's log level; SetTickPeriod starts OnTick calls.
 	LogLevel() proxywasm.LogLevel
 	SetTickPeriod(ms uint32)
+	// Env looks up an environment variable of the VM (what the proxy
+	// passes, such as Envoy's vm_config.environment_variables).
+	Env(name string) (string, bool)
 }
 
 // Metric names, as the proxy exports them (Envoy prefixes wasmcustom.).
@@ -47,7 +50,7 @@ const (
 	MetricRequests      = "sluice_requests_total"
 	MetricAllowed       = "sluice_allowed_total"
 	MetricDenied        = "sluice_denied_total"
-	MetricShadowDenied  = "sluice_shadow_denied_total"
+	MetricLogOnlyDenied = "sluice_log_only_denied_total"
 	MetricBridgeErrors  = "sluice_bridge_errors_total"
 	MetricFailOpen      = "sluice_fail_open_total"
 	MetricFailClosed    = "sluice_fail_closed_total"
@@ -61,7 +64,7 @@ const (
 const tokenCacheSlots = 256
 
 type metrics struct {
-	requests, allowed, denied, shadowDenied, bridgeErrors, failOpen, failClosed, cacheHits, exempt, configRefused uint32
+	requests, allowed, denied, logOnlyDenied, bridgeErrors, failOpen, failClosed, cacheHits, exempt, configRefused uint32
 }
 
 // Plugin is the root context of one VM.
@@ -90,7 +93,7 @@ func NewPlugin(host Host, contextID uint32) *Plugin {
 	p := &Plugin{host: host, id: contextID, pending: map[uint32]*Stream{}}
 	p.m = metrics{
 		requests: host.DefineCounter(MetricRequests), allowed: host.DefineCounter(MetricAllowed),
-		denied: host.DefineCounter(MetricDenied), shadowDenied: host.DefineCounter(MetricShadowDenied),
+		denied: host.DefineCounter(MetricDenied), logOnlyDenied: host.DefineCounter(MetricLogOnlyDenied),
 		bridgeErrors: host.DefineCounter(MetricBridgeErrors), failOpen: host.DefineCounter(MetricFailOpen),
 		failClosed: host.DefineCounter(MetricFailClosed), cacheHits: host.DefineCounter(MetricCacheHits),
 		exempt: host.DefineCounter(MetricExempt), configRefused: host.DefineCounter(MetricConfigRefused),
@@ -110,7 +113,7 @@ func (p *Plugin) OnPluginStart(int) bool {
 		p.host.IncCounter(p.m.configRefused)
 		return false
 	}
-	cfg, err := rules.ParseConfig(data)
+	cfg, err := rules.ParseConfigEnv(data, p.host.Env)
 	if err != nil {
 		p.logf(proxywasm.LogLevelError, "sluice: configuration refused: ", err.Error())
 		p.host.IncCounter(p.m.configRefused)

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -31,6 +32,7 @@ type fakeHost struct {
 	counters    map[string]int64
 	logLevel    proxywasm.LogLevel
 	tickMS      uint32
+	env         map[string]string // the VM's environment variables
 }
 
 type localResponse struct {
@@ -98,6 +100,10 @@ func (h *fakeHost) LogLevel() proxywasm.LogLevel {
 	return h.logLevel
 }
 func (h *fakeHost) SetTickPeriod(ms uint32) { h.tickMS = ms }
+func (h *fakeHost) Env(name string) (string, bool) {
+	v, ok := h.env[name]
+	return v, ok
+}
 
 // request runs one request's headers through p and returns its stream.
 func (h *fakeHost) request(p *Plugin, ctxID uint32, headers map[string]string) (*Stream, proxywasm.Action) {
@@ -122,7 +128,7 @@ const testConfig = `{
   "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
   "rules": [
     {"name": "api", "match": {"paths": ["/api/**"]}, "limit": 10, "window": "1m", "algorithm": "fixed_window"},
-    {"name": "shadow", "match": {"paths": ["/api/**"]}, "limit": 1, "window": "1m", "action": "log_only"}
+    {"name": "log-only", "match": {"paths": ["/api/**"]}, "limit": 1, "window": "1m", "action": "log_only"}
   ],
   "exemptions": {"users": ["ops"]},
   "headers": {"strategy": true}
@@ -198,7 +204,7 @@ func TestStream_Allowed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("check body: %v", err)
 	}
-	if req.User != "alice" || req.Endpoint != "/api/v1/items" || len(req.Limits) != 2 || !req.Limits[1].Shadow || req.Limits[0].Key != "rl:{u:alice}:api" {
+	if req.User != "alice" || req.Endpoint != "/api/v1/items" || len(req.Limits) != 2 || !req.Limits[1].LogOnly || req.Limits[0].Key != "rl:{u:alice}:api" {
 		t.Errorf("check: %+v", req)
 	}
 	h.reqHeaders = nil // host memory of the first callback is gone by now
@@ -214,12 +220,12 @@ func TestStream_Allowed(t *testing.T) {
 	if got["X-RateLimit-Limit"] != "10" || got["X-RateLimit-Remaining"] != "7" || got["X-RateLimit-Strategy"] != "fixed_window" || got["Retry-After"] != "" {
 		t.Errorf("response headers: %v", got)
 	}
-	// The shadow limit denied: logged, counted, not enforced.
-	if h.counters[MetricShadowDenied] != 1 || h.counters[MetricAllowed] != 1 || h.counters[MetricDenied] != 0 {
+	// The log_only limit denied: logged, counted, not enforced.
+	if h.counters[MetricLogOnlyDenied] != 1 || h.counters[MetricAllowed] != 1 || h.counters[MetricDenied] != 0 {
 		t.Errorf("counters: %v", h.counters)
 	}
 	if !strings.Contains(strings.Join(h.logs, "\n"), `"action":"log_only"`) || !strings.Contains(strings.Join(h.logs, "\n"), `"user_id":"alice"`) {
-		t.Errorf("shadow event missing: %v", h.logs)
+		t.Errorf("log_only event missing: %v", h.logs)
 	}
 }
 
@@ -242,7 +248,7 @@ func TestStream_DeniedThenCached(t *testing.T) {
 			event = l
 		}
 	}
-	for _, field := range []string{`"user_id":"bob"`, `"ip_address":"203.0.113.9"`, `"endpoint":"/api/v1/items"`, `"limit":10`, `"policy":"api"`, `"timestamp":"2023-11-14T22:13:20.000Z"`} {
+	for _, field := range []string{`"user_id":"bob"`, `"ip_address":"203.0.113.9"`, `"endpoint":"/api/v1/items"`, `"limit":10`, `"rule":"api"`, `"timestamp":"2023-11-14T22:13:20.000Z"`} {
 		if !strings.Contains(event, field) {
 			t.Errorf("blocked event lacks %s: %s", field, event)
 		}
@@ -435,5 +441,104 @@ func TestStream_AllowedEventAtDebug(t *testing.T) {
 	h.answer(p, "200", allowAnswer(h.nowMS))
 	if n := allowedEvents(); n != 1 {
 		t.Fatalf("allowed events at debug: %d, want 1: %v", n, h.logs)
+	}
+}
+
+// Events and the 429 body are JSON whatever the client sent: valid UTF-8
+// is logged as the same text, other bytes as U+FFFD.
+func TestStream_EventsKeepText(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	h.request(p, 2, map[string]string{"x-user-id": "josé", ":path": "/api/v1/café", "x-request-id": "r-\xff"})
+	h.answer(p, "200", denyAnswer(h.nowMS))
+	var body struct {
+		Error struct {
+			RequestID string `json:"request_id"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(h.local.body), &body); err != nil || body.Error.RequestID != "r-\ufffd" {
+		t.Errorf("429 body %s: %v, request_id %q", h.local.body, err, body.Error.RequestID)
+	}
+	var ev struct {
+		User      string `json:"user_id"`
+		Endpoint  string `json:"endpoint"`
+		RequestID string `json:"request_id"`
+		EventType string `json:"event_type"`
+	}
+	for _, l := range h.logs {
+		if !strings.HasPrefix(l, "{") {
+			continue
+		}
+		if err := json.Unmarshal([]byte(l), &ev); err != nil {
+			t.Fatalf("event is not JSON: %v: %s", err, l)
+		}
+	}
+	if ev.EventType != "blocked" || ev.User != "josé" || ev.Endpoint != "/api/v1/café" || ev.RequestID != "r-\ufffd" {
+		t.Errorf("blocked event: %+v", ev)
+	}
+}
+
+// Whatever x-request-id a client sends, the check it leads to is one the
+// bridge accepts: the id is cut at a character boundary, and left out of
+// the check when it is not UTF-8.
+func TestStream_RequestIDAlwaysDecodes(t *testing.T) {
+	tests := []struct{ sent, want string }{
+		{strings.Repeat("\xff", 200), ""},
+		{strings.Repeat("é", 100), strings.Repeat("é", 64)},
+		{strings.Repeat("a", 127) + "é", strings.Repeat("a", 127)},
+		{"ok-1", "ok-1"},
+	}
+	for _, tc := range tests {
+		h, p := newPlugin(t, "fail_open")
+		h.request(p, 2, map[string]string{"x-user-id": "kim", "x-request-id": tc.sent})
+		req, err := rules.DecodeCheckRequest([]byte(h.calls[0].body))
+		if err != nil {
+			t.Errorf("x-request-id of %d bytes: the bridge would refuse the check: %v", len(tc.sent), err)
+			continue
+		}
+		if req.RequestID != tc.want {
+			t.Errorf("x-request-id %q: check carries %q, want %q", tc.sent, req.RequestID, tc.want)
+		}
+	}
+}
+
+// The VM's environment gives the chat, upload and auth categories their
+// defaults; what the configuration says explicitly wins.
+func TestPlugin_OnPluginStartEnvironment(t *testing.T) {
+	const cfg = `{"categories":[
+		{"name":"chat","paths":["/chat"]},
+		{"name":"upload","paths":["/upload"],"limit":7},
+		{"name":"auth","paths":["/login"]}]}`
+	h := newFakeHost(cfg)
+	h.env = map[string]string{
+		"RATE_LIMIT_CHAT_REQUESTS": "25", "RATE_LIMIT_CHAT_WINDOW": "30",
+		"RATE_LIMIT_UPLOAD_REQUESTS": "3", "RATE_LIMIT_UPLOAD_WINDOW": "1h",
+	}
+	p := NewPlugin(h, 1)
+	if !p.OnPluginStart(len(h.config)) {
+		t.Fatalf("config refused: %v", h.logs)
+	}
+	got := map[string]rules.LimitSpec{}
+	for _, c := range p.Config().Categories {
+		got[c.Name] = c.Spec
+	}
+	for name, want := range map[string][2]int64{
+		"chat":   {25, 30_000},  // both from the environment
+		"upload": {7, 3600_000}, // limit from the config, window from the environment
+		"auth":   {5, 60_000},   // built-in defaults
+	} {
+		if s := got[name]; s.Limit != want[0] || s.WindowMS != want[1] {
+			t.Errorf("%s: %d per %dms, want %d per %dms", name, s.Limit, s.WindowMS, want[0], want[1])
+		}
+	}
+
+	// A bad value is refused by the variable's name; the configuration in
+	// force stays.
+	good := p.Config()
+	h.env["RATE_LIMIT_AUTH_WINDOW"] = "soon"
+	if p.OnPluginStart(len(h.config)) || p.Config() != good {
+		t.Fatal("a bad environment variable was accepted")
+	}
+	if last := h.logs[len(h.logs)-1]; !strings.Contains(last, "RATE_LIMIT_AUTH_WINDOW") {
+		t.Errorf("refusal does not name the variable: %q", last)
 	}
 }

@@ -1,6 +1,8 @@
 package filter
 
 import (
+	"unicode/utf8"
+
 	"github.com/sluicehq/sluice/plugin/proxywasm"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -111,8 +113,13 @@ func (s *Stream) keepIdentity() {
 	if rid == "" {
 		rid = s.p.host.Property("request.id")
 	}
-	if len(rid) > 128 {
-		rid = rid[:128]
+	if len(rid) > rules.MaxRequestIDLen {
+		// Cut at a character boundary, so a valid id stays valid UTF-8.
+		n := rules.MaxRequestIDLen
+		for n > 0 && !utf8.RuneStart(rid[n]) {
+			n--
+		}
+		rid = rid[:n]
 	}
 	s.requestID = append(s.requestID[:0], rid...)
 	// From now on the plan refers to the copies.
@@ -162,7 +169,7 @@ func (s *Stream) decide() {
 			continue
 		}
 		if limits[i].Action == rules.LogOnly {
-			h.IncCounter(p.m.shadowDenied)
+			h.IncCounter(p.m.logOnlyDenied)
 			s.event(proxywasm.LogLevelInfo, "blocked", i, d, "log_only")
 			continue
 		}

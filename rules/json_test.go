@@ -1,0 +1,97 @@
+package rules
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestAppendJSONString(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"", `""`},
+		{"plain", `"plain"`},
+		{"josé", `"josé"`},
+		{"日本😀", `"日本😀"`},
+		{"\ufffd", "\"\ufffd\""}, // a real U+FFFD is text, not an error
+		{`q"b\`, `"q\"b\\"`},
+		{"a\nb\r\tc", `"a\nb\r\tc"`},
+		{"\x00\x1f\x7f", `"\u0000\u001f\u007f"`},
+		{"a\xffb", `"a\ufffdb"`},
+		{"\xc3", `"\ufffd"`},                     // truncated sequence
+		{"\xed\xa0\x80", `"\ufffd\ufffd\ufffd"`}, // an encoded surrogate is not UTF-8
+		{"\xc0\xaf", `"\ufffd\ufffd"`},           // overlong
+		{"\u2028", "\"\u2028\""},
+	}
+	for _, tc := range tests {
+		if got := string(AppendJSONString([]byte("x"), tc.in)); got != "x"+tc.want {
+			t.Errorf("AppendJSONString(%q) = %s, want %s", tc.in, got[1:], tc.want)
+		}
+		if got := string(AppendJSONBytes(nil, []byte(tc.in))); got != tc.want {
+			t.Errorf("AppendJSONBytes(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// validPerByte is what a JSON reader gets back for s: each byte that is
+// not part of valid UTF-8 replaced by U+FFFD.
+func validPerByte(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// Whatever the input, the output is one JSON string that encoding/json
+// reads back as the input with bad bytes replaced, and holds no raw
+// control byte (one event stays one log line).
+func FuzzAppendJSONString(f *testing.F) {
+	for _, s := range []string{"", "josé", "a\xffb", "\xed\xa0\x80", "\"\\\n\x00\x7f", "\U0010ffff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		out := AppendJSONString(nil, s)
+		var got string
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("%q → %s: not JSON: %v", s, out, err)
+		}
+		if want := validPerByte(s); got != want {
+			t.Fatalf("%q → %s reads back as %q, want %q", s, out, got, want)
+		}
+		if !utf8.Valid(out) {
+			t.Fatalf("%q → %q is not UTF-8", s, out)
+		}
+		for _, c := range out {
+			if c < 0x20 || c == 0x7f {
+				t.Fatalf("%q → %q holds the raw byte %#x", s, out, c)
+			}
+		}
+	})
+}
+
+func BenchmarkAppendJSONString(b *testing.B) {
+	for _, tc := range []struct{ name, s string }{
+		{"ascii", "0f8fad5b-d9cb-469f-a165-70867728950e"},
+		{"utf8", "/api/v1/café/ユーザー"},
+		{"escapes", "a\"b\\c\nd\xffe"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var buf []byte
+			b.ReportAllocs()
+			b.SetBytes(int64(len(tc.s)))
+			for i := 0; i < b.N; i++ {
+				buf = AppendJSONString(buf[:0], tc.s)
+			}
+		})
+	}
+}

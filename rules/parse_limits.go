@@ -1,0 +1,132 @@
+package rules
+
+// Parsing of what every limit shares: its limit fields, scope, action,
+// name and path patterns.
+
+import (
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
+
+// limitFields are the fields every limit-bearing object shares.
+var limitFields = []string{"algorithm", "limit", "window", "burst", "cost", "penalty"}
+
+// limitSpec reads the limit fields of v; def supplies inherited values.
+func (p *parser) limitSpec(v gjson.Result, path string, def LimitSpec, defPenalty *Penalty) LimitSpec {
+	s := def
+	if a := v.Get("algorithm"); a.Exists() || s.Algorithm == 0 {
+		name := p.str(a, join(path, "algorithm"), "sliding_window")
+		alg, ok := ParseAlgorithm(name)
+		if !ok {
+			p.fail(join(path, "algorithm"), "must be one of token_bucket, sliding_window, sliding_log, fixed_window; got %q", name)
+		}
+		s.Algorithm = alg
+	}
+	s.Limit = p.integer(v.Get("limit"), join(path, "limit"), s.Limit, 1, MaxLimitValue)
+	if s.Limit == 0 && p.err == nil {
+		p.fail(join(path, "limit"), "is required (requests per window, > 0)")
+	}
+	s.WindowMS = p.duration(v.Get("window"), join(path, "window"), s.WindowMS, 1, MaxWindowMS)
+	if s.WindowMS == 0 && p.err == nil {
+		p.fail(join(path, "window"), `is required (a duration such as "1m")`)
+	}
+	if b := v.Get("burst"); b.Exists() {
+		if s.Algorithm != TokenBucket {
+			p.fail(join(path, "burst"), "only for algorithm token_bucket (the bucket capacity)")
+		}
+		s.Burst = p.integer(b, join(path, "burst"), 0, 1, MaxLimitValue)
+	} else if s.Algorithm != TokenBucket || s.Burst == 0 {
+		// Only a token bucket has a capacity apart from its rate.
+		s.Burst = s.Limit
+	}
+	s.Cost = p.integer(v.Get("cost"), join(path, "cost"), max(s.Cost, 1), 1, MaxLimitValue)
+	if capacity := max(s.Limit, s.Burst); s.Cost > capacity && p.err == nil {
+		p.fail(join(path, "cost"), "is %d, more than the limit %d: no request could ever pass", s.Cost, capacity)
+	}
+	if pv := v.Get("penalty"); pv.Exists() {
+		pen := p.penalty(pv, join(path, "penalty"), defPenalty)
+		if pen.Enabled {
+			s.Penalty = &pen
+		} else {
+			s.Penalty = nil
+		}
+	} else if def.Penalty == nil {
+		s.Penalty = defPenalty
+	}
+	return s
+}
+
+// scope parses "user+endpoint".
+func (p *parser) scope(v gjson.Result, path, def string) Scope {
+	text := p.str(v, path, def)
+	var s Scope
+	for _, part := range strings.Split(text, "+") {
+		found := false
+		for _, n := range scopePartNames {
+			if n.name == strings.TrimSpace(part) {
+				if s.Has(n.part) {
+					p.fail(path, "%q names %s twice", text, n.name)
+				}
+				s |= Scope(n.part)
+				found = true
+			}
+		}
+		if !found {
+			p.fail(path, "unknown scope %q in %q (known: global, ip, user, api_key, tenant, endpoint, method, joined with +)", part, text)
+			return s
+		}
+	}
+	if s.Has(ScopeGlobal) && s != Scope(ScopeGlobal) {
+		p.fail(path, "global cannot be combined with other parts")
+	}
+	return s
+}
+
+func (p *parser) action(v gjson.Result, path string) Action {
+	switch a := p.str(v, path, "reject"); a {
+	case "reject":
+		return Reject
+	case "log_only":
+		return LogOnly
+	default:
+		p.fail(path, `must be "reject" or "log_only", got %q`, a)
+	}
+	return Reject
+}
+
+// name validates a rule, category or tier name: it becomes part of counter
+// keys, metric labels and header values.
+func (p *parser) name(v gjson.Result, path string) string {
+	n := p.str(v, path, "")
+	if n == "" {
+		if p.err == nil {
+			p.fail(path, "is required")
+		}
+		return n
+	}
+	if len(n) > MaxRuleNameLen {
+		p.fail(path, "must be at most %d bytes", MaxRuleNameLen)
+	}
+	for i := 0; i < len(n); i++ {
+		c := n[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			p.fail(path, "%q may hold only a-z, 0-9, _ and -", n)
+			break
+		}
+	}
+	return n
+}
+
+func (p *parser) pathPatterns(v gjson.Result, path string) []PathPattern {
+	var out []PathPattern
+	for _, s := range p.strings(v, path, nil) {
+		pp, err := ParsePathPattern(s)
+		if err != nil {
+			p.fail(path, "%q: %v", s, err)
+			return nil
+		}
+		out = append(out, pp)
+	}
+	return out
+}

@@ -1,0 +1,162 @@
+package rules
+
+// Parsing of rules (limits selected by request attributes) and categories
+// (named groups of paths under one limit).
+
+import (
+	"sort"
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
+
+func (p *parser) rules(v gjson.Result, path string, defPenalty *Penalty) []Rule {
+	if !v.Exists() {
+		return nil
+	}
+	if !v.IsArray() {
+		p.fail(path, "must be an array")
+		return nil
+	}
+	var out []Rule
+	fields := append([]string{"name", "match", "scope", "action", "priority", "enabled"}, limitFields...)
+	for i, e := range v.Array() {
+		rp := index(path, i)
+		if !p.object(e, rp, fields...) {
+			return nil
+		}
+		r := Rule{
+			Name:     p.name(e.Get("name"), join(rp, "name")),
+			Match:    p.match(e.Get("match"), join(rp, "match")),
+			Scope:    p.scope(e.Get("scope"), join(rp, "scope"), "user"),
+			Action:   p.action(e.Get("action"), join(rp, "action")),
+			Priority: int(p.integer(e.Get("priority"), join(rp, "priority"), 100, -1_000_000, 1_000_000)),
+			Enabled:  p.boolean(e.Get("enabled"), join(rp, "enabled"), true),
+		}
+		r.Spec = p.limitSpec(e, rp, LimitSpec{}, defPenalty)
+		for j := range out {
+			if out[j].Name == r.Name && p.err == nil {
+				p.fail(join(rp, "name"), "%q is already the name of %s", r.Name, index(path, j))
+			}
+		}
+		out = append(out, r)
+	}
+	// Lower priority first; config order breaks ties.
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Priority < out[j].Priority })
+	return out
+}
+
+func (p *parser) match(v gjson.Result, path string) Match {
+	var m Match
+	if !v.Exists() {
+		return m
+	}
+	if !p.object(v, path, "paths", "methods", "hosts", "headers") {
+		return m
+	}
+	m.Paths = p.pathPatterns(v.Get("paths"), join(path, "paths"))
+	m.Methods = p.strings(v.Get("methods"), join(path, "methods"), func(s, ep string) string {
+		s = strings.ToUpper(s)
+		if s == "" || strings.ContainsAny(s, " \t\r\n") {
+			p.fail(ep, "%q is not an HTTP method", s)
+		}
+		return s
+	})
+	m.Hosts = p.strings(v.Get("hosts"), join(path, "hosts"), func(s, ep string) string {
+		s = strings.ToLower(s)
+		if err := ValidHostPattern(s); err != nil {
+			p.fail(ep, "%v", err)
+		}
+		return s
+	})
+	if h := v.Get("headers"); h.Exists() {
+		hp := join(path, "headers")
+		if !h.IsArray() {
+			p.fail(hp, "must be an array")
+			return m
+		}
+		for i, e := range h.Array() {
+			ep := index(hp, i)
+			if !p.object(e, ep, "name", "present", "equals", "invert") {
+				return m
+			}
+			hm := HeaderMatch{Name: p.headerName(e.Get("name"), join(ep, "name"), "")}
+			if hm.Name == "" && p.err == nil {
+				p.fail(join(ep, "name"), "is required")
+			}
+			pres, eq := e.Get("present"), e.Get("equals")
+			switch {
+			case pres.Exists() && eq.Exists():
+				p.fail(ep, "set either present or equals, not both")
+			case eq.Exists():
+				hm.Value = p.str(eq, join(ep, "equals"), "")
+			case pres.Exists():
+				hm.Present = true
+				if !p.boolean(pres, join(ep, "present"), true) {
+					// present: false means "absent": presence, inverted.
+					hm.Invert = true
+				}
+			default:
+				p.fail(ep, "needs present or equals")
+			}
+			if p.boolean(e.Get("invert"), join(ep, "invert"), false) {
+				hm.Invert = !hm.Invert
+			}
+			m.Headers = append(m.Headers, hm)
+		}
+	}
+	return m
+}
+
+// Defaults of the well-known categories; the environment may change the
+// limit and window (env.go).
+var categoryDefaults = map[string]struct {
+	limit, windowMS int64
+	scope           Scope
+}{
+	"chat":   {10, 60_000, Scope(ScopeUser)},
+	"upload": {2, 600_000, Scope(ScopeUser)},
+	"auth":   {5, 60_000, Scope(ScopeIP)},
+}
+
+func (p *parser) categories(v gjson.Result, path string, defPenalty *Penalty) []Category {
+	if !v.Exists() {
+		return nil
+	}
+	if !v.IsArray() {
+		p.fail(path, "must be an array")
+		return nil
+	}
+	var out []Category
+	fields := append([]string{"name", "paths", "scope", "action"}, limitFields...)
+	for i, e := range v.Array() {
+		cp := index(path, i)
+		if !p.object(e, cp, fields...) {
+			return nil
+		}
+		c := Category{Name: p.name(e.Get("name"), join(cp, "name"))}
+		def := LimitSpec{}
+		defScope := "user"
+		if d, ok := categoryDefaults[c.Name]; ok {
+			def = LimitSpec{Algorithm: SlidingWindow, Limit: d.limit, WindowMS: d.windowMS, Burst: d.limit, Cost: 1}
+			if s, ok := p.envSpecs[c.Name]; ok {
+				def = s
+			}
+			defScope = d.scope.String()
+		}
+		c.Paths = p.pathPatterns(e.Get("paths"), join(cp, "paths"))
+		if len(c.Paths) == 0 && p.err == nil {
+			p.fail(join(cp, "paths"), "needs at least one path pattern")
+		}
+		c.Scope = p.scope(e.Get("scope"), join(cp, "scope"), defScope)
+		c.Action = p.action(e.Get("action"), join(cp, "action"))
+		c.Spec = p.limitSpec(e, cp, def, defPenalty)
+		for j := range out {
+			if out[j].Name == c.Name && p.err == nil {
+				p.fail(join(cp, "name"), "%q is already the name of %s", c.Name, index(path, j))
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
