@@ -1,11 +1,7 @@
-// Package e2e is a proxy-wasm (ABI v0.2.1) host on wazero that runs a
-// plugin the way Envoy does: one compiled module, several single-threaded
-// worker VMs, a root context per VM, HTTP stream contexts with their full
-// lifecycle, pausing and resuming, local responses, HTTP call-outs to named
-// clusters, shared data with CAS, metrics, timers, logs, and replacement of
-// a VM that traps.
-//
-// Gateways and tests embed it with New, run requests with NewStream or
-// Middleware, and read what the plugin did with Metric and Logs. The plugin
-// is a c-shared wasip1 module; BuildWasm builds one from a Go package.
+// Package e2e holds the end-to-end test suites of Sluice: the built plugin
+// in the wasmhost proxy-wasm host, the real bridge and a real redis-server,
+// with HTTP clients going through a gateway. The suites are test files
+// only: fullstack_test.go here (the reference scenarios), distributed/
+// (several hosts and bridges, Redis Cluster and Sentinel, faults) and
+// hostile/ (hostile input, floods, fuzzing). e2etest holds what they share.
 package e2e

@@ -1,7 +1,7 @@
 package e2e_test
 
 // Full-stack tests of the reference scenarios: a real redis-server, the real
-// bridge, the built plugin in this host with two worker VMs, and real HTTP
+// bridge, the built plugin in the wasmhost host with two worker VMs, and real HTTP
 // clients going through a gateway (Host.Middleware in front of an upstream).
 
 import (
@@ -21,10 +21,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/e2e"
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
+	"github.com/sluicehq/sluice/wasmhost"
 )
 
 // builtPlugin is the plugin as `make wasm` builds it.
@@ -38,7 +38,7 @@ type stack struct {
 	redis   *redistest.Server
 	bridge  *redisbridge.Server
 	brAddr  string
-	host    *e2e.Host
+	host    *wasmhost.Host
 	gateway *httptest.Server
 	client  *http.Client
 }
@@ -87,7 +87,7 @@ func newStack(t *testing.T, config string) *stack {
 	ln.Close()
 	s.bridge = startBridge(t, s.brAddr, s.redis.URL)
 	t.Cleanup(func() { stopBridge(s.bridge) })
-	s.host, err = e2e.New(context.Background(), builtPlugin(t), e2e.Options{
+	s.host, err = wasmhost.New(context.Background(), builtPlugin(t), wasmhost.Options{
 		Workers: 2, PluginConfig: []byte(config), RootID: "sluice",
 		Clusters: map[string]string{"sluice_bridge": "http://" + s.brAddr},
 	})
@@ -164,7 +164,7 @@ func scenarioConfig(mode string) string {
     {"name": "chat", "paths": ["/api/v1/chat"]},
     {"name": "auth", "paths": ["/api/v1/login"]}
   ],
-  "rules": [{"name": "search-shadow", "match": {"paths": ["/api/v1/search"]}, "limit": 2, "window": "1m", "action": "log_only"}],
+  "rules": [{"name": "search-log-only", "match": {"paths": ["/api/v1/search"]}, "limit": 2, "window": "1m", "action": "log_only"}],
   "exemptions": {"ips": ["192.0.2.200"], "users": ["ops"]},
   "headers": {"strategy": true}
 }`
@@ -301,13 +301,13 @@ func TestFullStack_Scenarios(t *testing.T) {
 				t.Errorf("%s: %d headers %v", path, r.status, r.h)
 			}
 		}
-		for i := 0; i < 4; i++ { // the shadow rule allows 2
-			if r := s.get("/api/v1/search", "203.0.113.9", "X-User-Id", "shadow-user"); r.status != 200 {
+		for i := 0; i < 4; i++ { // the log_only rule allows 2
+			if r := s.get("/api/v1/search", "203.0.113.9", "X-User-Id", "log-only-user"); r.status != 200 {
 				t.Fatalf("log_only request %d refused: %d", i, r.status)
 			}
 		}
-		if n, _ := s.host.Metric("sluice_shadow_denied_total"); n != 2 {
-			t.Errorf("shadow denials: %d, want 2", n)
+		if n, _ := s.host.Metric("sluice_log_only_denied_total"); n != 2 {
+			t.Errorf("log_only denials: %d, want 2", n)
 		}
 	})
 }

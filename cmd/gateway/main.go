@@ -1,5 +1,5 @@
 // Command gateway is a small reverse proxy that runs the Sluice plugin
-// (build/plugin.wasm) in the e2e proxy-wasm host in front of an upstream,
+// (build/plugin.wasm) in the wasmhost proxy-wasm host in front of an upstream,
 // for users without Envoy:
 //
 //	gateway --listen :8080 --plugin build/plugin.wasm --config examples/config.json \
@@ -14,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -27,7 +28,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 
-	"github.com/sluicehq/sluice/e2e"
+	"github.com/sluicehq/sluice/wasmhost"
 )
 
 func main() {
@@ -53,6 +54,8 @@ func (c clusterFlag) Set(v string) error {
 	return nil
 }
 
+func (clusterFlag) repeatable() {}
+
 // listFlag is a repeatable string flag.
 type listFlag []string
 
@@ -66,32 +69,140 @@ func (l *listFlag) Set(v string) error {
 	return nil
 }
 
+func (*listFlag) repeatable() {}
+
+// envFlag lists the environment variables the plugin VM gets, as Envoy's
+// vm_config.environment_variables: NAME passes the gateway's own value
+// when it has one (host_env_keys), NAME=VALUE gives one (key_values).
+// Envoy merges the two and refuses a name given twice, and leaves out a
+// host key it does not have (source/extensions/common/wasm/plugin.cc,
+// WasmConfig); so does the gateway.
+type envFlag []envVar
+
+type envVar struct {
+	name, value string
+	fromHost    bool
+}
+
+func (e *envFlag) String() string {
+	var parts []string
+	for _, v := range *e {
+		parts = append(parts, v.name)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (e *envFlag) Set(v string) error {
+	name, value, explicit := strings.Cut(v, "=")
+	if name == "" || strings.ContainsAny(name, "\x00") {
+		return fmt.Errorf("%q: want NAME or NAME=VALUE", v)
+	}
+	for _, prev := range *e {
+		if prev.name == name {
+			return fmt.Errorf("%s is given twice", name)
+		}
+	}
+	*e = append(*e, envVar{name: name, value: value, fromHost: !explicit})
+	return nil
+}
+
+func (*envFlag) repeatable() {}
+
+// environment is the VM's environment: explicit values, and the named
+// variables the gateway itself has (absent ones are left out, as Envoy
+// leaves out host_env_keys it does not have).
+func (e envFlag) environment(lookupEnv func(string) (string, bool)) map[string]string {
+	if len(e) == 0 {
+		return nil
+	}
+	out := map[string]string{}
+	for _, v := range e {
+		if !v.fromHost {
+			out[v.name] = v.value
+		} else if val, ok := lookupEnv(v.name); ok {
+			out[v.name] = val
+		}
+	}
+	return out
+}
+
+// repeatableFlag marks flags whose environment variable holds a
+// comma-separated list.
+type repeatableFlag interface{ repeatable() }
+
 type settings struct {
 	listen, plugin, config, upstream string
 	clusters                         clusterFlag
 	strip                            listFlag
+	env                              envFlag
 	workers                          int
 	failOpen, appendXFF              bool
 	logLevel                         string
 	cacheDir                         string
 }
 
-func parseFlags(args []string, stderr *os.File) (settings, error) {
-	s := settings{clusters: clusterFlag{}}
+// envPrefix: every flag --x-y may also be set as SLUICE_GATEWAY_X_Y.
+const envPrefix = "SLUICE_GATEWAY_"
+
+// envName is the environment variable of a flag.
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func flagSet(s *settings) *flag.FlagSet {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&s.listen, "listen", envOr("SLUICE_GATEWAY_LISTEN", ":8080"), "address to serve on")
-	fs.StringVar(&s.plugin, "plugin", envOr("SLUICE_GATEWAY_PLUGIN", "build/plugin.wasm"), "the plugin .wasm")
-	fs.StringVar(&s.config, "config", envOr("SLUICE_GATEWAY_CONFIG", "examples/config.json"), "the plugin's JSON configuration")
-	fs.StringVar(&s.upstream, "upstream", envOr("SLUICE_GATEWAY_UPSTREAM", ""), "the upstream base URL, e.g. http://127.0.0.1:9000")
+	fs.StringVar(&s.listen, "listen", ":8080", "address to serve on")
+	fs.StringVar(&s.plugin, "plugin", "build/plugin.wasm", "the plugin .wasm")
+	fs.StringVar(&s.config, "config", "examples/config.json", "the plugin's JSON configuration")
+	fs.StringVar(&s.upstream, "upstream", "", "the upstream base URL, e.g. http://127.0.0.1:9000")
 	fs.Var(s.clusters, "cluster", "a call-out cluster NAME=URL (repeatable), e.g. sluice_bridge=http://127.0.0.1:8081")
 	fs.IntVar(&s.workers, "workers", 2, "worker VMs")
 	fs.BoolVar(&s.failOpen, "fail-open", false, "pass requests when the plugin itself crashes (as Envoy's wasm fail_open)")
 	fs.Var(&s.strip, "strip-header", "remove this request header before the plugin runs (repeatable): identity headers the plugin trusts must come from you, not from clients")
+	fs.Var(&s.env, "env", "an environment variable for the plugin VM (repeatable): NAME passes the gateway's own value, NAME=VALUE sets one; the VM sees nothing else")
 	fs.BoolVar(&s.appendXFF, "append-xff", true, "append the peer address to X-Forwarded-For, as Envoy's use_remote_address does")
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&s.cacheDir, "compile-cache", envOr("SLUICE_GATEWAY_COMPILE_CACHE", ""), "directory to keep the plugin's compiled machine code in, so restarts skip compiling (seconds for plugin.wasm)")
+	fs.StringVar(&s.cacheDir, "compile-cache", "", "directory to keep the plugin's compiled machine code in, so restarts skip compiling (seconds for plugin.wasm)")
+	return fs
+}
+
+// parseFlags reads the command line, then, for each flag it does not set,
+// the flag's SLUICE_GATEWAY_* variable (lookupEnv is os.LookupEnv outside
+// tests): flags win. A repeatable flag's variable is a comma-separated list.
+func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (settings, error) {
+	s := settings{clusters: clusterFlag{}}
+	fs := flagSet(&s)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: gateway [flags]; every flag --x-y may also be set as %sX_Y (see docs/deploy.md)\n", envPrefix)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
+		return s, err
+	}
+	if fs.NArg() > 0 {
+		return s, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		v, ok := lookupEnv(envName(f.Name))
+		if err != nil || given[f.Name] || !ok || v == "" {
+			return
+		}
+		values := []string{v}
+		if _, list := f.Value.(repeatableFlag); list {
+			values = strings.Split(v, ",")
+		}
+		for _, one := range values {
+			if e := fs.Set(f.Name, strings.TrimSpace(one)); e != nil {
+				err = fmt.Errorf("%s: %v", envName(f.Name), e)
+				return
+			}
+		}
+	})
+	if err != nil {
 		return s, err
 	}
 	if s.upstream == "" {
@@ -106,15 +217,8 @@ func parseFlags(args []string, stderr *os.File) (settings, error) {
 	return s, nil
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 func run(ctx context.Context, args []string, stderr *os.File) error {
-	s, err := parseFlags(args, stderr)
+	s, err := parseFlags(args, os.LookupEnv, stderr)
 	if err != nil {
 		return err
 	}
@@ -131,7 +235,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}
-	hostLevel := e2e.LogLevel(1) // debug
+	hostLevel := wasmhost.LogLevel(1) // debug
 	switch {
 	case level >= slog.LevelError:
 		hostLevel = 4
@@ -140,9 +244,10 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	case level >= slog.LevelInfo:
 		hostLevel = 2
 	}
-	opts := e2e.Options{
+	opts := wasmhost.Options{
 		Workers: s.workers, PluginConfig: cfg, RootID: "sluice", Clusters: s.clusters,
 		Logger: logger, FailOpen: s.failOpen, LogLevel: hostLevel,
+		Environment: s.env.environment(os.LookupEnv),
 	}
 	if s.cacheDir != "" {
 		cache, err := wazero.NewCompilationCacheWithDir(s.cacheDir)
@@ -152,7 +257,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		opts.CompilationCache = cache
 	}
 	start := time.Now()
-	host, err := e2e.New(ctx, wasm, opts)
+	host, err := wasmhost.New(ctx, wasm, opts)
 	if err != nil {
 		return fmt.Errorf("starting the plugin: %w", err)
 	}

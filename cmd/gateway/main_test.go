@@ -1,16 +1,18 @@
 package main
 
 import (
+	"flag"
+	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
 
+func noEnv(string) (string, bool) { return "", false }
+
 func TestParseFlags(t *testing.T) {
-	devnull, _ := os.Open(os.DevNull)
-	defer devnull.Close()
 	tests := []struct {
 		args []string
 		err  string
@@ -22,9 +24,12 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--upstream", "http://x", "--cluster", "b=localhost:1"}, "not an http(s) URL"},
 		{[]string{"--upstream", "http://x", "--workers", "0"}, "--workers 0"},
 		{[]string{"--upstream", "http://x", "--strip-header", "bad header"}, "not a header name"},
+		{[]string{"--upstream", "http://x", "--env", "A", "--env", "A=1"}, "A is given twice"},
+		{[]string{"--upstream", "http://x", "--env", "=1"}, "want NAME or NAME=VALUE"},
+		{[]string{"--upstream", "http://x", "stray"}, `unexpected argument "stray"`},
 	}
 	for _, tc := range tests {
-		s, err := parseFlags(tc.args, devnull)
+		s, err := parseFlags(tc.args, noEnv, io.Discard)
 		if tc.err == "" {
 			if err != nil || s.clusters["b"] != "http://127.0.0.1:8081" || len(s.strip) != 1 {
 				t.Errorf("%v: %v %+v", tc.args, err, s)
@@ -34,6 +39,67 @@ func TestParseFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%v: error %v, want %q", tc.args, err, tc.err)
 		}
+	}
+}
+
+// Every flag has an environment variable, SLUICE_GATEWAY_ and its name;
+// a flag on the command line wins over it; a bad value names the variable.
+func TestParseFlags_Environment(t *testing.T) {
+	env := map[string]string{
+		"SLUICE_GATEWAY_LISTEN": "127.0.0.1:9999", "SLUICE_GATEWAY_PLUGIN": "p.wasm", "SLUICE_GATEWAY_CONFIG": "c.json",
+		"SLUICE_GATEWAY_UPSTREAM": "http://127.0.0.1:9000", "SLUICE_GATEWAY_CLUSTER": "a=http://127.0.0.1:1, b=http://127.0.0.1:2",
+		"SLUICE_GATEWAY_WORKERS": "3", "SLUICE_GATEWAY_FAIL_OPEN": "true", "SLUICE_GATEWAY_STRIP_HEADER": "x-user-id,x-tier",
+		"SLUICE_GATEWAY_ENV": "RATE_LIMIT_CHAT_REQUESTS,RATE_LIMIT_CHAT_WINDOW=90", "SLUICE_GATEWAY_APPEND_XFF": "false",
+		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc",
+	}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	s, err := parseFlags(nil, lookup, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := settings{
+		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
+		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failOpen: true,
+		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc",
+		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
+	}
+	if !reflect.DeepEqual(s, want) {
+		t.Errorf("from the environment:\n got %+v\nwant %+v", s, want)
+	}
+	// Every flag is covered above.
+	flagSet(&settings{clusters: clusterFlag{}}).VisitAll(func(f *flag.Flag) {
+		if _, ok := env[envName(f.Name)]; !ok {
+			t.Errorf("flag --%s: its variable %s is not tested", f.Name, envName(f.Name))
+		}
+	})
+
+	s, err = parseFlags([]string{"--workers", "5", "--strip-header", "x-a"}, lookup, io.Discard)
+	if err != nil || s.workers != 5 || !reflect.DeepEqual(s.strip, listFlag{"x-a"}) {
+		t.Errorf("flags must win over the environment: %v %+v", err, s)
+	}
+	env["SLUICE_GATEWAY_WORKERS"] = "many"
+	if _, err := parseFlags(nil, lookup, io.Discard); err == nil || !strings.HasPrefix(err.Error(), "SLUICE_GATEWAY_WORKERS: ") {
+		t.Errorf("bad variable: %v", err)
+	}
+}
+
+// The VM's environment holds the explicit values and those of the named
+// variables the gateway has; nothing else of the gateway's environment.
+func TestEnvFlag_Environment(t *testing.T) {
+	var e envFlag
+	for _, v := range []string{"RATE_LIMIT_CHAT_REQUESTS", "RATE_LIMIT_AUTH_WINDOW", "RATE_LIMIT_UPLOAD_REQUESTS=3", "EMPTY="} {
+		if err := e.Set(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host := map[string]string{"RATE_LIMIT_CHAT_REQUESTS": "25", "RATE_LIMIT_UPLOAD_REQUESTS": "99", "SECRET": "x"}
+	got := e.environment(func(k string) (string, bool) { v, ok := host[k]; return v, ok })
+	want := map[string]string{"RATE_LIMIT_CHAT_REQUESTS": "25", "RATE_LIMIT_UPLOAD_REQUESTS": "3", "EMPTY": ""}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if got := (envFlag{}).environment(nil); got != nil {
+		t.Errorf("no --env: %v, want none", got)
 	}
 }
 

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/e2e"
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
+	"github.com/sluicehq/sluice/wasmhost"
 )
 
 // builtPlugin is the plugin as `make wasm` builds it.
@@ -218,7 +218,7 @@ type deployment struct {
 	t        *testing.T
 	bridges  []*bridgeProc
 	proxies  []*delayProxy
-	hosts    []*e2e.Host
+	hosts    []*wasmhost.Host
 	gateways []string
 	client   *http.Client
 }
@@ -240,7 +240,7 @@ func deploy(t *testing.T, redisURL string, bridges int, redisTimeout time.Durati
 		tr.MaxIdleConnsPerHost = 64
 		tr.DisableCompression = true
 		t.Cleanup(tr.CloseIdleConnections)
-		h, err := e2e.New(context.Background(), builtPlugin(t), e2e.Options{
+		h, err := wasmhost.New(context.Background(), builtPlugin(t), wasmhost.Options{
 			Workers: 2, PluginConfig: []byte(cfg), RootID: "sluice",
 			Clusters:   map[string]string{"sluice_bridge": "http://sluice-bridge"},
 			HTTPClient: &http.Client{Transport: &spread{addrs: addrs, base: tr}},

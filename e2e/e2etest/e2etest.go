@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sluicehq/sluice/e2e"
+	"github.com/sluicehq/sluice/internal/wasmbuild"
 )
 
 var (
@@ -41,7 +41,7 @@ func BuildPlugin() ([]byte, error) {
 		}
 		defer os.RemoveAll(dir)
 		out := filepath.Join(dir, "plugin.wasm")
-		if err = e2e.BuildWasm(pkg, out); err == nil {
+		if err = wasmbuild.Build(pkg, out); err == nil {
 			wasm, err = os.ReadFile(out)
 		}
 	})

@@ -1,4 +1,4 @@
-// Package hostile feeds the built plugin, in the e2e host with two worker
+// Package hostile feeds the built plugin, in the wasmhost host with two worker
 // VMs behind a gateway and a real bridge, input an attacker chooses: huge
 // and numerous headers, malformed X-Forwarded-For, invalid UTF-8, control
 // bytes, forged JWTs, odd paths and methods, and floods of distinct client

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/sluicehq/sluice/e2e"
+	"github.com/sluicehq/sluice/wasmhost"
 )
 
 // floodIDs is how many distinct clients the flood brings; SLUICE_FLOOD_IDS
@@ -50,7 +50,7 @@ func TestHostile_FloodDistinctClients(t *testing.T) {
 						next.Add(-1)
 						return
 					}
-					info := e2e.RequestInfo{Method: "GET", Path: "/flood", Headers: [][2]string{
+					info := wasmhost.RequestInfo{Method: "GET", Path: "/flood", Headers: [][2]string{
 						{"x-forwarded-for", fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)},
 					}}
 					if i%2 == 0 {

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/e2e"
+	"github.com/sluicehq/sluice/wasmhost"
 )
 
 // FuzzPlugin_Headers sends arbitrary methods, paths, header names and
@@ -31,7 +31,7 @@ func FuzzPlugin_Headers(f *testing.F) {
 	s := newStack(f, 1000)
 	f.Fuzz(func(t *testing.T, method, path, name, value, xffValue, auth string) {
 		before := s.host.Crashes()
-		info := e2e.RequestInfo{Method: method, Path: path, Host: "gateway.test", Headers: [][2]string{
+		info := wasmhost.RequestInfo{Method: method, Path: path, Host: "gateway.test", Headers: [][2]string{
 			{strings.ToLower(name), value}, {"x-forwarded-for", xffValue}, {"authorization", auth},
 		}}
 		if got := s.stream(t, info); got != 200 && got != 429 {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/e2e"
+	"github.com/sluicehq/sluice/wasmhost"
 )
 
 func hdr(name, value string) [2]string { return [2]string{name, value} }
@@ -180,25 +180,25 @@ func TestHostile_StreamBytes(t *testing.T) {
 	s := newStack(t, 1000)
 	type streamCase struct {
 		name string
-		info e2e.RequestInfo
+		info wasmhost.RequestInfo
 	}
 	u := func(i int) [2]string { return [2]string{"x-user-id", fmt.Sprint("stream-user-", i)} }
 	cases := []streamCase{
-		{"NUL in user id", e2e.RequestInfo{Headers: [][2]string{{"x-user-id", "nul\x00user"}}}},
-		{"CR LF in user id", e2e.RequestInfo{Headers: [][2]string{{"x-user-id", "crlf\r\nx-user-id: admin"}}}},
-		{"DEL and C0 controls in user id", e2e.RequestInfo{Headers: [][2]string{{"x-user-id", "\x7f\x01\x02\x1b[31m"}}}},
-		{"NUL in X-Forwarded-For", e2e.RequestInfo{Headers: [][2]string{u(3), {"x-forwarded-for", "198.51.100.40\x00, 10.0.0.1"}}}},
-		{"NUL in Authorization", e2e.RequestInfo{Headers: [][2]string{u(4), {"authorization", "Bearer \x00" + validJWT("nul")}}}},
-		{"non-token header names", e2e.RequestInfo{Headers: [][2]string{u(5), {"x user id", "spaces"}, {"", "empty name"}, {"x-user-id:", "colon"}, {"X-USER-ID", "upper"}, {"\xff\xfe", "binary"}}}},
-		{"empty method and path", e2e.RequestInfo{Method: "", Path: "", Headers: [][2]string{u(6)}}},
-		{"path without slash", e2e.RequestInfo{Path: "h/no-slash", Headers: [][2]string{u(7)}}},
-		{"asterisk path", e2e.RequestInfo{Method: "OPTIONS", Path: "*", Headers: [][2]string{u(8)}}},
-		{"NUL and CR in path", e2e.RequestInfo{Path: "/h/\x00/\r\n", Headers: [][2]string{u(9)}}},
-		{"200-byte binary path", e2e.RequestInfo{Path: "/h/" + strings.Repeat("\xff", 200), Headers: [][2]string{u(10)}}},
-		{"1 MiB header value", e2e.RequestInfo{Headers: [][2]string{u(11), {"x-big", strings.Repeat("b", 1<<20)}}}},
-		{"1 MiB X-Forwarded-For", e2e.RequestInfo{Headers: [][2]string{u(12), {"x-forwarded-for", strings.Repeat("1.2.3.4,", 1<<17)}}}},
-		{"binary method and authority", e2e.RequestInfo{Method: "\x00\xff", Host: "\x00evil\xff:99999", Headers: [][2]string{u(13)}}},
-		{"duplicate identity headers", e2e.RequestInfo{Headers: [][2]string{u(14), {"x-user-id", "admin"}, {"x-forwarded-for", "1.1.1.1"}, {"x-forwarded-for", "2.2.2.2"}}}},
+		{"NUL in user id", wasmhost.RequestInfo{Headers: [][2]string{{"x-user-id", "nul\x00user"}}}},
+		{"CR LF in user id", wasmhost.RequestInfo{Headers: [][2]string{{"x-user-id", "crlf\r\nx-user-id: admin"}}}},
+		{"DEL and C0 controls in user id", wasmhost.RequestInfo{Headers: [][2]string{{"x-user-id", "\x7f\x01\x02\x1b[31m"}}}},
+		{"NUL in X-Forwarded-For", wasmhost.RequestInfo{Headers: [][2]string{u(3), {"x-forwarded-for", "198.51.100.40\x00, 10.0.0.1"}}}},
+		{"NUL in Authorization", wasmhost.RequestInfo{Headers: [][2]string{u(4), {"authorization", "Bearer \x00" + validJWT("nul")}}}},
+		{"non-token header names", wasmhost.RequestInfo{Headers: [][2]string{u(5), {"x user id", "spaces"}, {"", "empty name"}, {"x-user-id:", "colon"}, {"X-USER-ID", "upper"}, {"\xff\xfe", "binary"}}}},
+		{"empty method and path", wasmhost.RequestInfo{Method: "", Path: "", Headers: [][2]string{u(6)}}},
+		{"path without slash", wasmhost.RequestInfo{Path: "h/no-slash", Headers: [][2]string{u(7)}}},
+		{"asterisk path", wasmhost.RequestInfo{Method: "OPTIONS", Path: "*", Headers: [][2]string{u(8)}}},
+		{"NUL and CR in path", wasmhost.RequestInfo{Path: "/h/\x00/\r\n", Headers: [][2]string{u(9)}}},
+		{"200-byte binary path", wasmhost.RequestInfo{Path: "/h/" + strings.Repeat("\xff", 200), Headers: [][2]string{u(10)}}},
+		{"1 MiB header value", wasmhost.RequestInfo{Headers: [][2]string{u(11), {"x-big", strings.Repeat("b", 1<<20)}}}},
+		{"1 MiB X-Forwarded-For", wasmhost.RequestInfo{Headers: [][2]string{u(12), {"x-forwarded-for", strings.Repeat("1.2.3.4,", 1<<17)}}}},
+		{"binary method and authority", wasmhost.RequestInfo{Method: "\x00\xff", Host: "\x00evil\xff:99999", Headers: [][2]string{u(13)}}},
+		{"duplicate identity headers", wasmhost.RequestInfo{Headers: [][2]string{u(14), {"x-user-id", "admin"}, {"x-forwarded-for", "1.1.1.1"}, {"x-forwarded-for", "2.2.2.2"}}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

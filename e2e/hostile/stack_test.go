@@ -26,9 +26,9 @@ import (
 
 	"github.com/tetratelabs/wazero"
 
-	"github.com/sluicehq/sluice/e2e"
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/redisbridge"
+	"github.com/sluicehq/sluice/wasmhost"
 )
 
 // builtPlugin is the plugin as `make wasm` builds it (once per test
@@ -46,7 +46,7 @@ func compileCache() wazero.CompilationCache {
 	cacheOnce.Do(func() {
 		var err error
 		if cache, err = wazero.NewCompilationCacheWithDir(filepath.Join(os.TempDir(), "sluice-hostile-wazero")); err != nil {
-			cache = nil // e2e.New uses its in-memory cache
+			cache = nil // wasmhost.New uses its in-memory cache
 		}
 	})
 	return cache
@@ -89,7 +89,7 @@ func jsonString(s string) string {
 // stack is a bridge (memory store), the plugin host and a gateway, with
 // the outcomes the clients saw.
 type stack struct {
-	host    *e2e.Host
+	host    *wasmhost.Host
 	bridge  *redisbridge.Server
 	gateway *httptest.Server
 	// Outcomes of every request sent through the plugin, by the tests'
@@ -123,7 +123,7 @@ func newStackWith(t testing.TB, cfg string) *stack {
 		br.Close()
 	})
 	s := &stack{bridge: br}
-	s.host, err = e2e.New(context.Background(), builtPlugin(t), e2e.Options{
+	s.host, err = wasmhost.New(context.Background(), builtPlugin(t), wasmhost.Options{
 		Workers: 2, CompilationCache: compileCache(), PluginConfig: []byte(cfg), RootID: "sluice",
 		Clusters: map[string]string{"sluice_bridge": "http://" + ln.Addr().String()},
 		Logger:   slog.New(slog.DiscardHandler),
@@ -185,7 +185,7 @@ func (s *stack) send(t *testing.T, req string) int {
 // stream runs a request through the plugin without an HTTP layer (bytes
 // no HTTP/1.1 server accepts, and the fuzz target), and returns the
 // status the client would see: 200 when it passes, else the local answer.
-func (s *stack) stream(t testing.TB, info e2e.RequestInfo) int {
+func (s *stack) stream(t testing.TB, info wasmhost.RequestInfo) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -1,6 +1,7 @@
-package e2e
+package wasmhost
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -172,6 +173,17 @@ func (m *metricStore) value(name string) (int64, bool) {
 		return 0, false
 	}
 	return m.list[id-1].value, true
+}
+
+func (m *metricStore) names() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.list))
+	for _, x := range m.list {
+		out = append(out, x.name)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (m *metricStore) samples(name string) []uint64 {

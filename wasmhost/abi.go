@@ -1,4 +1,4 @@
-package e2e
+package wasmhost
 
 import (
 	"context"
@@ -8,10 +8,10 @@ import (
 
 	"github.com/tetratelabs/wazero/api"
 
-	"github.com/sluicehq/sluice/e2e/internal/fields"
+	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
-var errNoContext = errors.New("e2e: the stream has no context yet (RequestHeaders not called)")
+var errNoContext = errors.New("wasmhost: the stream has no context yet (RequestHeaders not called)")
 
 // ABI enumerations.
 const (

@@ -1,11 +1,11 @@
-package e2e
+package wasmhost
 
 import (
 	"context"
 	"net"
 	"strconv"
 
-	"github.com/sluicehq/sluice/e2e/internal/fields"
+	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
 // RequestInfo describes a downstream request.

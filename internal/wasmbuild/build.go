@@ -1,4 +1,4 @@
-package e2e
+package wasmbuild
 
 import (
 	"fmt"
@@ -8,12 +8,12 @@ import (
 	"runtime"
 )
 
-// BuildWasm builds the Go package pkg (an import path or a ./relative path
+// Build builds the Go package pkg (an import path or a ./relative path
 // resolved from the current directory) into the proxy-wasm module out, as
 // `make wasm` does:
 //
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o out pkg
-func BuildWasm(pkg, out string) error {
+func Build(pkg, out string) error {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
@@ -21,7 +21,7 @@ func BuildWasm(pkg, out string) error {
 	cmd := exec.Command(goBin, "build", "-buildmode=c-shared", "-trimpath", "-o", out, pkg)
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("e2e: building %s: %w\n%s", pkg, err, b)
+		return fmt.Errorf("wasmbuild: building %s: %w\n%s", pkg, err, b)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package e2e
+package wasmhost
 
 import (
 	"context"
@@ -19,13 +19,13 @@ var (
 	// ErrPluginCrashed: the VM running the request trapped (or could not be
 	// restarted). The VM is replaced; map the request to 500/503, or pass it
 	// when Host.FailOpen says so.
-	ErrPluginCrashed = errors.New("e2e: plugin VM crashed")
+	ErrPluginCrashed = errors.New("wasmhost: plugin VM crashed")
 	// ErrConfigRefused: a VM's proxy_on_configure returned false.
-	ErrConfigRefused = errors.New("e2e: plugin refused the configuration")
+	ErrConfigRefused = errors.New("wasmhost: plugin refused the configuration")
 	// ErrStreamReset: the plugin closed the stream (proxy_close_stream).
-	ErrStreamReset = errors.New("e2e: plugin reset the stream")
+	ErrStreamReset = errors.New("wasmhost: plugin reset the stream")
 	// ErrClosed: the host is closed.
-	ErrClosed = errors.New("e2e: host closed")
+	ErrClosed = errors.New("wasmhost: host closed")
 )
 
 // Options configure a Host. Zero values are usable.
@@ -36,6 +36,10 @@ type Options struct {
 	RootID       string // property plugin_root_id
 	PluginName   string // property plugin_name, default "sluice"
 	VMID         string // property plugin_vm_id
+	// Environment is what the VM sees as its environment variables, as
+	// Envoy's vm_config.environment_variables: nothing else of the host's
+	// environment reaches the plugin.
+	Environment map[string]string
 	// Clusters maps upstream cluster names used by proxy_http_call to base
 	// URLs, e.g. "sluice_bridge" → "http://127.0.0.1:8081".
 	Clusters map[string]string
@@ -131,20 +135,20 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	h.rt = wazero.NewRuntimeWithConfig(ctx, rc)
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, h.rt); err != nil {
 		h.rt.Close(ctx)
-		return nil, fmt.Errorf("e2e: wasi: %w", err)
+		return nil, fmt.Errorf("wasmhost: wasi: %w", err)
 	}
 	if err := h.exportHostFunctions(ctx); err != nil {
 		h.rt.Close(ctx)
-		return nil, fmt.Errorf("e2e: host functions: %w", err)
+		return nil, fmt.Errorf("wasmhost: host functions: %w", err)
 	}
 	compiled, err := h.rt.CompileModule(ctx, wasm)
 	if err != nil {
 		h.rt.Close(ctx)
-		return nil, fmt.Errorf("e2e: compile: %w", err)
+		return nil, fmt.Errorf("wasmhost: compile: %w", err)
 	}
 	if _, ok := compiled.ExportedFunctions()["proxy_abi_version_0_2_1"]; !ok {
 		h.rt.Close(ctx)
-		return nil, errors.New("e2e: module does not export proxy_abi_version_0_2_1")
+		return nil, errors.New("wasmhost: module does not export proxy_abi_version_0_2_1")
 	}
 	h.compiled = compiled
 	for i := 0; i < opts.Workers; i++ {
@@ -156,7 +160,7 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 		v.mu.Unlock()
 		if err != nil {
 			h.Close()
-			return nil, fmt.Errorf("e2e: vm %d: %w", i, err)
+			return nil, fmt.Errorf("wasmhost: vm %d: %w", i, err)
 		}
 		h.vms = append(h.vms, v)
 	}
@@ -203,7 +207,7 @@ func (h *Host) Configure(ctx context.Context, cfg []byte) error {
 			h.log(v.idx, LogLevelError, "host: restoring the previous configuration: "+err.Error())
 		}
 	}
-	return fmt.Errorf("e2e: configure: %w", failed)
+	return fmt.Errorf("wasmhost: configure: %w", failed)
 }
 
 // FailOpen reports Options.FailOpen: whether requests pass when the plugin fails.
@@ -237,6 +241,11 @@ func (h *Host) Workers() int { return len(h.vms) }
 // Metric returns the value of a counter or gauge, or the number of samples
 // of a histogram, summed over all VMs as Envoy's shared stats are.
 func (h *Host) Metric(name string) (int64, bool) { return h.metrics.value(name) }
+
+// MetricNames returns the names of every metric the plugin defined, sorted.
+// Envoy exports each from the moment it is defined, at zero until it
+// changes, as wasmcustom.<name>; its Prometheus output drops that prefix.
+func (h *Host) MetricNames() []string { return h.metrics.names() }
 
 // Histogram returns the samples recorded in a histogram.
 func (h *Host) Histogram(name string) []uint64 { return h.metrics.samples(name) }

@@ -1,4 +1,4 @@
-package e2e
+package wasmhost
 
 import (
 	"bytes"
@@ -6,13 +6,14 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 
-	"github.com/sluicehq/sluice/e2e/internal/fields"
+	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
 // vm is one worker slot. Its instance is replaced when it traps; mu
@@ -79,6 +80,9 @@ func (h *Host) newInstance(v *vm) (*instance, error) {
 	cfg := wazero.NewModuleConfig().WithName("").WithStartFunctions().
 		WithSysWalltime().WithSysNanotime().WithSysNanosleep().WithRandSource(rand.Reader).
 		WithStdout(stderr).WithStderr(stderr)
+	for _, k := range sortedKeys(h.opts.Environment) {
+		cfg = cfg.WithEnv(k, h.opts.Environment[k])
+	}
 	mod, err := h.rt.InstantiateModule(in.ctx, h.compiled, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("instantiate: %w", err)
@@ -333,4 +337,13 @@ func (h *Host) log(vmIdx int, level LogLevel, msg string) {
 	if l := h.opts.Logger; l != nil {
 		l.Log(context.Background(), slogLevel(level), msg, "plugin", h.opts.PluginName, "vm", vmIdx)
 	}
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }

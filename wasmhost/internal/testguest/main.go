@@ -1,5 +1,5 @@
 // Command testguest is a proxy-wasm plugin that exercises every host
-// function the e2e host implements. The e2e tests build it with
+// function the host implements. The host tests build it with
 // GOOS=wasip1 GOARCH=wasm -buildmode=c-shared. The request header "x-mode"
 // selects what a request does; without it the request passes untouched
 // (the benchmark's trivial guest).

@@ -1,4 +1,4 @@
-package e2e
+package wasmhost
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/tetratelabs/wazero"
+
+	"github.com/sluicehq/sluice/internal/wasmbuild"
 )
 
 var (
@@ -24,13 +27,13 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "e2e-guest")
+	dir, err := os.MkdirTemp("", "wasmhost-guest")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	out := filepath.Join(dir, "testguest.wasm")
-	if err := BuildWasm("github.com/sluicehq/sluice/e2e/internal/testguest", out); err != nil {
+	if err := wasmbuild.Build("github.com/sluicehq/sluice/wasmhost/internal/testguest", out); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -325,6 +328,16 @@ func TestHost_MetricsAggregateAcrossVMs(t *testing.T) {
 	}
 	if _, ok := h.Metric("nope"); ok {
 		t.Error("unknown metric reported")
+	}
+	// Three VMs define each name; it is listed once.
+	names := h.MetricNames()
+	if !slices.IsSorted(names) || len(slices.Compact(slices.Clone(names))) != len(names) {
+		t.Errorf("MetricNames %v: want sorted, each once", names)
+	}
+	for name := range wantMetrics {
+		if !slices.Contains(names, name) {
+			t.Errorf("MetricNames %v lacks %s", names, name)
+		}
 	}
 }
 

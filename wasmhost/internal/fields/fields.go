@@ -1,4 +1,4 @@
-// Package fields is the HTTP header map of the e2e host and its proxy-wasm
+// Package fields is the HTTP header map of the proxy-wasm host and its proxy-wasm
 // serialization.
 package fields
 

@@ -1,4 +1,4 @@
-package e2e
+package wasmhost
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/tetratelabs/wazero/api"
 
-	"github.com/sluicehq/sluice/e2e/internal/fields"
+	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
 // httpCall implements proxy_http_call: the request goes to the cluster's
