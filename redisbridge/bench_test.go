@@ -403,9 +403,11 @@ func BenchmarkRedisBenchmark_EvalSHA(b *testing.B) {
 	}
 	_, port, _ := net.SplitHostPort(rs.Addr)
 	n := max(b.N, 200_000)
-	// One token bucket limit, like the bridge's benchmark; __rand_int__ spreads 10,000 users.
+	// One token bucket limit, like the bridge's benchmark; __rand_int__
+	// spreads 10,000 users. Arguments as store/script.go lays them out.
 	args := []string{"-h", "127.0.0.1", "-p", port, "-n", strconv.Itoa(n), "-c", "50", "-P", "1", "-r", "10000", "--csv",
-		"EVALSHA", sha, "1", "rl:{u:__rand_int__}:bench:tb", "c", "1", "1", "1073741824", "60000", "1073741824", "1", "0", "0"}
+		"EVALSHA", sha, "1", "rl:{u:__rand_int__}:bench:tb", "c", strconv.Itoa(rules.MaxViolations), "1",
+		"1", "1073741824", "60000", "1073741824", "1", "0", "0"}
 	before, rcpu := commandStats(b, rc), redisCPU(b, rc)
 	b.ResetTimer()
 	out, err := exec.Command("redis-benchmark", args...).CombinedOutput()
@@ -448,7 +450,7 @@ func BenchmarkMemory_Check(b *testing.B) {
 		i := 0
 		for pb.Next() {
 			req := reqs[i%200]
-			if err := m.Check(context.Background(), &req, &resp); err != nil || !resp.Allowed {
+			if err := m.Check(context.Background(), time.Time{}, &req, &resp); err != nil || !resp.Allowed {
 				b.Fatal(err)
 			}
 			i++

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strconv"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
@@ -14,15 +15,19 @@ import (
 
 // FuzzDecodeCheckRequest_SameAsBefore compares rules.DecodeCheckRequest,
 // rewritten for speed (one ForEach per object), with the decoder it
-// replaced, kept here verbatim: same requests, same errors.
+// replaced, kept here: same requests, same errors. Changed in both since:
+// the body must be UTF-8; log_only and the penalty's detection_window_ms
+// and violation_threshold are the wire names.
 func FuzzDecodeCheckRequest_SameAsBefore(f *testing.F) {
 	for _, s := range []string{
 		checkBody(limit("rl:{u:f}:a", rules.TokenBucket, 3)),
-		`{"request_id":"x","user":"u","endpoint":"/e","limits":[{"key":"k","rule":"r","algorithm":"sliding_log","limit":1,"window_ms":1,"burst":2,"cost":1,"shadow":true,"per_user":false,"penalty":{"window_ms":1,"threshold":1,"multipliers":[2,3]}}]}`,
+		`{"request_id":"x","user":"u","endpoint":"/e","limits":[{"key":"k","rule":"r","algorithm":"sliding_log","limit":1,"window_ms":1,"burst":2,"cost":1,"log_only":true,"per_user":false,"penalty":{"detection_window_ms":1,"violation_threshold":1,"multipliers":[2,3]}}]}`,
 		`{"limits":[{"key":"k","key":"j","algorithm":"fixed_window","limit":1,"limit":2,"window_ms":1}],"limits":[]}`,
 		`{"limits":[{"key":"k","algorithm":"leaky","limit":1,"window_ms":1},{"key":""}]}`,
 		`{"limits":[{"key":"k","alg\u006frithm":"fixed_window","limit":1.5,"window_ms":1}]}`,
-		`{"user":1,"limits":[]}`, `{"limits":{}}`, `[]`, `{}`, ``, `{"limits":[1]}`, `{"limits":[{"key":"k","algorithm":"token_bucket","limit":1,"window_ms":1,"shadow":null}]}`,
+		`{"request_id":"\u00e9","user":"jos\u00e9 \ud83d\ude00 \ud800 \ud800\u0041 \udc00","endpoint":"/café/😀","limits":[{"key":"rl:{u:josé}:r","rule":"\u0072","algorithm":"fixed_window","limit":1,"window_ms":1}]}`,
+		"{\"user\":\"\xff\xed\xa0\x80\",\"limits\":[{\"key\":\"k\xc3\",\"algorithm\":\"fixed_window\",\"limit\":1,\"window_ms\":1}]}",
+		`{"user":1,"limits":[]}`, `{"limits":{}}`, `[]`, `{}`, ``, `{"limits":[1]}`, `{"limits":[{"key":"k","algorithm":"token_bucket","limit":1,"window_ms":1,"log_only":null}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -44,6 +49,9 @@ func refDecodeCheckRequest(body []byte) (rules.CheckRequest, error) {
 	var req rules.CheckRequest
 	if !gjson.ValidBytes(body) {
 		return req, fmt.Errorf("%w: body is not valid JSON", rules.ErrInvalidCheck)
+	}
+	if !utf8.Valid(body) {
+		return req, fmt.Errorf("%w: body is not UTF-8", rules.ErrInvalidCheck)
 	}
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
@@ -117,7 +125,7 @@ func refDecodeLimit(v gjson.Result, l *rules.LimitRequest) error {
 	if l.Spec.Cost, err = refWireInt(v, "cost", 1, rules.MaxLimitValue, 1); err != nil {
 		return err
 	}
-	if l.Shadow, err = refWireBool(v, "shadow"); err != nil {
+	if l.LogOnly, err = refWireBool(v, "log_only"); err != nil {
 		return err
 	}
 	if l.PerUser, err = refWireBool(v, "per_user"); err != nil {
@@ -128,10 +136,10 @@ func refDecodeLimit(v gjson.Result, l *rules.LimitRequest) error {
 			return errors.New("penalty: must be an object")
 		}
 		pen := &rules.Penalty{Enabled: true}
-		if pen.DetectionWindowMS, err = refWireInt(p, "window_ms", 1, rules.MaxWindowMS, 0); err != nil {
+		if pen.DetectionWindowMS, err = refWireInt(p, "detection_window_ms", 1, rules.MaxWindowMS, 0); err != nil {
 			return fmt.Errorf("penalty.%w", err)
 		}
-		if pen.ViolationThreshold, err = refWireInt(p, "threshold", 1, rules.MaxViolations, 0); err != nil {
+		if pen.ViolationThreshold, err = refWireInt(p, "violation_threshold", 1, rules.MaxViolations, 0); err != nil {
 			return fmt.Errorf("penalty.%w", err)
 		}
 		ms := p.Get("multipliers")

@@ -3,7 +3,14 @@
 // the bridge decides them all-or-nothing against shared counters, in Redis
 // (one EVALSHA per check, pipelined across concurrent checks) or in memory.
 //
-// It also serves the internal REST API of the seed design (batch check,
-// status, per-user overrides, reset), Prometheus metrics and health checks.
-// See docs/bridge.md for settings and docs/protocol.md for the wire format.
+// It also serves a REST API for services that ask it directly (a check per
+// user and endpoint, batch check, status, per-user overrides, reset),
+// Prometheus metrics and health checks. See docs/bridge.md for settings
+// and docs/protocol.md for the wire format and the REST API.
+//
+// Its parts: one check core (check.go) that every transport calls
+// (net/http here, the HTTP/1.1 fast path in internal/h1fast, through the
+// contract of internal/checkio); the REST API (rest.go); overrides
+// (internal/overrides), applied before the counter store
+// (internal/store) decides.
 package redisbridge

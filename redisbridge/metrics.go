@@ -17,6 +17,7 @@ type metrics struct {
 	storeDur    *prometheus.HistogramVec // by op
 	storeErrors *prometheus.CounterVec   // by op
 	adminOps    *prometheus.CounterVec   // by action, result
+	idemReplays prometheus.Counter       // batch-check answers replayed for a repeated idempotency key
 
 	// Children of the vectors the check path uses, looked up once: a
 	// WithLabelValues per check costs label hashing and a lock.
@@ -47,7 +48,10 @@ func newMetrics() *metrics {
 	}, []string{"result", "algorithm", "rule"})
 	m.checkDur = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "sluice_bridge_check_duration_seconds", Help: "Time to answer a check request.",
-		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		// .15 and .2 are the default --redis-timeout and the plugin's default
+		// bridge.timeout, so an alert on the p99 against them reads a bucket
+		// boundary rather than an interpolation between .1 and .25.
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .15, .2, .25, 1},
 	})
 	m.storeDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "sluice_bridge_store_duration_seconds", Help: "Time spent in the counter store by operation.",
@@ -59,13 +63,21 @@ func newMetrics() *metrics {
 	m.adminOps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_bridge_admin_requests_total", Help: "Admin API requests by action and result.",
 	}, []string{"action", "result"})
-	m.reg.MustRegister(m.checks, m.decisions, m.checkDur, m.storeDur, m.storeErrors, m.adminOps,
+	m.idemReplays = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_bridge_idempotent_replays_total", Help: "Batch-check answers replayed for a repeated idempotency key.",
+	})
+	m.reg.MustRegister(m.checks, m.decisions, m.checkDur, m.storeDur, m.storeErrors, m.adminOps, m.idemReplays,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.checkAllowed = m.checks.WithLabelValues("allowed")
 	m.checkDenied = m.checks.WithLabelValues("denied")
 	m.checkError = m.checks.WithLabelValues("error")
 	m.checkInvalid = m.checks.WithLabelValues("invalid")
 	m.storeCheck = m.storeDur.WithLabelValues("check")
+	// Series exist at zero from the start, so rate() and increase() in
+	// dashboards and alerts see the first error rather than a new series.
+	for _, op := range []string{"check", "status", "config", "reset", "ping"} {
+		m.storeErrors.WithLabelValues(op)
+	}
 	return m
 }
 

@@ -50,7 +50,7 @@ func TestSecurity_AdminEndpoints(t *testing.T) {
 	set := testSettings()
 	set.AdminKey, set.CheckToken = secAdminKey, secCheckToken
 	ts := startServer(t, set)
-	putBody := `{"user_id":"alice","endpoint":"/api","limit":5,"window_seconds":60,"strategy":"fixed_window"}`
+	putBody := `{"user_id":"alice","endpoint":"/api","limit":5,"window_seconds":60,"algorithm":"fixed_window"}`
 	endpoints := []struct{ method, path, body string }{
 		{"PUT", "/v1/rate-limit/config", putBody},
 		{"GET", "/v1/rate-limit/config/alice/api", ""},
@@ -60,7 +60,7 @@ func TestSecurity_AdminEndpoints(t *testing.T) {
 	for _, cl := range []struct {
 		name string
 		c    *http.Client
-	}{{"http1", http.DefaultClient}, {"h2c", h2cClient()}} {
+	}{{"http1", http.DefaultClient}, {"h2c", h2cClient(t)}} {
 		for _, e := range endpoints {
 			name := cl.name + " " + e.method + " " + e.path
 			missing := map[string][]string{
@@ -95,7 +95,7 @@ func TestSecurity_AdminEndpoints(t *testing.T) {
 	}
 	for _, hdr := range [][]string{{"Authorization", "Bearer " + secAdminKey}, {"Authorization", "bearer  " + secAdminKey + " "}, {"X-Admin-Key", secAdminKey}} {
 		for _, e := range endpoints {
-			if r := do(t, h2cClient(), e.method, ts.URL+e.path, e.body, hdr...); r.status != 200 {
+			if r := do(t, h2cClient(t), e.method, ts.URL+e.path, e.body, hdr...); r.status != 200 {
 				t.Errorf("%s %s with %q: %d %s", e.method, e.path, hdr[1], r.status, r.body)
 			}
 		}
@@ -119,7 +119,7 @@ func TestSecurity_CheckToken(t *testing.T) {
 	for _, cl := range []struct {
 		name string
 		c    *http.Client
-	}{{"http1", http.DefaultClient}, {"h2c", h2cClient()}} {
+	}{{"http1", http.DefaultClient}, {"h2c", h2cClient(t)}} {
 		for _, e := range endpoints {
 			name := cl.name + " " + e.method + " " + e.path
 			for what, hdr := range map[string][]string{"no token": nil, "empty bearer": {"Authorization", "Bearer "}, "basic scheme": {"Authorization", "Basic " + secCheckToken}} {
@@ -183,7 +183,7 @@ func TestSecurity_CheckToken(t *testing.T) {
 		t.Errorf("second authorized check of a limit of 1: %d %s (refused checks were counted, or this one was not)", r.status, r.body)
 	}
 	for _, e := range endpoints[1:] {
-		if r := do(t, h2cClient(), e.method, ts.URL+e.path, e.body, "Authorization", "Bearer "+secCheckToken); r.status != 200 && r.status != 429 {
+		if r := do(t, h2cClient(t), e.method, ts.URL+e.path, e.body, "Authorization", "Bearer "+secCheckToken); r.status != 200 && r.status != 429 {
 			t.Errorf("%s %s with the token: %d %s", e.method, e.path, r.status, r.body)
 		}
 	}
@@ -273,7 +273,7 @@ func TestSecurity_TLSListener(t *testing.T) {
 			t.Errorf("cleartext HTTP/1.1 on the TLS port: %d %s, want 400", r.StatusCode, b)
 		}
 	}
-	if r, err := h2cClient().Post("http://"+addr+"/v1/rate-limit/check", "application/json", strings.NewReader(check)); err == nil {
+	if r, err := h2cClient(t).Post("http://"+addr+"/v1/rate-limit/check", "application/json", strings.NewReader(check)); err == nil {
 		r.Body.Close()
 		t.Errorf("h2c on the TLS port answered %d", r.StatusCode)
 	}
@@ -300,6 +300,7 @@ func TestSecurity_TLSListener(t *testing.T) {
 		{"h2", &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool}, ForceAttemptHTTP2: true}, 2},
 		{"http/1.1", &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool, NextProtos: []string{"http/1.1"}}, TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{}}, 1},
 	} {
+		t.Cleanup(tc.tr.CloseIdleConnections) // before the bridge's shutdown: see h2cClient
 		r, err := (&http.Client{Transport: tc.tr}).Post("https://"+addr+"/v1/rate-limit/check", "application/json", strings.NewReader(check))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
@@ -508,7 +509,7 @@ func TestSecurity_RedisACL(t *testing.T) {
 		}
 		admin := []string{"X-Admin-Key", "admin-secret"}
 		for _, c := range []struct{ method, path, body string }{
-			{"PUT", "/v1/rate-limit/config", `{"user_id":"alice","endpoint":"/api","limit":5,"window_seconds":60,"strategy":"token_bucket"}`},
+			{"PUT", "/v1/rate-limit/config", `{"user_id":"alice","endpoint":"/api","limit":5,"window_seconds":60,"algorithm":"token_bucket"}`},
 			{"GET", "/v1/rate-limit/status/alice/api", ""},
 			{"POST", "/v1/rate-limit/batch-check", `{"checks":[{"user_id":"alice","endpoint":"/api"}]}`},
 			{"POST", "/v1/rate-limit/reset", `{"user_id":"alice","endpoint":"/api"}`},

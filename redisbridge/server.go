@@ -3,10 +3,8 @@ package redisbridge
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,37 +12,40 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
+	"github.com/sluicehq/sluice/redisbridge/internal/h1fast"
+	"github.com/sluicehq/sluice/redisbridge/internal/overrides"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/rules"
 )
 
 // Server is a bridge: an HTTP handler over a counter store.
 type Server struct {
-	set      Settings
-	store    store.Store
-	log      *slog.Logger
-	audit    *slog.Logger
-	auditOut io.Closer
-	m        *metrics
-	idem     *idemCache
-	handler  http.Handler
-	defSpec  rules.LimitSpec
-	adminSum [32]byte
-	checkSum [32]byte
+	set       Settings
+	store     store.Store
+	overrides *overrides.Set
+	log       *slog.Logger
+	audit     *slog.Logger
+	auditOut  io.Closer
+	m         *metrics
+	idem      *idemCache
+	handler   http.Handler
+	defSpec   rules.LimitSpec
+	adminSum  [32]byte
+	checkSum  [32]byte
 
 	errLogAt   atomic.Int64 // unix ms of the last logged store error
 	errSkipped atomic.Int64
 
-	mu  sync.Mutex
-	srv *http.Server
-	h1  *http1 // cleartext only: the fast check path in front of srv
+	mu   sync.Mutex
+	srv  *http.Server
+	fast *h1fast.Server // cleartext only: the fast check path in front of srv
 }
 
 // New builds a bridge from validated settings. It does not listen yet.
@@ -67,7 +68,7 @@ func New(set Settings) (*Server, error) {
 		auditW, s.auditOut = f, f
 	}
 	s.audit = slog.New(slog.NewJSONHandler(auditW, nil)).With("log", "audit")
-	alg, _ := rules.ParseAlgorithm(set.DefaultStrategy)
+	alg, _ := rules.ParseAlgorithm(set.DefaultAlgorithm)
 	s.defSpec = rules.LimitSpec{Algorithm: alg, Limit: set.DefaultLimit, WindowMS: set.DefaultWindow.Milliseconds(), Burst: set.DefaultLimit, Cost: 1}
 	if set.AdminKey != "" {
 		s.adminSum = sha256.Sum256([]byte(set.AdminKey))
@@ -91,8 +92,10 @@ func New(set Settings) (*Server, error) {
 			return nil, fmt.Errorf("--redis-url: %w", err)
 		}
 		s.store = r
+		s.overrides = overrides.New(r.Overrides(time.Second), s.log)
 	default:
 		s.store = store.NewMemory(store.MemoryOptions{MaxKeys: set.MemoryMaxKeys, Now: set.Now})
+		s.overrides = overrides.New(overrides.NewMemory(), s.log)
 	}
 	s.handler = s.routes()
 	return s, nil
@@ -100,7 +103,7 @@ func New(set Settings) (*Server, error) {
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/rate-limit/check", s.checker(s.handleCheck))
+	mux.HandleFunc("POST /v1/rate-limit/check", s.handleCheck) // the token is checked in the check core
 	mux.HandleFunc("POST /v1/rate-limit/batch-check", s.checker(s.handleBatch))
 	mux.HandleFunc("GET /v1/rate-limit/status/{user_id}/{endpoint...}", s.checker(s.handleStatus))
 	mux.HandleFunc("PUT /v1/rate-limit/config", s.admin("config.put", s.handlePutConfig))
@@ -108,11 +111,11 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/rate-limit/reset", s.admin("reset", s.handleReset))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		writeJSON(w, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, http.StatusNotFound, codeNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path, nil)
+		writeError(w, r, &apiError{http.StatusNotFound, codeNotFound, "path", "no such endpoint: " + r.Method + " " + r.URL.Path})
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Request-Id") == "" {
@@ -152,16 +155,16 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.mu.Unlock()
 		return serverClosed(srv.ServeTLS(ln, s.set.TLSCert, s.set.TLSKey))
 	}
-	h := &http1{s: s, ln: ln, handoff: newChanListener(ln.Addr()), conns: map[*fastConn]struct{}{}}
-	s.h1 = h
+	fast := h1fast.New(ln, checkio.HandlerFunc(s.serveCheck))
+	s.fast = fast
 	s.mu.Unlock()
 	httpDone := make(chan error, 1)
 	go func() {
-		err := srv.Serve(h.handoff)
-		h.handoff.Close() // connections handed over from now on are closed
+		err := srv.Serve(fast.Handoff())
+		fast.Handoff().Close() // connections handed over from now on are closed
 		httpDone <- err
 	}()
-	if err := h.serve(); err != nil {
+	if err := fast.Serve(); err != nil {
 		return err
 	}
 	return serverClosed(<-httpDone)
@@ -188,14 +191,14 @@ func (s *Server) ListenAndServe() error {
 // Shutdown stops accepting requests and waits for those in flight.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	srv, h := s.srv, s.h1
+	srv, fast := s.srv, s.fast
 	s.mu.Unlock()
 	if srv == nil {
 		return nil
 	}
 	var err error
-	if h != nil {
-		err = h.shutdown(ctx)
+	if fast != nil {
+		err = fast.Shutdown(ctx)
 	}
 	if e := srv.Shutdown(ctx); err == nil {
 		err = e
@@ -205,6 +208,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // Close releases the store and the audit log. Call after Shutdown.
 func (s *Server) Close() error {
+	s.overrides.Close()
 	err := s.store.Close()
 	s.closeAudit()
 	return err
@@ -219,10 +223,10 @@ func (s *Server) closeAudit() {
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if err := s.store.Ping(r.Context()); err != nil {
 		s.storeFailed("ping", err)
-		writeError(w, r, http.StatusServiceUnavailable, codeServiceUnavailable, "counter store unavailable", nil)
+		writeError(w, r, storeError(err))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "store": s.set.Store})
+	writeJSON(w, map[string]string{"status": "ready", "store": s.set.Store})
 }
 
 // storeFailed counts a store error and logs it, at most once a second so an
@@ -237,130 +241,6 @@ func (s *Server) storeFailed(op string, err error) {
 	}
 	s.log.Error("store_error", "op", op, "err", err.Error(), "unavailable", errors.Is(err, store.ErrUnavailable),
 		"suppressed_since_last", s.errSkipped.Swap(0))
-}
-
-// bearer returns the credential of r: "Authorization: Bearer x" or, with
-// allowAdminHeader, "X-Admin-Key: x".
-func bearer(r *http.Request, allowAdminHeader bool) (string, bool) {
-	if a := r.Header.Get("Authorization"); a != "" {
-		if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-			return strings.TrimSpace(a[7:]), true
-		}
-		return "", false
-	}
-	if allowAdminHeader {
-		if k := r.Header.Get("X-Admin-Key"); k != "" {
-			return k, true
-		}
-	}
-	return "", false
-}
-
-// keyMatches compares digests in constant time, so neither content nor
-// length of the secret leaks through timing.
-func keyMatches(got string, want [32]byte) bool {
-	sum := sha256.Sum256([]byte(got))
-	return subtle.ConstantTimeCompare(sum[:], want[:]) == 1
-}
-
-// fingerprint names a key in the audit log without revealing it.
-func fingerprint(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return "sha256:" + hex.EncodeToString(sum[:8])
-}
-
-func (s *Server) checker(h http.HandlerFunc) http.HandlerFunc {
-	if s.set.CheckToken == "" {
-		return h
-	}
-	return func(w http.ResponseWriter, r *http.Request) {
-		tok, ok := bearer(r, false)
-		if !ok {
-			w.Header().Set("WWW-Authenticate", "Bearer")
-			writeError(w, r, http.StatusUnauthorized, codeUnauthorized, "missing bearer token", nil)
-			return
-		}
-		if !keyMatches(tok, s.checkSum) {
-			writeError(w, r, http.StatusForbidden, codeForbidden, "wrong bearer token", nil)
-			return
-		}
-		h(w, r)
-	}
-}
-
-type adminHandler func(w http.ResponseWriter, r *http.Request, who string)
-
-func (s *Server) admin(action string, h adminHandler) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if s.set.AdminKey == "" {
-			s.m.adminOps.WithLabelValues(action, "disabled").Inc()
-			writeError(w, r, http.StatusForbidden, codeForbidden, "admin API disabled: start the bridge with --admin-key", nil)
-			return
-		}
-		key, ok := bearer(r, true)
-		if !ok {
-			s.m.adminOps.WithLabelValues(action, "unauthorized").Inc()
-			w.Header().Set("WWW-Authenticate", "Bearer")
-			writeError(w, r, http.StatusUnauthorized, codeUnauthorized, "missing admin key (Authorization: Bearer or X-Admin-Key)", nil)
-			return
-		}
-		if !keyMatches(key, s.adminSum) {
-			s.m.adminOps.WithLabelValues(action, "forbidden").Inc()
-			s.audit.Warn("admin_denied", "who", fingerprint(key), "remote", r.RemoteAddr, "action", action, "request_id", requestID(r))
-			writeError(w, r, http.StatusForbidden, codeForbidden, "wrong admin key", nil)
-			return
-		}
-		s.m.adminOps.WithLabelValues(action, "ok").Inc()
-		h(w, r, fingerprint(key))
-	}
-}
-
-// idemCache replays batch-check answers for a repeated idempotency key.
-// Entries live ttl; FIFO order is expiry order because ttl is fixed.
-type idemCache struct {
-	mu    sync.Mutex
-	max   int
-	ttl   time.Duration
-	m     map[string]idemEntry
-	order []string
-}
-
-type idemEntry struct {
-	body []byte
-	at   time.Time
-}
-
-func newIdemCache(max int, ttl time.Duration) *idemCache {
-	return &idemCache{max: max, ttl: ttl, m: make(map[string]idemEntry)}
-}
-
-func (c *idemCache) get(key string, now time.Time) ([]byte, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.m[key]
-	if !ok || now.Sub(e.at) >= c.ttl {
-		return nil, false
-	}
-	return e.body, true
-}
-
-func (c *idemCache) put(key string, body []byte, now time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e, ok := c.m[key]; ok && now.Sub(e.at) < c.ttl {
-		return // the first answer stays the answer
-	}
-	for len(c.order) > 0 {
-		oldest := c.order[0]
-		e, ok := c.m[oldest]
-		if ok && len(c.m) < c.max && now.Sub(e.at) < c.ttl {
-			break
-		}
-		delete(c.m, oldest)
-		c.order = c.order[1:]
-	}
-	c.m[key] = idemEntry{body: body, at: now}
-	c.order = append(c.order, key)
 }
 
 // loadRedisTLS reads the Redis CA and client certificate files once, at

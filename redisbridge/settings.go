@@ -15,20 +15,20 @@ import (
 // Settings configure a bridge. ParseSettings reads them from flags and
 // SLUICE_* environment variables (docs/bridge.md); flags win.
 type Settings struct {
-	Listen          string        // address to listen on, default ":8081"
-	Store           string        // "memory" (default) or "redis"
-	RedisURL        string        // redis://, rediss://, redis+sentinel://, redis+cluster://
-	RedisPoolSize   int           // connections per Redis node (0: go-redis default)
-	RedisTimeout    time.Duration // dial/read/write timeout and bound on a check, default 150ms
-	RedisPipelines  int           // pipelines in flight at once, default 4
-	AdminKey        string        // required by config and reset endpoints; "" disables them
-	CheckToken      string        // when set, check endpoints require "Authorization: Bearer <token>"
-	AuditLog        string        // file for admin audit records (JSON lines); "" or "-" is stderr
-	DefaultLimit    int64         // seed-style API: requests per window, default 100
-	DefaultWindow   time.Duration // seed-style API: window, default 1m
-	DefaultStrategy string        // seed-style API: algorithm, default sliding_window
-	MemoryMaxKeys   int           // memory store bound, default 1,000,000
-	LogLevel        string        // debug, info (default), warn, error
+	Listen           string        // address to listen on, default ":8081"
+	Store            string        // "memory" (default) or "redis"
+	RedisURL         string        // redis://, rediss://, redis+sentinel://, redis+cluster://
+	RedisPoolSize    int           // connections per Redis node (0: go-redis default)
+	RedisTimeout     time.Duration // dial/read/write timeout and bound on a check, default 150ms
+	RedisPipelines   int           // pipelines in flight at once, default 4
+	AdminKey         string        // required by config and reset endpoints; "" disables them
+	CheckToken       string        // when set, check endpoints require "Authorization: Bearer <token>"
+	AuditLog         string        // file for admin audit records (JSON lines); "" or "-" is stderr
+	DefaultLimit     int64         // REST checks: requests per window, default 100
+	DefaultWindow    time.Duration // REST checks: window, default 1m
+	DefaultAlgorithm string        // REST checks: algorithm, default sliding_window
+	MemoryMaxKeys    int           // memory store bound, default 1,000,000
+	LogLevel         string        // debug, info (default), warn, error
 	// Redis over TLS (rediss://): a CA to verify the server with, instead
 	// of the system roots, and a client certificate for mutual TLS.
 	RedisTLSCA, RedisTLSCert, RedisTLSKey string
@@ -41,7 +41,7 @@ type Settings struct {
 
 	// Not settable from flags: tests and embedders.
 	Logger *slog.Logger // default: JSON to stderr at LogLevel
-	Now    func() int64 // memory store clock in unix ms
+	Now    func() int64 // memory store clock in unix ms (default: the system clock)
 }
 
 // DefaultSettings returns the settings a bridge starts with.
@@ -52,7 +52,7 @@ func DefaultSettings() Settings {
 		// plugin applies its failure mode while the bridge may still count
 		// the request in Redis.
 		Listen: ":8081", Store: "memory", RedisTimeout: 150 * time.Millisecond, RedisPipelines: 4,
-		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultStrategy: "sliding_window",
+		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window",
 		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second,
 	}
 }
@@ -65,7 +65,7 @@ func ParseSettings(args []string, getenv func(string) string) (Settings, error) 
 	fs.SetOutput(io.Discard)
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		env := envName(f.Name)
 		if v := getenv(env); v != "" && err == nil {
 			if e := fs.Set(f.Name, v); e != nil {
 				err = fmt.Errorf("%s: %v", env, e)
@@ -96,6 +96,10 @@ func Usage(w io.Writer) {
 	fs.PrintDefaults()
 }
 
+func envName(flagName string) string {
+	return "SLUICE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
 func flagSet(s *Settings) *flag.FlagSet {
 	fs := flag.NewFlagSet("redisbridge", flag.ContinueOnError)
 	fs.StringVar(&s.Listen, "listen", s.Listen, "address to listen on")
@@ -107,9 +111,9 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.AdminKey, "admin-key", s.AdminKey, "key for the admin endpoints")
 	fs.StringVar(&s.CheckToken, "check-token", s.CheckToken, "bearer token required on check endpoints")
 	fs.StringVar(&s.AuditLog, "audit-log", s.AuditLog, "audit log file (default stderr)")
-	fs.Int64Var(&s.DefaultLimit, "default-limit", s.DefaultLimit, "seed API default limit")
-	fs.DurationVar(&s.DefaultWindow, "default-window", s.DefaultWindow, "seed API default window")
-	fs.StringVar(&s.DefaultStrategy, "default-strategy", s.DefaultStrategy, "seed API default algorithm")
+	fs.Int64Var(&s.DefaultLimit, "default-limit", s.DefaultLimit, "REST checks: requests per window when the check gives no limit")
+	fs.DurationVar(&s.DefaultWindow, "default-window", s.DefaultWindow, "REST checks: window when the check gives none")
+	fs.StringVar(&s.DefaultAlgorithm, "default-algorithm", s.DefaultAlgorithm, "REST checks: algorithm when the check gives none")
 	fs.IntVar(&s.MemoryMaxKeys, "memory-max-keys", s.MemoryMaxKeys, "memory store key bound")
 	fs.StringVar(&s.LogLevel, "log-level", s.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&s.RedisTLSCA, "redis-tls-ca", s.RedisTLSCA, "PEM CA certificates that verify Redis's certificate (rediss:// URLs); default: the system roots")
@@ -148,8 +152,8 @@ func (s *Settings) Validate() error {
 	if s.DefaultWindow < time.Millisecond || s.DefaultWindow.Milliseconds() > rules.MaxWindowMS {
 		return errors.New("--default-window: must be from 1ms to one year")
 	}
-	if _, ok := rules.ParseAlgorithm(s.DefaultStrategy); !ok {
-		return fmt.Errorf("--default-strategy: %q is not one of token_bucket, sliding_window, sliding_log, fixed_window", s.DefaultStrategy)
+	if _, ok := rules.ParseAlgorithm(s.DefaultAlgorithm); !ok {
+		return fmt.Errorf("--default-algorithm: %q is not one of token_bucket, sliding_window, sliding_log, fixed_window", s.DefaultAlgorithm)
 	}
 	if _, err := parseLevel(s.LogLevel); err != nil {
 		return err

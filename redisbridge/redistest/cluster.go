@@ -166,15 +166,6 @@ func (c *Cluster) nodes(addr string) ([]nodeEntry, error) {
 	return out, nil
 }
 
-func (c *Cluster) node(addr string) *Server {
-	for _, n := range c.Nodes {
-		if n.Addr == addr {
-			return n
-		}
-	}
-	return nil
-}
-
 func (c *Cluster) anyRunning() (*Server, error) {
 	for _, n := range c.Nodes {
 		if n.Running() {

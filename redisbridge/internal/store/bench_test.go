@@ -47,7 +47,7 @@ func benchChecks(b *testing.B, s *Redis) {
 		var resp rules.CheckResponse
 		for pb.Next() {
 			req := reqs[next.Add(1)%int64(len(reqs))]
-			if err := s.Check(context.Background(), &req, &resp); err != nil || !resp.Allowed {
+			if err := s.Check(context.Background(), time.Time{}, &req, &resp); err != nil || !resp.Allowed {
 				b.Fatal(err)
 			}
 		}

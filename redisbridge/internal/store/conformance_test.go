@@ -14,21 +14,19 @@ import (
 	"github.com/sluicehq/sluice/rules"
 )
 
-// harness runs one store for the conformance suite. Memory uses an
-// injected clock that only moves on sleep; Redis takes its time from TIME,
-// so its expectations allow for the milliseconds a test takes (tol).
+// harness runs one store for the conformance suite, on a clock that only
+// moves on sleep: the memory store's injected clock, check.lua's time
+// argument in test builds (clockScript).
 type harness struct {
 	name  string
 	s     Store
-	tol   int64
 	sleep func(ms int64)
 	// keys lists every stored key with its remaining time to live in ms.
 	keys func(t *testing.T) map[string]int64
 }
 
-func memoryHarness(t *testing.T) *harness {
-	var now atomic.Int64
-	now.Store(1_700_000_000_123)
+func memoryHarness() *harness {
+	now := fakeNow()
 	m := NewMemory(MemoryOptions{Now: now.Load})
 	return &harness{
 		name: "memory", s: m,
@@ -47,9 +45,11 @@ func memoryHarness(t *testing.T) *harness {
 
 func redisHarness(t *testing.T, split bool) *harness {
 	srv := redistest.Start(t)
+	now := fakeNow()
 	// "redis" sends checks on the store's own connections (direct.go),
 	// "redis-split" through go-redis, as for Cluster: the suite covers both.
-	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: time.Second, splitSlots: split, viaGoRedis: split})
+	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: 5 * time.Second, splitSlots: split, viaGoRedis: split,
+		script: clockScript(t, now.Load)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,15 +59,12 @@ func redisHarness(t *testing.T, split bool) *harness {
 		name = "redis-split"
 	}
 	return &harness{
-		name: name, s: s, tol: 150,
-		sleep: func(ms int64) { time.Sleep(time.Duration(ms) * time.Millisecond) },
+		name: name, s: s,
+		sleep: func(ms int64) { now.Add(ms) },
 		keys: func(t *testing.T) map[string]int64 {
 			ctx := context.Background()
 			out := map[string]int64{}
 			for _, k := range s.c.Keys(ctx, "*").Val() {
-				if k == overridesKey {
-					continue // configuration, kept until changed
-				}
 				out[k] = s.c.PTTL(ctx, k).Val().Milliseconds()
 			}
 			return out
@@ -76,7 +73,7 @@ func redisHarness(t *testing.T, split bool) *harness {
 }
 
 func harnesses(t *testing.T) []*harness {
-	return []*harness{memoryHarness(t), redisHarness(t, false), redisHarness(t, true)}
+	return []*harness{memoryHarness(), redisHarness(t, false), redisHarness(t, true)}
 }
 
 func spec(alg rules.Algorithm, limit, windowMS int64) rules.LimitSpec {
@@ -96,7 +93,7 @@ func (h *harness) checkAs(t *testing.T, user, endpoint string, ls ...rules.Limit
 	t.Helper()
 	req := rules.CheckRequest{User: user, Endpoint: endpoint, Limits: append([]rules.LimitRequest(nil), ls...)}
 	var resp rules.CheckResponse
-	if err := h.s.Check(context.Background(), &req, &resp); err != nil {
+	if err := h.s.Check(context.Background(), time.Time{}, &req, &resp); err != nil {
 		t.Fatalf("%s: check: %v", h.name, err)
 	}
 	if len(resp.Decisions) != len(ls) {
@@ -104,9 +101,6 @@ func (h *harness) checkAs(t *testing.T, user, endpoint string, ls ...rules.Limit
 	}
 	return resp
 }
-
-// near reports whether got is in [want-tol, want]: Redis time only moves forward.
-func (h *harness) near(got, want int64) bool { return got <= want && got >= want-h.tol }
 
 var algs = []rules.Algorithm{rules.TokenBucket, rules.SlidingWindow, rules.SlidingLog, rules.FixedWindow}
 
@@ -132,11 +126,11 @@ func TestStore_CountsUntilLimit(t *testing.T) {
 				// Algorithm-specific waits, from the store's own clock.
 				switch alg {
 				case rules.TokenBucket: // one token per hour/3
-					if !h.near(d.RetryAfterMS, hour/3) || !h.near(d.ResetMS-r.NowMS, hour) {
+					if d.RetryAfterMS != hour/3 || d.ResetMS-r.NowMS != hour {
 						t.Errorf("token bucket: retry %d reset in %d, want %d and %d", d.RetryAfterMS, d.ResetMS-r.NowMS, hour/3, hour)
 					}
 				case rules.SlidingLog: // the oldest entry leaves the window
-					if !h.near(d.RetryAfterMS, hour) {
+					if d.RetryAfterMS != hour {
 						t.Errorf("sliding log: retry %d, want %d", d.RetryAfterMS, hour)
 					}
 				case rules.FixedWindow: // the window ends
@@ -213,25 +207,25 @@ func TestStore_AllOrNothing(t *testing.T) {
 	}
 }
 
-func TestStore_Shadow(t *testing.T) {
+func TestStore_LogOnly(t *testing.T) {
 	for _, h := range harnesses(t) {
 		t.Run(h.name, func(t *testing.T) {
-			sh := lim("rl:{u:sh}:shadow", spec(rules.FixedWindow, 1, hour))
-			sh.Shadow = true
+			sh := lim("rl:{u:sh}:logonly", spec(rules.FixedWindow, 1, hour))
+			sh.LogOnly = true
 			sh.Spec.Penalty = &rules.Penalty{Enabled: true, DetectionWindowMS: hour, ViolationThreshold: 1, Multipliers: []int64{1}}
 			b := lim("rl:{u:sh}:b", spec(rules.FixedWindow, 5, hour))
 			for i := range 3 {
 				r := h.check(t, sh, b)
 				if !r.Allowed || r.Decisions[0].Allowed != (i == 0) || !r.Decisions[1].Allowed {
-					t.Fatalf("check %d: %+v, want allowed, shadow denying after the first", i, r)
+					t.Fatalf("check %d: %+v, want allowed, the log-only limit denying after the first", i, r)
 				}
 			}
 			if d := h.check(t, b).Decisions[0]; d.Remaining != 1 {
-				t.Fatalf("b remaining %d, want 1: the shadow denials must not stop consumption", d.Remaining)
+				t.Fatalf("b remaining %d, want 1: the log-only denials must not stop consumption", d.Remaining)
 			}
-			// A shadow denial records no violation, so no block either.
+			// A log-only denial records no violation, so no block either.
 			if d := h.check(t, sh).Decisions[0]; d.RetryAfterMS >= hour {
-				t.Fatalf("shadow limit got blocked: %+v", d)
+				t.Fatalf("log-only limit got blocked: %+v", d)
 			}
 		})
 	}
@@ -241,16 +235,19 @@ func TestStore_WindowsPass(t *testing.T) {
 	for _, h := range harnesses(t) {
 		for _, alg := range algs {
 			t.Run(h.name+"/"+alg.String(), func(t *testing.T) {
-				t.Parallel()
-				l := lim("rl:{u:pass}:"+alg.String(), spec(alg, 2, 300))
+				l := lim("rl:{u:pass}:"+alg.String(), spec(alg, 2, 60_000))
 				for range 2 {
 					h.check(t, l)
 				}
 				d := h.check(t, l).Decisions[0]
-				if d.Allowed || d.RetryAfterMS <= 0 || d.RetryAfterMS > 600 {
-					t.Fatalf("third: %+v, want denied with 0 < retry <= 600", d)
+				if d.Allowed || d.RetryAfterMS <= 0 || d.RetryAfterMS > 120_000 {
+					t.Fatalf("third: %+v, want denied with 0 < retry <= 120000", d)
 				}
-				h.sleep(d.RetryAfterMS + 5)
+				h.sleep(d.RetryAfterMS - 1)
+				if d := h.check(t, l).Decisions[0]; d.Allowed {
+					t.Fatalf("1 ms before retry_after: %+v, want denied", d)
+				}
+				h.sleep(1)
 				if d := h.check(t, l).Decisions[0]; !d.Allowed {
 					t.Fatalf("after retry_after: %+v, want allowed", d)
 				}
@@ -260,33 +257,37 @@ func TestStore_WindowsPass(t *testing.T) {
 }
 
 func TestStore_PenaltyEscalates(t *testing.T) {
+	const w = 60_000
 	for _, h := range harnesses(t) {
 		t.Run(h.name, func(t *testing.T) {
-			t.Parallel()
-			s := spec(rules.FixedWindow, 1, 200)
-			s.Penalty = &rules.Penalty{Enabled: true, DetectionWindowMS: hour, ViolationThreshold: 2, Multipliers: []int64{1, 3}}
+			s := spec(rules.FixedWindow, 1, w)
+			s.Penalty = &rules.Penalty{Enabled: true, DetectionWindowMS: 10 * hour, ViolationThreshold: 2, Multipliers: []int64{1, 3}}
 			l := lim("rl:{u:pen}:x", s)
-			if r := h.check(t, l); !r.Allowed {
+			r := h.check(t, l)
+			if !r.Allowed {
 				t.Fatalf("first: %+v", r)
 			}
-			if d := h.check(t, l).Decisions[0]; d.Allowed || d.RetryAfterMS > 200 {
-				t.Fatalf("second (1 violation, below threshold): %+v", d)
+			windowEnd := (r.NowMS/w + 1) * w
+			if d := h.check(t, l).Decisions[0]; d.Allowed || d.RetryAfterMS != windowEnd-r.NowMS {
+				t.Fatalf("second (1 violation, below threshold): %+v, want retry at the window's end", d)
 			}
-			d := h.check(t, l).Decisions[0] // 2 violations: blocked 200 × 1
-			if d.Allowed || !h.near(d.RetryAfterMS, 200) {
-				t.Fatalf("third: %+v, want blocked for 200 ms", d)
+			h.sleep(1)
+			d := h.check(t, l).Decisions[0] // 2 violations: blocked w × 1
+			if d.Allowed || d.RetryAfterMS != w || d.ResetMS != r.NowMS+1+w {
+				t.Fatalf("third: %+v, want blocked for %d ms", d, w)
 			}
+			h.sleep(w / 2)
 			d = h.check(t, l).Decisions[0] // while blocked: no new violation
-			if d.Allowed || d.Remaining != 0 || d.RetryAfterMS > 200 || d.RetryAfterMS <= 0 {
-				t.Fatalf("while blocked: %+v", d)
+			if d.Allowed || d.Remaining != 0 || d.RetryAfterMS != w/2 {
+				t.Fatalf("while blocked: %+v, want the rest of the block, %d ms", d, w/2)
 			}
-			h.sleep(d.RetryAfterMS + 5)
+			h.sleep(d.RetryAfterMS)
 			if d := h.check(t, l).Decisions[0]; !d.Allowed {
-				t.Fatalf("after the block, next window: %+v", d)
+				t.Fatalf("after the block, a new window: %+v", d)
 			}
-			d = h.check(t, l).Decisions[0] // 3 violations: blocked 200 × 3
-			if d.Allowed || !h.near(d.RetryAfterMS, 600) || d.ResetMS < 600 {
-				t.Fatalf("after a further violation: %+v, want blocked for 600 ms", d)
+			d = h.check(t, l).Decisions[0] // 3 violations: blocked w × 3
+			if d.Allowed || d.RetryAfterMS != 3*w {
+				t.Fatalf("after a further violation: %+v, want blocked for %d ms", d, 3*w)
 			}
 		})
 	}
@@ -316,92 +317,7 @@ func TestStore_ExpiryOnEveryKey(t *testing.T) {
 	}
 }
 
-func TestStore_Overrides(t *testing.T) {
-	ctx := context.Background()
-	for _, h := range harnesses(t) {
-		t.Run(h.name, func(t *testing.T) {
-			base := spec(rules.FixedWindow, 5, hour)
-			per := lim("rl:{u:alice}:api", base)
-			per.PerUser = true
-			shared := lim("rl:{u:alice}:all", base)
-			o := Override{User: "alice", Endpoint: "/x", Algorithm: rules.TokenBucket, Limit: 1, WindowMS: hour}
-			if _, had, err := h.s.SetOverride(ctx, o); err != nil || had {
-				t.Fatalf("SetOverride: had=%v err=%v", had, err)
-			}
-			r := h.checkAs(t, "alice", "/x", per, shared)
-			if d := r.Decisions[0]; !r.Allowed || d.Limit != 1 || d.Remaining != 0 {
-				t.Fatalf("first: %+v, want the override (limit 1) on the per-user limit", r.Decisions)
-			}
-			if d := r.Decisions[1]; d.Limit != 5 || d.Remaining != 4 {
-				t.Fatalf("first: shared limit %+v, want untouched", d)
-			}
-			if r := h.checkAs(t, "alice", "/x", per); r.Allowed {
-				t.Fatalf("second: %+v, want denied by the override", r)
-			}
-			// Other endpoint and other user: the config's limit (fixed window key, untouched).
-			if r := h.checkAs(t, "alice", "/y", per); !r.Allowed || r.Decisions[0].Limit != 5 {
-				t.Fatalf("other endpoint: %+v", r)
-			}
-			bob := per
-			bob.Key = "rl:{u:bob}:api"
-			if r := h.checkAs(t, "bob", "/x", bob); !r.Allowed || r.Decisions[0].Limit != 5 {
-				t.Fatalf("other user: %+v", r)
-			}
-			// "*" covers every endpoint; an exact endpoint wins over it.
-			star := Override{User: "alice", Endpoint: "*", Algorithm: rules.SlidingLog, Limit: 7, WindowMS: hour}
-			if _, _, err := h.s.SetOverride(ctx, star); err != nil {
-				t.Fatal(err)
-			}
-			if r := h.checkAs(t, "alice", "/z", per); r.Decisions[0].Limit != 7 {
-				t.Fatalf("star override: %+v", r.Decisions[0])
-			}
-			if r := h.checkAs(t, "alice", "/x", per); r.Decisions[0].Limit != 1 {
-				t.Fatalf("exact override should win over star: %+v", r.Decisions[0])
-			}
-			o.Limit = 3
-			prev, had, err := h.s.SetOverride(ctx, o)
-			if err != nil || !had || prev.Limit != 1 || prev.Algorithm != rules.TokenBucket {
-				t.Fatalf("replace: prev=%+v had=%v err=%v", prev, had, err)
-			}
-			if got, ok := h.s.Override("alice", "/x"); !ok || got.Limit != 3 {
-				t.Fatalf("Override lookup: %+v %v", got, ok)
-			}
-		})
-	}
-}
-
-func TestRedis_OverridesReachOtherBridges(t *testing.T) {
-	srv := redistest.Start(t)
-	a, err := NewRedis(RedisOptions{URL: srv.URL, RefreshEvery: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := NewRedis(RedisOptions{URL: srv.URL, RefreshEvery: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	o := Override{User: "u1", Endpoint: "/e", Algorithm: rules.SlidingWindow, Limit: 9, WindowMS: 1000}
-	if _, _, err := a.SetOverride(context.Background(), o); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		if got, ok := b.Override("u1", "/e"); ok {
-			if got.Limit != 9 || got.Algorithm != rules.SlidingWindow || got.WindowMS != 1000 {
-				t.Fatalf("b sees %+v", got)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("override did not reach the second bridge")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func TestStore_StatusAndReset(t *testing.T) {
+func TestStore_PeekAndReset(t *testing.T) {
 	ctx := context.Background()
 	for _, h := range harnesses(t) {
 		for _, alg := range algs {
@@ -411,17 +327,19 @@ func TestStore_StatusAndReset(t *testing.T) {
 				for range 2 {
 					h.check(t, lim(key, s))
 				}
-				for range 2 { // status consumes nothing
-					d, now, err := h.s.Status(ctx, key, s)
-					if err != nil || d.Remaining != 3 || !d.Allowed || d.Limit != 5 || now <= 0 {
-						t.Fatalf("status: %+v now=%d err=%v, want remaining 3", d, now, err)
+				for range 2 { // peeking consumes nothing
+					l := lim(key, s)
+					d, err := h.s.Peek(ctx, time.Time{}, &l)
+					if err != nil || d.Remaining != 3 || !d.Allowed || d.Limit != 5 {
+						t.Fatalf("peek: %+v err=%v, want remaining 3", d, err)
 					}
 				}
 				for range 3 {
 					h.check(t, lim(key, s))
 				}
-				if d, _, _ := h.s.Status(ctx, key, s); d.Allowed || d.Remaining != 0 {
-					t.Fatalf("status at the limit: %+v", d)
+				l := lim(key, s)
+				if d, err := h.s.Peek(ctx, time.Time{}, &l); err != nil || d.Allowed || d.Remaining != 0 {
+					t.Fatalf("peek at the limit: %+v %v", d, err)
 				}
 				if err := h.s.Reset(ctx, key); err != nil {
 					t.Fatal(err)
@@ -471,7 +389,7 @@ func TestMemory_BoundedKeys(t *testing.T) {
 	for i := range 10_000 {
 		req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:"+strconv.Itoa(i)+"}:x", spec(rules.FixedWindow, 1, hour))}}
 		var resp rules.CheckResponse
-		if err := m.Check(context.Background(), &req, &resp); err != nil || !resp.Allowed {
+		if err := m.Check(context.Background(), time.Time{}, &req, &resp); err != nil || !resp.Allowed {
 			t.Fatalf("check %d: %v %+v", i, err, resp)
 		}
 	}
@@ -490,19 +408,14 @@ func TestRedis_UnavailableThenRecovers(t *testing.T) {
 	check := func() error {
 		req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:down}:x", spec(rules.TokenBucket, 10, hour))}}
 		var resp rules.CheckResponse
-		return s.Check(context.Background(), &req, &resp)
+		return s.Check(context.Background(), time.Time{}, &req, &resp)
 	}
 	if err := check(); err != nil {
 		t.Fatal(err)
 	}
 	srv.Stop()
-	start := time.Now()
-	err = check()
-	if !errors.Is(err, ErrUnavailable) {
+	if err := check(); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("with redis down: %v, want ErrUnavailable", err)
-	}
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("failing took %v, want within the 300ms timeout (+ slack)", d)
 	}
 	// The restarted server has no scripts loaded: NOSCRIPT must be handled.
 	srv.Restart()

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice/rules"
 )
 
 // A single Redis (redis://, rediss://, unix://) gets its check pipelines
@@ -30,8 +28,9 @@ type directConn struct {
 	timeout time.Duration
 	c       net.Conn
 	r       *bufio.Reader
-	w       []byte
-	used    time.Time // end of the last batch
+	rw      respWriter // the batch being written
+	used    time.Time  // end of the last batch
+	script  *luaScript
 	// idleCheck: a connection idle this long is probed before use (one
 	// system call), as go-redis probes every pooled connection: Redis may
 	// have restarted meanwhile (the first check on each stale connection
@@ -83,7 +82,7 @@ func (d *directConn) connect(deadline time.Time) error {
 		d.r.Reset(c)
 	}
 	_ = c.SetDeadline(deadline)
-	w := d.w[:0]
+	w := d.rw.w[:0]
 	n := 0
 	if d.opt.Password != "" {
 		if d.opt.Username != "" {
@@ -138,75 +137,25 @@ func appendBulk(w []byte, a, b string) []byte {
 	return append(w, "\r\n"...)
 }
 
-func appendBulkInt(w []byte, n int64) []byte {
-	var buf [20]byte
-	d := strconv.AppendInt(buf[:0], n, 10)
-	w = append(w, '$')
-	w = strconv.AppendInt(w, int64(len(d)), 10)
-	w = append(w, "\r\n"...)
-	w = append(w, d...)
-	return append(w, "\r\n"...)
+// respWriter writes script commands as RESP into w, for writeCheck.
+type respWriter struct{ w []byte }
+
+func (r *respWriter) begin(parts int) {
+	r.w = append(r.w, '*')
+	r.w = strconv.AppendInt(r.w, int64(parts), 10)
+	r.w = append(r.w, "\r\n"...)
 }
 
-// appendCheck writes the EVALSHA (or, with eval, the EVAL) of check.lua for
-// c, with the same KEYS and ARGV as checkCmd.
-func appendCheck(w []byte, c *call, eval bool) []byte {
-	n := c.limits()
-	keys, args := 0, 2
-	for j := range n {
-		l := c.limit(j)
-		keys++
-		args += 7
-		if p := l.Spec.Penalty; p != nil && p.Enabled {
-			keys += 2
-			args += 2 + len(p.Multipliers)
-		}
-	}
-	w = append(w, '*')
-	w = strconv.AppendInt(w, int64(3+keys+args), 10)
-	w = append(w, "\r\n"...)
-	if eval {
-		w = appendBulk(w, "EVAL", "")
-		w = appendBulk(w, checkLua, "")
-	} else {
-		w = appendBulk(w, "EVALSHA", "")
-		w = appendBulk(w, checkScript.Hash(), "")
-	}
-	w = appendBulkInt(w, int64(keys))
-	for j := range n {
-		l := c.limit(j)
-		w = appendBulk(w, l.Key, algSuffix(l.Spec.Algorithm))
-		if p := l.Spec.Penalty; p != nil && p.Enabled {
-			w = appendBulk(w, l.Key, suffixViolations)
-			w = appendBulk(w, l.Key, suffixBlock)
-		}
-	}
-	w = appendBulk(w, c.mode, "")
-	w = appendBulkInt(w, int64(n))
-	for j := range n {
-		sp := &c.limit(j).Spec
-		shadow := int64(0)
-		if c.limit(j).Shadow {
-			shadow = 1
-		}
-		w = appendBulkInt(w, int64(sp.Algorithm))
-		w = appendBulkInt(w, sp.Limit)
-		w = appendBulkInt(w, sp.WindowMS)
-		w = appendBulkInt(w, sp.Burst)
-		w = appendBulkInt(w, sp.Cost)
-		w = appendBulkInt(w, shadow)
-		if p := sp.Penalty; p != nil && p.Enabled {
-			w = appendBulkInt(w, p.DetectionWindowMS)
-			w = appendBulkInt(w, p.ViolationThreshold)
-			w = appendBulkInt(w, int64(len(p.Multipliers)))
-			for _, m := range p.Multipliers {
-				w = appendBulkInt(w, m)
-			}
-		} else {
-			w = appendBulkInt(w, 0)
-		}
-	}
-	return w
+func (r *respWriter) bulk(a, b string) { r.w = appendBulk(r.w, a, b) }
+
+func (r *respWriter) int(n int64) {
+	var buf [20]byte
+	d := strconv.AppendInt(buf[:0], n, 10)
+	r.w = append(r.w, '$')
+	r.w = strconv.AppendInt(r.w, int64(len(d)), 10)
+	r.w = append(r.w, "\r\n"...)
+	r.w = append(r.w, d...)
+	r.w = append(r.w, "\r\n"...)
 }
 
 // exec sends batch in one write and reads the answers in order. Calls that
@@ -233,12 +182,11 @@ func (d *directConn) exec(batch []*call, deadline time.Time) {
 	}
 	defer func() { d.used = time.Now() }()
 	_ = d.c.SetDeadline(deadline)
-	w := d.w[:0]
+	d.rw.w = d.rw.w[:0]
 	for _, c := range batch {
-		w = appendCheck(w, c, false)
+		writeCheck(&d.rw, d.script, &c.scriptCall, false)
 	}
-	d.w = w
-	if _, err := d.c.Write(w); err != nil {
+	if _, err := d.c.Write(d.rw.w); err != nil {
 		fail(batch, err)
 		return
 	}
@@ -255,12 +203,11 @@ func (d *directConn) exec(batch []*call, deadline time.Time) {
 	if len(again) == 0 {
 		return
 	}
-	w = d.w[:0]
+	d.rw.w = d.rw.w[:0]
 	for _, c := range again {
-		w = appendCheck(w, c, true)
+		writeCheck(&d.rw, d.script, &c.scriptCall, true)
 	}
-	d.w = w
-	if _, err := d.c.Write(w); err != nil {
+	if _, err := d.c.Write(d.rw.w); err != nil {
 		fail(again, err)
 		return
 	}
@@ -294,7 +241,7 @@ func (d *directConn) readInts(c *call) error {
 		return errProtocol
 	}
 	n, ok := parseInt(line[1:])
-	if !ok || n < 0 || n > 2+5*rules.MaxLimitsPerCheck {
+	if !ok || n < 0 || n > maxCheckReply {
 		return errProtocol
 	}
 	for range n {

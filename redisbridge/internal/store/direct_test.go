@@ -39,7 +39,7 @@ func TestRedis_DirectAuthAndDB(t *testing.T) {
 			key := "rl:{u:auth-" + tc.name + "}:x"
 			req := rules.CheckRequest{Limits: []rules.LimitRequest{lim(key, spec(rules.FixedWindow, 5, hour))}}
 			var resp rules.CheckResponse
-			if err := s.Check(context.Background(), &req, &resp); err != nil || !resp.Allowed || resp.Decisions[0].Remaining != 4 {
+			if err := s.Check(context.Background(), time.Time{}, &req, &resp); err != nil || !resp.Allowed || resp.Decisions[0].Remaining != 4 {
 				t.Fatalf("%+v %v", resp, err)
 			}
 			rc := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "s3cret", DB: 3})
@@ -56,50 +56,49 @@ func TestRedis_DirectAuthAndDB(t *testing.T) {
 	defer s.Close()
 	req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:x}:x", spec(rules.FixedWindow, 5, hour))}}
 	var resp rules.CheckResponse
-	if err := s.Check(context.Background(), &req, &resp); err == nil {
+	if err := s.Check(context.Background(), time.Time{}, &req, &resp); err == nil {
 		t.Fatal("wrong password accepted")
 	}
 }
 
-// TestAppendCheck_SameAsCheckCmd: the RESP the direct path writes carries
-// exactly the arguments of checkCmd, which go-redis sends.
-func TestAppendCheck_SameAsCheckCmd(t *testing.T) {
+// TestWriteCheck_TransportsAgree: the RESP the direct path writes carries
+// exactly the arguments go-redis is given, for EVALSHA and EVAL, with and
+// without the test clock.
+func TestWriteCheck_TransportsAgree(t *testing.T) {
 	pen := spec(rules.SlidingLog, 3, hour)
 	pen.Penalty = &rules.Penalty{Enabled: true, DetectionWindowMS: 60_000, ViolationThreshold: 2, Multipliers: []int64{2, 4}}
 	ls := []rules.LimitRequest{lim("rl:{u:a}:x", spec(rules.TokenBucket, 10, 1000)), lim("rl:{u:a}:y", pen), lim("rl:{g}:z", spec(rules.FixedWindow, 1, 1))}
-	ls[2].Shadow = true
-	for _, idx := range [][]int{nil, {1, 2}} {
-		c := &call{mode: "c", ls: ls, idx: idx}
-		got := appendCheck(nil, c, false)
-		want := []any{}
-		for _, a := range checkCmd(context.Background(), "c", ls, idx).Args() {
-			want = append(want, a)
-		}
-		var exp []byte
-		exp = append(exp, '*')
-		exp = strconv.AppendInt(exp, int64(len(want)), 10)
-		exp = append(exp, "\r\n"...)
-		for i, a := range want {
-			var s string
-			switch v := a.(type) {
-			case string:
-				s = v
-			case int:
-				s = strconv.Itoa(v)
-			case int64:
-				s = strconv.FormatInt(v, 10)
-			default:
-				t.Fatalf("arg %d: %T", i, a)
+	ls[2].LogOnly = true
+	for _, sc := range []*luaScript{checkScript, clockScript(t, func() int64 { return 42 })} {
+		for _, idx := range [][]int{nil, {1, 2}} {
+			for _, eval := range []bool{false, true} {
+				c := &scriptCall{mode: modeCheck, ls: ls, idx: idx}
+				var rw respWriter
+				writeCheck(&rw, sc, c, eval)
+				var args goRedisArgs
+				writeCheck(&args, sc, c, eval)
+				exp := appendCommand(nil, goRedisStrings(t, args)...)
+				if !bytes.Equal(rw.w, exp) {
+					t.Fatalf("idx %v eval %v:\n got %q\nwant %q", idx, eval, rw.w, exp)
+				}
 			}
-			if i == 0 {
-				s = "EVALSHA"
-			}
-			exp = appendBulk(exp, s, "")
-		}
-		if !bytes.Equal(got, exp) {
-			t.Fatalf("idx %v:\n got %q\nwant %q", idx, got, exp)
 		}
 	}
+}
+
+func goRedisStrings(t *testing.T, args []any) []string {
+	var out []string
+	for i, a := range args {
+		switch v := a.(type) {
+		case string:
+			out = append(out, v)
+		case int64:
+			out = append(out, strconv.FormatInt(v, 10))
+		default:
+			t.Fatalf("arg %d: %T", i, a)
+		}
+	}
+	return out
 }
 
 // FuzzDirect_ReadInts: any bytes from the connection give an answer, an
@@ -136,7 +135,9 @@ func FuzzDirect_ReadInts(f *testing.F) {
 // (its timeout setting, a proxy) does not fail the next checks.
 func TestRedis_DirectIdleConnectionClosed(t *testing.T) {
 	srv := redistest.Start(t)
-	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: time.Second, Pipelines: 2, idleCheck: 50 * time.Millisecond})
+	// Every batch probes its connection first: what is tested is that a
+	// closed connection is found and replaced, not the idle time.
+	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: time.Second, Pipelines: 2, idleCheck: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func TestRedis_DirectIdleConnectionClosed(t *testing.T) {
 	check := func() error {
 		req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:idle}:x", spec(rules.FixedWindow, 100, hour))}}
 		var resp rules.CheckResponse
-		return s.Check(context.Background(), &req, &resp)
+		return s.Check(context.Background(), time.Time{}, &req, &resp)
 	}
 	var wg sync.WaitGroup
 	for range 20 { // open both pipelines' connections
@@ -157,7 +158,6 @@ func TestRedis_DirectIdleConnectionClosed(t *testing.T) {
 		if err := rc.Do(context.Background(), "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond)
 		for i := range 4 {
 			if err := check(); err != nil {
 				t.Fatalf("round %d, check %d after the idle connections were closed: %v", round, i, err)
@@ -170,7 +170,7 @@ func TestRedis_DirectIdleConnectionClosed(t *testing.T) {
 // connection is stale; none of them may fail a check once Redis is back.
 func TestRedis_DirectAfterRestart(t *testing.T) {
 	srv := redistest.Start(t)
-	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: time.Second, Pipelines: 4})
+	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: time.Second, Pipelines: 4, idleCheck: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestRedis_DirectAfterRestart(t *testing.T) {
 	check := func(i int) error {
 		req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:restart"+strconv.Itoa(i)+"}:x", spec(rules.TokenBucket, 100, hour))}}
 		var resp rules.CheckResponse
-		return s.Check(context.Background(), &req, &resp)
+		return s.Check(context.Background(), time.Time{}, &req, &resp)
 	}
 	var wg sync.WaitGroup
 	for i := range 64 { // open every pipeline's connection
@@ -186,7 +186,6 @@ func TestRedis_DirectAfterRestart(t *testing.T) {
 	}
 	wg.Wait()
 	srv.Restart()
-	time.Sleep(20 * time.Millisecond)
 	for i := range 12 {
 		if err := check(i); err != nil {
 			t.Fatalf("check %d after the restart: %v", i, err)

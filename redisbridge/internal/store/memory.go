@@ -6,7 +6,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/rules"
@@ -16,12 +15,10 @@ import (
 // same algorithms as check.lua with the same floating point operations in
 // the same order, so both stores round alike.
 type Memory struct {
-	now       func() int64
-	seed      maphash.Seed
-	shards    [memShards]memShard
-	maxShard  int
-	overrides atomic.Pointer[overrideTable]
-	omu       sync.Mutex // serializes override writers
+	now      func() int64
+	seed     maphash.Seed
+	shards   [memShards]memShard
+	maxShard int
 }
 
 const memShards = 64
@@ -59,7 +56,6 @@ func NewMemory(o MemoryOptions) *Memory {
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*entry)
 	}
-	s.overrides.Store(&overrideTable{})
 	return s
 }
 
@@ -140,7 +136,7 @@ func (s *Memory) unlock(idx []int) {
 // memLimit is one limit while a check is being decided.
 type memLimit struct {
 	spec             rules.LimitSpec
-	shadow           bool
+	logOnly          bool
 	key, vkey, bkey  string
 	ok, blocked      bool
 	cap              int64
@@ -154,14 +150,13 @@ type memLimit struct {
 }
 
 // Check implements Store.
-func (s *Memory) Check(_ context.Context, req *rules.CheckRequest, resp *rules.CheckResponse) error {
-	(*s.overrides.Load()).apply(req)
+func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, resp *rules.CheckResponse) error {
 	ls := make([]memLimit, len(req.Limits))
 	keys := make([]string, 0, 3*len(req.Limits))
 	for i := range req.Limits {
 		l := &req.Limits[i]
 		m := &ls[i]
-		m.spec, m.shadow = l.Spec, l.Shadow
+		m.spec, m.logOnly = l.Spec, l.LogOnly
 		m.key = l.Key + algSuffix(l.Spec.Algorithm)
 		keys = append(keys, m.key)
 		if p := l.Spec.Penalty; p != nil && p.Enabled {
@@ -205,7 +200,7 @@ func (s *Memory) decide(ls []memLimit, now int64, consume bool) bool {
 				m.ok, m.blocked, m.remaining, m.retry, m.reset = false, true, 0, b.until-now, max(m.reset, b.until)
 			}
 		}
-		if !m.ok && !m.shadow {
+		if !m.ok && !m.logOnly {
 			allowed = false
 		}
 	}
@@ -218,7 +213,7 @@ func (s *Memory) decide(ls []memLimit, now int64, consume bool) bool {
 			if m.ok {
 				s.write(m, now)
 			}
-		} else if !m.ok && !m.shadow && m.vkey != "" && !m.blocked {
+		} else if !m.ok && !m.logOnly && m.vkey != "" && !m.blocked {
 			s.violate(m, now)
 		}
 	}
@@ -403,55 +398,33 @@ func (s *Memory) violate(m *memLimit, now int64) {
 	}
 }
 
-// Status implements Store.
-func (s *Memory) Status(_ context.Context, key string, spec rules.LimitSpec) (rules.Decision, int64, error) {
+// Peek implements Store.
+func (s *Memory) Peek(_ context.Context, _ time.Time, l *rules.LimitRequest) (rules.Decision, error) {
+	spec := l.Spec
 	spec.Cost = 0
-	ls := []memLimit{{spec: spec, key: key + algSuffix(spec.Algorithm)}}
+	ls := []memLimit{{spec: spec, key: l.Key + algSuffix(spec.Algorithm)}}
 	keys := []string{ls[0].key}
 	if p := spec.Penalty; p != nil && p.Enabled {
-		ls[0].vkey, ls[0].bkey = key+suffixViolations, key+suffixBlock
+		ls[0].vkey, ls[0].bkey = l.Key+suffixViolations, l.Key+suffixBlock
 		keys = append(keys, ls[0].vkey, ls[0].bkey)
 	}
 	var buf [4]int
 	locked := s.lock(keys, buf[:0])
 	defer s.unlock(locked)
-	now := s.now()
-	s.decide(ls, now, false)
+	s.decide(ls, s.now(), false)
 	m := &ls[0]
-	return rules.Decision{Allowed: m.ok && m.remaining > 0, Limit: m.cap, Remaining: m.remaining, ResetMS: m.reset, RetryAfterMS: m.retry}, now, nil
+	return rules.Decision{Allowed: m.ok && m.remaining > 0, Limit: m.cap, Remaining: m.remaining, ResetMS: m.reset, RetryAfterMS: m.retry}, nil
 }
 
 // Reset implements Store.
-func (s *Memory) Reset(_ context.Context, keys ...string) error {
-	for _, k := range keys {
-		for _, suf := range allSuffixes {
-			sh := &s.shards[s.shard(k+suf)]
-			sh.mu.Lock()
-			delete(sh.m, k+suf)
-			sh.mu.Unlock()
-		}
+func (s *Memory) Reset(_ context.Context, key string) error {
+	for _, suf := range allSuffixes {
+		sh := &s.shards[s.shard(key+suf)]
+		sh.mu.Lock()
+		delete(sh.m, key+suf)
+		sh.mu.Unlock()
 	}
 	return nil
-}
-
-// SetOverride implements Store.
-func (s *Memory) SetOverride(_ context.Context, o Override) (Override, bool, error) {
-	s.omu.Lock()
-	defer s.omu.Unlock()
-	old := *s.overrides.Load()
-	prev, had := old[overrideKey{o.User, o.Endpoint}]
-	t := make(overrideTable, len(old)+1)
-	for k, v := range old {
-		t[k] = v
-	}
-	t[overrideKey{o.User, o.Endpoint}] = o
-	s.overrides.Store(&t)
-	return prev, had, nil
-}
-
-// Override implements Store.
-func (s *Memory) Override(user, endpoint string) (Override, bool) {
-	return (*s.overrides.Load()).lookup(user, endpoint)
 }
 
 // Ping implements Store.

@@ -1,10 +1,12 @@
 -- Decide the limits of one HTTP request all-or-nothing (docs/protocol.md).
 -- Mirrors memory.go line by line: same formulas, same rounding.
+-- Arguments and reply are laid out in script.go:
 --
 -- ARGV[1] mode: "c" decide and consume, "p" peek (no write at all)
--- ARGV[2] number of limits, then per limit:
+-- ARGV[2] violations kept per key at most
+-- ARGV[3] number of limits, then per limit:
 --   alg (1 token_bucket, 2 sliding_window, 3 sliding_log, 4 fixed_window),
---   limit, window_ms, burst, cost, shadow (0/1),
+--   limit, window_ms, burst, cost, log_only (0/1),
 --   penalty window_ms (0: no penalty) [, threshold, #multipliers, multipliers...]
 -- KEYS: per limit its counter key, then with a penalty its ":v" and ":b" keys.
 -- Returns {now_ms, allowed, per limit: allowed, limit, remaining, reset_ms, retry_after_ms}.
@@ -18,11 +20,12 @@ local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 
-local n = tonumber(ARGV[2])
-local L, a, k = {}, 3, 1
+local vcap = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local L, a, k = {}, 4, 1
 for i = 1, n do
   local l = {alg = tonumber(ARGV[a]), limit = tonumber(ARGV[a + 1]), window = tonumber(ARGV[a + 2]),
-    burst = tonumber(ARGV[a + 3]), cost = tonumber(ARGV[a + 4]), shadow = ARGV[a + 5] == '1',
+    burst = tonumber(ARGV[a + 3]), cost = tonumber(ARGV[a + 4]), logOnly = ARGV[a + 5] == '1',
     key = KEYS[k], retry = 0, cap = 0, ok = false, remaining = 0, reset = 0, after = 0, idx = 0, prev = 0}
   l.cap = l.limit
   local pw = tonumber(ARGV[a + 6])
@@ -128,7 +131,7 @@ for i = 1, n do
       l.ok, l.blocked, l.remaining, l.retry, l.reset = false, true, 0, b - now, max(l.reset, b)
     end
   end
-  if not l.ok and not l.shadow then allowed = false end
+  if not l.ok and not l.logOnly then allowed = false end
 end
 
 if ARGV[1] == 'c' then
@@ -145,9 +148,14 @@ if ARGV[1] == 'c' then
           call('PEXPIRE', key, 2 * W + 1000)
         elseif alg == 3 then
           call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - W))
+          -- Unique per ms: within one ms the in-window count only grows.
+          -- A key listed twice in one check is written twice (each limit
+          -- adds its cost, as in memory.go): the limit's index keeps the
+          -- second's members apart from the first's.
+          local tag = ''
+          if i > 1 then tag = '.' .. i end
           for j = 1, l.cost do
-            -- Unique per ms: within one ms the in-window count only grows.
-            call('ZADD', key, now, format('%d-%06d', now, l.count + j))
+            call('ZADD', key, now, format('%d-%06d', now, l.count + j) .. tag)
           end
           call('PEXPIRE', key, W)
         else
@@ -155,14 +163,14 @@ if ARGV[1] == 'c' then
           call('PEXPIRE', key, (l.idx + 1) * W - now + 1000)
         end
       end
-    elseif not l.ok and not l.shadow and l.vkey and not l.blocked then
+    elseif not l.ok and not l.logOnly and l.vkey and not l.blocked then
       -- A violation; enough of them in the detection window block the limit.
       call('ZREMRANGEBYSCORE', l.vkey, '-inf', format('%d', now - l.pw))
       local v = call('ZCARD', l.vkey) + 1
       call('ZADD', l.vkey, now, format('%d-%06d', now, v))
-      call('ZREMRANGEBYRANK', l.vkey, 0, -1001)
+      call('ZREMRANGEBYRANK', l.vkey, 0, -vcap - 1)
       call('PEXPIRE', l.vkey, l.pw)
-      v = min(v, 1000)
+      v = min(v, vcap)
       if v >= l.threshold then
         local block = l.window * l.mult[min(v - l.threshold, #l.mult - 1) + 1]
         call('SET', l.bkey, format('%d', now + block), 'PX', format('%d', block))

@@ -1,6 +1,7 @@
 -- Give back what check.lua consumed for a group of limits, when another
 -- Redis Cluster slot of the same request denied (docs/bridge.md).
--- ARGV[1] number of limits, then per limit: alg, burst, cost. KEYS: counter keys.
+-- Arguments as script.go lays them out: ARGV[1] number of limits, then per
+-- limit: alg, burst, cost. KEYS: counter keys.
 -- Writes only to keys that still exist, so their expiry stays as check.lua set it.
 local a = 2
 for i = 1, tonumber(ARGV[1]) do

@@ -1,4 +1,21 @@
-package redisbridge
+// Package h1fast serves the bridge's check requests on cleartext HTTP/1.1
+// connections without net/http.
+//
+// The check path is the bridge's whole load: one request per proxied HTTP
+// request. net/http spends about 27 us of CPU per request here before the
+// handler runs (a goroutine for background reads, contexts, header maps),
+// as much as the rest of a check. So a small loop reads connections
+// itself, answers exactly one request shape,
+//
+//	POST /v1/rate-limit/check HTTP/1.1 with Content-Length, within 16 KiB,
+//
+// by calling the bridge's check core (a checkio.Handler, the same one its
+// net/http handler calls), and hands the connection to net/http, bytes not
+// yet consumed included, the moment it sees anything else: another method
+// or path, HTTP/1.0 or h2c, chunked bodies, Expect, Upgrade, a head or
+// body larger than the read buffer. A connection once handed over stays
+// there.
+package h1fast
 
 import (
 	"bufio"
@@ -6,64 +23,66 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 )
 
-// The check path is the bridge's whole load: one request per proxied HTTP
-// request. net/http spends about 27 us of CPU per request here before the
-// handler runs (a goroutine for background reads, contexts, header maps),
-// as much as the rest of a check. So cleartext HTTP/1.1 connections are
-// served by a small loop that answers exactly one request shape itself,
-//
-//	POST /v1/rate-limit/check HTTP/1.1 with Content-Length and a valid body,
-//
-// and hands the connection to net/http, bytes not yet consumed included,
-// the moment it sees anything else: another method or path, HTTP/1.0 or
-// h2c, chunked bodies, Expect, Upgrade, a bad or missing token, a body the
-// wire decoder refuses, a head or body larger than the read buffer. Every
-// answer but a successful check or a store failure therefore comes from
-// the same net/http handler as before, and a connection once handed over
-// stays there.
-
 const (
-	fastBufSize     = 16 << 10 // head + body of a check must fit, else net/http serves it
+	bufSize         = 16 << 10 // head + body of a check must fit, else net/http serves it
 	readHeadTimeout = 5 * time.Second
 	idleTimeout     = 2 * time.Minute
+	// writeTimeout bounds writing one answer: a client that stops reading
+	// does not hold the connection's goroutine (and a shutdown) forever.
+	writeTimeout = 10 * time.Second
 )
 
 const checkLine = "POST /v1/rate-limit/check HTTP/1.1\r\n"
 
-// http1 owns the listener of a cleartext bridge.
-type http1 struct {
-	s  *Server
+// Server is the fast path in front of net/http on one listener.
+type Server struct {
+	h  checkio.Handler
 	ln net.Listener
 	// handoff feeds connections to net/http's Serve.
 	handoff *chanListener
 
 	closing atomic.Bool
 	mu      sync.Mutex
-	conns   map[*fastConn]struct{}
+	conns   map[*conn]struct{}
 	wg      sync.WaitGroup
 }
 
-type fastConn struct {
+// New returns a fast path that accepts connections on ln and answers
+// checks with h. Serve net/http on Handoff.
+func New(ln net.Listener, h checkio.Handler) *Server {
+	return &Server{h: h, ln: ln, handoff: newChanListener(ln.Addr()), conns: map[*conn]struct{}{}}
+}
+
+// Handoff is the listener of the connections the fast path hands over.
+// Close it once net/http's Serve on it returned: connections handed over
+// from then on are closed.
+func (s *Server) Handoff() net.Listener { return s.handoff }
+
+type conn struct {
 	c    net.Conn
 	r    *bufio.Reader
 	idle atomic.Bool
+	req  checkio.Request
+	resp checkio.Response
+	out  []byte
 }
 
-// serve accepts connections until the listener is closed.
-func (h *http1) serve() error {
+// Serve accepts connections until the listener is closed by Shutdown.
+func (s *Server) Serve() error {
 	var delay time.Duration
 	for {
-		c, err := h.ln.Accept()
+		c, err := s.ln.Accept()
 		if err != nil {
-			if h.closing.Load() {
+			if s.closing.Load() {
 				return nil
 			}
 			// Like net/http: back off on EMFILE and friends, else give up.
@@ -75,59 +94,59 @@ func (h *http1) serve() error {
 			return err
 		}
 		delay = 0
-		fc := &fastConn{c: c}
-		h.mu.Lock()
-		if h.closing.Load() {
-			h.mu.Unlock()
+		fc := &conn{c: c}
+		s.mu.Lock()
+		if s.closing.Load() {
+			s.mu.Unlock()
 			c.Close()
 			return nil
 		}
-		h.conns[fc] = struct{}{}
-		h.wg.Add(1)
-		h.mu.Unlock()
-		go h.serveConn(fc)
+		s.conns[fc] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serveConn(fc)
 	}
 }
 
-// shutdown stops accepting, closes idle connections and waits for the
+// Shutdown stops accepting, closes idle connections and waits for the
 // others to finish their request.
-func (h *http1) shutdown(ctx context.Context) error {
-	h.mu.Lock()
-	h.closing.Store(true)
-	for fc := range h.conns {
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing.Store(true)
+	for fc := range s.conns {
 		if fc.idle.Load() {
 			// Wakes the reader; it sees closing and closes the connection.
 			_ = fc.c.SetReadDeadline(time.Unix(1, 0))
 		}
 	}
-	h.mu.Unlock()
-	err := h.ln.Close()
+	s.mu.Unlock()
+	err := s.ln.Close()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}
 	done := make(chan struct{})
-	go func() { h.wg.Wait(); close(done) }()
+	go func() { s.wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		return err
 	case <-ctx.Done():
-		h.mu.Lock()
-		for fc := range h.conns {
+		s.mu.Lock()
+		for fc := range s.conns {
 			fc.c.Close()
 		}
-		h.mu.Unlock()
-		return ctx.Err()
+		s.mu.Unlock()
+		err = ctx.Err()
 	}
+	return err
 }
 
-func (h *http1) forget(fc *fastConn) {
-	h.mu.Lock()
-	delete(h.conns, fc)
-	h.mu.Unlock()
-	h.wg.Done()
+func (s *Server) forget(fc *conn) {
+	s.mu.Lock()
+	delete(s.conns, fc)
+	s.mu.Unlock()
+	s.wg.Done()
 }
 
-var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, fastBufSize) }}
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, bufSize) }}
 
 // checkHead is what the fast path needs from a request head.
 type checkHead struct {
@@ -138,18 +157,16 @@ type checkHead struct {
 	auth          []byte
 }
 
-func (h *http1) serveConn(fc *fastConn) {
-	defer h.forget(fc)
+func (s *Server) serveConn(fc *conn) {
+	defer s.forget(fc)
 	fc.r = readerPool.Get().(*bufio.Reader)
 	fc.r.Reset(fc.c)
-	out := &outBufs{head: make([]byte, 0, 1024), body: make([]byte, 0, 512)}
-	var resp rules.CheckResponse
 	for {
 		// In this order: a shutdown that finds the connection idle sets a
 		// deadline in the past after ours, or we see closing here.
 		fc.idle.Store(true)
 		_ = fc.c.SetReadDeadline(time.Now().Add(idleTimeout))
-		if h.closing.Load() {
+		if s.closing.Load() {
 			break
 		}
 		if _, err := fc.r.Peek(1); err != nil {
@@ -161,12 +178,12 @@ func (h *http1) serveConn(fc *fastConn) {
 			break
 		}
 		if ok {
-			if ok, err = h.s.fastCheck(fc, &head, out, &resp); err != nil {
+			if ok, err = s.answer(fc, &head); err != nil {
 				break
 			}
 		}
 		if !ok {
-			h.handOver(fc)
+			s.handOver(fc)
 			return
 		}
 		if head.close {
@@ -179,17 +196,17 @@ func (h *http1) serveConn(fc *fastConn) {
 }
 
 // handOver gives the connection, with whatever is buffered, to net/http.
-func (h *http1) handOver(fc *fastConn) {
+func (s *Server) handOver(fc *conn) {
 	_ = fc.c.SetReadDeadline(time.Time{}) // net/http sets its own
 	c := &bufferedConn{Conn: fc.c, r: fc.r}
-	if !h.handoff.put(c) {
+	if !s.handoff.put(c) {
 		fc.c.Close()
 	}
 }
 
 // peekHead waits for a whole request head and parses it without consuming
 // it. ok is false when the request is not one the fast path answers.
-func peekHead(fc *fastConn) (checkHead, bool, error) {
+func peekHead(fc *conn) (checkHead, bool, error) {
 	var head checkHead
 	deadline := false
 	for {
@@ -202,7 +219,7 @@ func peekHead(fc *fastConn) (checkHead, bool, error) {
 			len(buf) >= len(checkLine) && !bytes.HasPrefix(buf, []byte(checkLine)) {
 			return head, false, nil // not a check: net/http reads the rest
 		}
-		if len(buf) == fastBufSize {
+		if len(buf) == bufSize {
 			return head, false, nil
 		}
 		if !deadline {
@@ -325,122 +342,53 @@ func isTokenByte(c byte) bool {
 	return false
 }
 
-// fastCheck answers a check whose head is parsed. It returns false, having
-// consumed nothing, when net/http must answer instead.
-func (s *Server) fastCheck(fc *fastConn, head *checkHead, out *outBufs, resp *rules.CheckResponse) (bool, error) {
-	start := time.Now()
+// answer reads the body of a check whose head is parsed, has the handler
+// answer it and writes the answer. It returns false, having consumed
+// nothing, when the request is too large for the buffer.
+func (s *Server) answer(fc *conn, head *checkHead) (bool, error) {
 	total := head.n + head.contentLength
-	if total > fastBufSize {
+	if total > bufSize {
 		return false, nil
-	}
-	if s.set.CheckToken != "" {
-		tok, ok := bearerValue(head.auth)
-		if !ok || !keyMatches(tok, s.checkSum) {
-			return false, nil
-		}
 	}
 	raw, err := fc.r.Peek(total)
 	if err != nil {
 		return false, err
 	}
-	req, err := rules.DecodeCheckRequest(raw[head.n:])
-	if err != nil {
-		return false, nil // the seed API shape or an invalid body
-	}
-	var reqID string
-	if head.requestID != nil {
-		reqID = string(head.requestID)
-	} else {
-		reqID = newRequestID()
-	}
+	fc.req = checkio.Request{Authorization: head.auth, RequestID: head.requestID, Body: raw[head.n:]}
+	fc.resp.Reset()
+	s.h.ServeCheck(context.Background(), &fc.req, &fc.resp)
+	fc.req = checkio.Request{}
 	_, _ = fc.r.Discard(total)
-	if req.RequestID == "" {
-		req.RequestID = reqID
-	}
-	b := out.head[:0]
-	if err := s.decide(context.Background(), &req, resp); err != nil {
-		status, code, msg := s.checkError(err)
-		b = appendErrorResponse(b, status, code, msg, reqID, head.close)
-	} else {
-		body := rules.AppendCheckResponse(out.body[:0], resp)
-		out.body = body
-		b = append(b, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: "...)
-		b = append(b, reqID...)
-		if i := mostRestrictive(&req, resp); i >= 0 {
-			b = appendLimitHeaders(b, &resp.Decisions[i], req.Limits[i].Spec.Algorithm)
-		}
-		b = appendCommonHeaders(b, head.close)
-		b = append(b, "Content-Length: "...)
-		b = strconv.AppendInt(b, int64(len(body)), 10)
-		b = append(b, "\r\n\r\n"...)
-		b = append(b, body...)
-		s.m.checkDur.Observe(time.Since(start).Seconds())
-	}
-	out.head = b
-	_, err = fc.c.Write(b)
+	fc.out = appendResponse(fc.out[:0], &fc.resp, head.close)
+	_ = fc.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	_, err = fc.c.Write(fc.out)
 	return true, err
 }
 
-// outBufs are a connection's reusable answer buffers.
-type outBufs struct{ head, body []byte }
-
-func bearerValue(a []byte) (string, bool) {
-	if len(a) > 7 && asciiEqualFold(a[:7], "bearer ") {
-		return string(bytes.TrimSpace(a[7:])), true
+// appendResponse writes a whole answer: status line, the handler's
+// headers, Date, Connection when closing, Content-Length, body.
+func appendResponse(b []byte, r *checkio.Response, close bool) []byte {
+	b = append(b, "HTTP/1.1 "...)
+	b = strconv.AppendInt(b, int64(r.Status), 10)
+	b = append(b, ' ')
+	b = append(b, http.StatusText(r.Status)...)
+	b = append(b, "\r\n"...)
+	for _, h := range r.Headers {
+		b = append(b, h.Name...)
+		b = append(b, ": "...)
+		b = append(b, h.Value...)
+		b = append(b, "\r\n"...)
 	}
-	return "", false
-}
-
-// appendLimitHeaders writes the X-RateLimit-* headers as net/http spells them.
-func appendLimitHeaders(b []byte, d *rules.Decision, alg rules.Algorithm) []byte {
-	b = append(b, "\r\nX-Ratelimit-Limit: "...)
-	b = strconv.AppendInt(b, d.Limit, 10)
-	b = append(b, "\r\nX-Ratelimit-Remaining: "...)
-	b = strconv.AppendInt(b, d.Remaining, 10)
-	b = append(b, "\r\nX-Ratelimit-Reset: "...)
-	b = strconv.AppendInt(b, ceilDiv(d.ResetMS, 1000), 10)
-	b = append(b, "\r\nX-Ratelimit-Strategy: "...)
-	return append(b, alg.String()...)
-}
-
-// appendCommonHeaders ends the previous header line and adds Date and,
-// when the client asked for it, Connection: close.
-func appendCommonHeaders(b []byte, close bool) []byte {
-	b = append(b, "\r\nDate: "...)
+	b = append(b, "Date: "...)
 	b = append(b, httpDate()...)
 	b = append(b, "\r\n"...)
 	if close {
 		b = append(b, "Connection: close\r\n"...)
 	}
-	return b
-}
-
-// appendErrorResponse writes a whole error answer with the envelope.
-func appendErrorResponse(b []byte, status int, code, msg, reqID string, close bool) []byte {
-	body := errorBody(code, msg, nil, reqID)
-	b = append(b, "HTTP/1.1 "...)
-	b = strconv.AppendInt(b, int64(status), 10)
-	b = append(b, ' ')
-	b = append(b, statusText(status)...)
-	b = append(b, "\r\nContent-Type: application/json\r\nX-Request-Id: "...)
-	b = append(b, reqID...)
-	if status == 503 {
-		b = append(b, "\r\nRetry-After: 1"...)
-	}
-	b = appendCommonHeaders(b, close)
 	b = append(b, "Content-Length: "...)
-	b = strconv.AppendInt(b, int64(len(body)), 10)
+	b = strconv.AppendInt(b, int64(len(r.Body)), 10)
 	b = append(b, "\r\n\r\n"...)
-	return append(b, body...)
-}
-
-func statusText(status int) string {
-	switch status {
-	case 503:
-		return "Service Unavailable"
-	default:
-		return "Internal Server Error"
-	}
+	return append(b, r.Body...)
 }
 
 // dateCache holds the Date header value, renewed once a second.

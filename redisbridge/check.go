@@ -1,0 +1,199 @@
+package redisbridge
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// This file is the check core: POST /v1/rate-limit/check, whatever
+// transport brought it. net/http (handleCheck) and the HTTP/1.1 fast path
+// (internal/h1fast) each read their transport into a checkio.Request and
+// call serveCheck; a further transport does the same.
+
+// serveCheck is the check core, a checkio.Handler for every transport. The body is a check in the wire
+// format, or, when it has no "limits", a REST check (user_id, endpoint).
+func (s *Server) serveCheck(ctx context.Context, in *checkio.Request, out *checkio.Response) {
+	start := time.Now()
+	var id string
+	if in.RequestID != nil {
+		id = string(in.RequestID)
+	} else {
+		id = newRequestID()
+	}
+	out.Set("X-Request-Id", id)
+	if e := s.authorizeCheck(in.Authorization); e != nil {
+		e.writeTo(out, id)
+		return
+	}
+	deadline := start.Add(s.set.RedisTimeout)
+	req, err := rules.DecodeCheckRequest(in.Body)
+	if err != nil {
+		if isRESTCheck(in.Body) {
+			s.restCheck(ctx, deadline, in.Body, id, out)
+		} else {
+			s.m.checkInvalid.Inc()
+			wireError(err).writeTo(out, id)
+		}
+		s.m.checkDur.Observe(time.Since(start).Seconds())
+		return
+	}
+	if req.RequestID == "" {
+		req.RequestID = id
+	}
+	resp := respPool.Get().(*rules.CheckResponse)
+	defer respPool.Put(resp)
+	if err := s.decide(ctx, deadline, &req, resp); err != nil {
+		storeError(err).writeTo(out, id)
+		return
+	}
+	out.Status = http.StatusOK
+	out.Set("Content-Type", "application/json")
+	if i := mostRestrictive(&req, resp); i >= 0 {
+		setLimitHeaders(out, &resp.Decisions[i], req.Limits[i].Spec.Algorithm)
+	}
+	out.Body = rules.AppendCheckResponse(out.Body, resp)
+	s.m.checkDur.Observe(time.Since(start).Seconds())
+}
+
+var respPool = sync.Pool{New: func() any { return new(rules.CheckResponse) }}
+
+// isRESTCheck tells a REST check (a JSON object without "limits") from a
+// wire check the decoder refused.
+func isRESTCheck(body []byte) bool {
+	if !gjson.ValidBytes(body) {
+		return false
+	}
+	root := gjson.ParseBytes(body)
+	return root.IsObject() && !root.Get("limits").Exists()
+}
+
+// decide applies overrides to req, runs it against the store by deadline
+// (--redis-timeout after the check arrived) and counts it. resp is reset
+// first, so callers may reuse it.
+func (s *Server) decide(ctx context.Context, deadline time.Time, req *rules.CheckRequest, resp *rules.CheckResponse) error {
+	*resp = rules.CheckResponse{Decisions: resp.Decisions[:0]}
+	s.overrides.Apply(req)
+	t0 := time.Now()
+	err := s.store.Check(ctx, deadline, req, resp)
+	s.m.storeCheck.Observe(time.Since(t0).Seconds())
+	if err != nil {
+		s.m.checkError.Inc()
+		s.storeFailed("check", err)
+		return err
+	}
+	if resp.Allowed {
+		s.m.checkAllowed.Inc()
+	} else {
+		s.m.checkDenied.Inc()
+	}
+	for i := range resp.Decisions {
+		res := "allowed"
+		if !resp.Decisions[i].Allowed {
+			res = "denied"
+			if req.Limits[i].LogOnly {
+				res = "log_only_denied"
+			}
+		}
+		s.m.decision(res, req.Limits[i].Spec.Algorithm, req.Limits[i].Rule).Inc()
+	}
+	return nil
+}
+
+// mostRestrictive picks the decision the headers describe: a denying
+// enforced limit first, else the one with the least remaining. Log-only
+// limits count only when every limit is log-only.
+func mostRestrictive(req *rules.CheckRequest, resp *rules.CheckResponse) int {
+	best := -1
+	worse := func(i, j int) bool { // is i more restrictive than j
+		a, b := &resp.Decisions[i], &resp.Decisions[j]
+		if a.Allowed != b.Allowed {
+			return !a.Allowed
+		}
+		if a.Remaining != b.Remaining {
+			return a.Remaining < b.Remaining
+		}
+		return a.ResetMS > b.ResetMS
+	}
+	for pass := 0; pass < 2 && best < 0; pass++ {
+		for i := range resp.Decisions {
+			if pass == 0 && req.Limits[i].LogOnly {
+				continue
+			}
+			if best < 0 || worse(i, best) {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// setLimitHeaders writes the X-RateLimit-* headers of a decision, for
+// every transport and endpoint alike. X-RateLimit-Strategy keeps its
+// published name; its value is the algorithm.
+func setLimitHeaders(out *checkio.Response, d *rules.Decision, alg rules.Algorithm) {
+	out.SetInt("X-Ratelimit-Limit", d.Limit)
+	out.SetInt("X-Ratelimit-Remaining", d.Remaining)
+	out.SetInt("X-Ratelimit-Reset", seconds(d.ResetMS))
+	out.Set("X-Ratelimit-Strategy", alg.String())
+}
+
+// seconds rounds unix ms up to unix seconds: a reset or a wait is never
+// reported earlier than it is.
+func seconds(ms int64) int64 { return (ms + 999) / 1000 }
+
+// maxBody bounds every request body.
+const maxBody = 64 << 10
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// readBody reads the body into buf, refusing more than maxBody bytes.
+func readBody(w http.ResponseWriter, r *http.Request, buf []byte) ([]byte, *apiError) {
+	body := http.MaxBytesReader(w, r.Body, maxBody)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				return nil, bodyTooLarge
+			}
+			return nil, invalid(codeInvalidInput, "body", "reading it failed: "+err.Error())
+		}
+	}
+}
+
+// handleCheck is the check core's net/http transport.
+func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	body, e := readBody(w, r, (*bp)[:0])
+	if e != nil {
+		s.m.checkInvalid.Inc()
+		writeError(w, r, e)
+		return
+	}
+	*bp = body
+	in := checkio.Request{Authorization: headerBytes(r, "Authorization"), RequestID: []byte(requestID(r)), Body: body}
+	out := outPool.Get().(*checkio.Response)
+	defer outPool.Put(out)
+	out.Reset()
+	s.serveCheck(r.Context(), &in, out)
+	writeResponse(w, out)
+}
+
+var outPool = sync.Pool{New: func() any { return new(checkio.Response) }}

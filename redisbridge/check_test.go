@@ -1,0 +1,150 @@
+package redisbridge
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"maps"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
+	"github.com/sluicehq/sluice/redisbridge/internal/store"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// rawClient sends requests on one keep-alive HTTP/1.1 connection, as the
+// plugin does: the bridge's fast path answers them.
+type rawClient struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dialRaw(t *testing.T, url string) *rawClient {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawClient{c: c, r: bufio.NewReader(c)}
+}
+
+func (rc *rawClient) post(t *testing.T, body string, hdr ...string) reply {
+	t.Helper()
+	var extra strings.Builder
+	for i := 0; i+1 < len(hdr); i += 2 {
+		extra.WriteString(hdr[i] + ": " + hdr[i+1] + "\r\n")
+	}
+	if _, err := io.WriteString(rc.c, postCheck(body, extra.String())); err != nil {
+		t.Fatal(err)
+	}
+	resp, b := rawResponse(t, rc.r)
+	return reply{resp.StatusCode, resp.Header, []byte(b)}
+}
+
+// TestServer_TransportsAnswerAlike: the fast path and net/http (h2c) give
+// the same answer, headers and body, to every kind of check request:
+// they share one check core.
+func TestServer_TransportsAnswerAlike(t *testing.T) {
+	set := testSettings()
+	set.CheckToken = "tok"
+	fast, std := startServer(t, set), startServer(t, set)
+	raw := dialRaw(t, fast.URL)
+	h2c := h2cClient(t)
+	wire := checkBody(limit("rl:{u:same}:a", rules.FixedWindow, 2), limit("rl:{u:same}:b", rules.TokenBucket, 5))
+	auth := []string{"Authorization", "Bearer tok", "X-Request-Id", "id-1"}
+	for _, tc := range []struct {
+		name string
+		body string
+		hdr  []string
+	}{
+		{"allowed", wire, auth}, {"allowed, last", wire, auth}, {"denied", wire, auth},
+		{"invalid", `{"limits":[{"key":""}]}`, auth},
+		{"not JSON", `{"limits":`, auth},
+		{"REST allowed", `{"user_id":"u","endpoint":"/x","limit":1}`, auth},
+		{"REST limited", `{"user_id":"u","endpoint":"/x","limit":1}`, auth},
+		{"REST invalid", `{"endpoint":"/x"}`, auth},
+		{"no token", wire, []string{"X-Request-Id", "id-1"}},
+		{"wrong token", wire, []string{"Authorization", "Bearer nope", "X-Request-Id", "id-1"}},
+	} {
+		a := raw.post(t, tc.body, tc.hdr...)
+		b := do(t, h2c, "POST", std.URL+"/v1/rate-limit/check", tc.body, tc.hdr...)
+		a.header.Del("Date")
+		b.header.Del("Date")
+		if a.status != b.status || string(a.body) != string(b.body) || !maps.EqualFunc(a.header, b.header, slices.Equal) {
+			t.Errorf("%s: fast path and net/http differ:\nfast  %d %v %s\nh2c   %d %v %s", tc.name, a.status, a.header, a.body, b.status, b.header, b.body)
+		}
+	}
+}
+
+// deadlineStore records the deadline each check is given.
+type deadlineStore struct {
+	store.Store
+	deadlines chan time.Duration
+}
+
+func (d *deadlineStore) Check(ctx context.Context, deadline time.Time, req *rules.CheckRequest, resp *rules.CheckResponse) error {
+	left := time.Duration(-1)
+	if !deadline.IsZero() {
+		left = time.Until(deadline)
+	}
+	d.deadlines <- left
+	return d.Store.Check(ctx, deadline, req, resp)
+}
+
+// TestServer_CheckDeadline: whatever the transport, a check reaches the
+// store with a deadline of --redis-timeout.
+func TestServer_CheckDeadline(t *testing.T) {
+	set := testSettings()
+	set.RedisTimeout = 42 * time.Second
+	ds := &deadlineStore{deadlines: make(chan time.Duration, 10)}
+	ts := startServerWith(t, set, func(s *Server) { ds.Store = s.store; s.store = ds })
+	wire := checkBody(limit("rl:{u:dl}:a", rules.FixedWindow, 5))
+	for _, tc := range []struct {
+		name string
+		send func()
+	}{
+		{"fast path", func() { dialRaw(t, ts.URL).post(t, wire) }},
+		{"h2c", func() { do(t, h2cClient(t), "POST", ts.URL+"/v1/rate-limit/check", wire) }},
+		{"REST", func() { dialRaw(t, ts.URL).post(t, `{"user_id":"u","endpoint":"/x"}`) }},
+		{"batch", func() {
+			do(t, nil, "POST", ts.URL+"/v1/rate-limit/batch-check", `{"checks":[{"user_id":"u","endpoint":"/x"}]}`)
+		}},
+	} {
+		tc.send()
+		if left := <-ds.deadlines; left <= 0 || left > set.RedisTimeout {
+			t.Errorf("%s: the store had %v left, want a deadline within --redis-timeout (%v)", tc.name, left, set.RedisTimeout)
+		}
+	}
+}
+
+// BenchmarkServer_ServeCheck is the check core on the memory store, as a
+// transport calls it: allocations per check.
+func BenchmarkServer_ServeCheck(b *testing.B) {
+	set := testSettings()
+	set.Logger = discardLogger()
+	set.AuditLog = b.TempDir() + "/audit"
+	s, err := New(set)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	bodies := benchBodies(rules.TokenBucket)
+	var out checkio.Response
+	in := checkio.Request{RequestID: []byte("bench")}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		in.Body = bodies[i%len(bodies)]
+		i++
+		out.Reset()
+		s.serveCheck(context.Background(), &in, &out)
+		if out.Status != 200 {
+			b.Fatalf("%d %s", out.Status, out.Body)
+		}
+	}
+}

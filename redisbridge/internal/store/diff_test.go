@@ -1,0 +1,215 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/redisbridge/redistest"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// TestStore_MemoryEqualsScript drives the memory store and check.lua on
+// one clock with the same random checks (every algorithm, costs above the
+// limit, log-only limits, penalties, keys repeated within a check, specs
+// that change under a key, peeks) and requires identical answers: every
+// decision, remaining count, reset and retry time.
+func TestStore_MemoryEqualsScript(t *testing.T) {
+	srv := redistest.Start(t)
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			compareStores(t, srv, seed, 600)
+		})
+	}
+}
+
+// diffStep is one step of a comparison, kept to explain a difference.
+type diffStep struct {
+	now  int64
+	req  rules.CheckRequest
+	peek bool
+}
+
+func (s diffStep) String() string {
+	var b strings.Builder
+	verb := "check"
+	if s.peek {
+		verb = "peek"
+	}
+	fmt.Fprintf(&b, "now %d %s", s.now, verb)
+	for _, l := range s.req.Limits {
+		fmt.Fprintf(&b, "\n    %s %s limit %d window %d burst %d cost %d log_only %v", l.Key, l.Spec.Algorithm,
+			l.Spec.Limit, l.Spec.WindowMS, l.Spec.Burst, l.Spec.Cost, l.LogOnly)
+		if p := l.Spec.Penalty; p != nil {
+			fmt.Fprintf(&b, " penalty %d/%d×%v", p.DetectionWindowMS, p.ViolationThreshold, p.Multipliers)
+		}
+	}
+	return b.String()
+}
+
+// compareStores runs steps random steps from seed against a fresh memory
+// store and a fresh check.lua on srv.
+//
+// Redis expires keys in its own (real) time while the script runs on the
+// test clock. The clock therefore moves on by at least the real time each
+// step took, so Redis cannot drop a key before the memory store does with
+// the same time to live, and before each step the keys the memory store
+// has expired are deleted from Redis too (syncExpiry).
+func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) {
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rc.Close()
+	if err := rc.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	now := fakeNow()
+	now.Store(time.Now().UnixMilli())
+	mem := NewMemory(MemoryOptions{Now: now.Load})
+	rs, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: 10 * time.Second, script: clockScript(t, now.Load)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	// Each key has a spec most checks use; some checks change it.
+	keys := make([]rules.LimitRequest, 5)
+	for i := range keys {
+		keys[i] = rules.LimitRequest{Key: fmt.Sprintf("rl:{u:diff}:k%d", i), Rule: "r", Spec: randomSpec(rng)}
+		keys[i].LogOnly = rng.IntN(5) == 0
+	}
+	var history []diffStep
+	ctx := context.Background()
+	last := time.Now()
+	for step := range steps {
+		elapsed := time.Since(last)
+		last = time.Now()
+		now.Add(int64(elapsed/time.Millisecond) + 1 + randomStep(rng))
+		syncExpiry(t, mem, rc, now.Load())
+		n := 1 + rng.IntN(3)
+		req := rules.CheckRequest{Limits: make([]rules.LimitRequest, n)}
+		for i := range req.Limits {
+			l := keys[rng.IntN(len(keys))]
+			if rng.IntN(10) == 0 {
+				l.Spec = randomSpec(rng)
+			}
+			req.Limits[i] = l
+		}
+		st := diffStep{now: now.Load(), req: req, peek: rng.IntN(8) == 0}
+		history = append(history, st)
+		if st.peek {
+			l := req.Limits[0]
+			dm, errM := mem.Peek(ctx, time.Time{}, &l)
+			dr, errR := rs.Peek(ctx, time.Time{}, &l)
+			if errM != nil || errR != nil {
+				t.Fatalf("step %d: peek: memory %v, redis %v", step, errM, errR)
+			}
+			if dm != dr {
+				t.Fatalf("step %d: peeks differ:\nmemory %+v\nscript %+v\n%s", step, dm, dr, explain(history))
+			}
+			continue
+		}
+		var rm, rr rules.CheckResponse
+		reqM, reqR := req, req
+		reqM.Limits, reqR.Limits = slices.Clone(req.Limits), slices.Clone(req.Limits)
+		if err := mem.Check(ctx, time.Time{}, &reqM, &rm); err != nil {
+			t.Fatalf("step %d: memory: %v", step, err)
+		}
+		if err := rs.Check(ctx, time.Time{}, &reqR, &rr); err != nil {
+			t.Fatalf("step %d: redis: %v", step, err)
+		}
+		if rm.Allowed != rr.Allowed || rm.NowMS != rr.NowMS || !slices.Equal(rm.Decisions, rr.Decisions) {
+			t.Fatalf("step %d: answers differ:\nmemory %+v\nscript %+v\n%s", step, rm, rr, explain(history))
+		}
+	}
+}
+
+// syncExpiry deletes from Redis the keys the memory store has expired on
+// the test clock, and fails the test if Redis has lost a key the memory
+// store still holds: its expiry came first on a clock that runs slower.
+func syncExpiry(t *testing.T, mem *Memory, rc *redis.Client, now int64) {
+	t.Helper()
+	live := map[string]bool{}
+	for i := range mem.shards {
+		for k, e := range mem.shards[i].m {
+			if e.expireAt > now {
+				live[k] = true
+			}
+		}
+	}
+	ctx := context.Background()
+	inRedis, err := rc.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range inRedis {
+		if !live[k] {
+			if err := rc.Del(ctx, k).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		delete(live, k)
+	}
+	for k := range live {
+		t.Fatalf("%s: expired in Redis, still held by the memory store", k)
+	}
+}
+
+// explain lists the last steps before a difference.
+func explain(h []diffStep) string {
+	var b strings.Builder
+	b.WriteString("last steps:")
+	for _, s := range h[max(0, len(h)-12):] {
+		b.WriteString("\n  " + s.String())
+	}
+	return b.String()
+}
+
+// randomSpec returns a limit spec with small numbers, so that limits are
+// reached, windows pass and penalties block within a few hundred checks.
+// Windows are at least a second: see compareStores on expiry.
+func randomSpec(rng *rand.Rand) rules.LimitSpec {
+	algs := []rules.Algorithm{rules.TokenBucket, rules.SlidingWindow, rules.SlidingLog, rules.FixedWindow}
+	s := rules.LimitSpec{
+		Algorithm: algs[rng.IntN(len(algs))],
+		Limit:     1 + rng.Int64N(6),
+		WindowMS:  []int64{1000, 2500, 7000, 60_000}[rng.IntN(4)],
+		Cost:      1,
+	}
+	if rng.IntN(4) == 0 { // rates that are not round: refills and weights in fractions
+		s.Limit, s.WindowMS = 1+rng.Int64N(1000), 1000+rng.Int64N(89_000)
+	}
+	s.Burst = s.Limit + rng.Int64N(3)
+	if rng.IntN(4) == 0 {
+		s.Cost = 1 + rng.Int64N(s.Limit+2) // sometimes above the limit
+	}
+	if rng.IntN(3) == 0 {
+		p := &rules.Penalty{Enabled: true, DetectionWindowMS: []int64{5000, 60_000}[rng.IntN(2)], ViolationThreshold: 1 + rng.Int64N(3)}
+		for range 1 + rng.IntN(3) {
+			p.Multipliers = append(p.Multipliers, 1+rng.Int64N(4))
+		}
+		s.Penalty = p
+	}
+	return s
+}
+
+// randomStep is how far the clock moves between two checks, beyond the
+// real time that passed: often not at all (same millisecond), up to two
+// minutes (windows and penalties pass).
+func randomStep(rng *rand.Rand) int64 {
+	switch r := rng.IntN(10); {
+	case r < 3:
+		return 0
+	case r < 7:
+		return rng.Int64N(500)
+	case r < 9:
+		return 500 + rng.Int64N(4500)
+	default:
+		return 5000 + rng.Int64N(115_000)
+	}
+}
