@@ -14,6 +14,7 @@ import (
 	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -175,7 +176,7 @@ func (c *checker) checkPlugin(path string, w *wasmfilterv3.Wasm, hcm *hcmv3.Http
 		c.addf(cp, "must be a google.protobuf.StringValue holding the plugin's JSON configuration, got %q", pc.GetConfiguration().GetTypeUrl())
 		return
 	}
-	cfg, err := rules.ParseConfig(raw)
+	cfg, err := rules.ParseConfigEnv(raw, c.vmEnvironment(join(path, "vm_config.environment_variables"), vm))
 	if err != nil {
 		c.addf(cp, "plugin configuration refused: %v", err)
 		return
@@ -192,6 +193,31 @@ func (c *checker) checkPlugin(path string, w *wasmfilterv3.Wasm, hcm *hcmv3.Http
 	c.checkClientIP(hcmPath, hcm, &cfg.Identity.ClientIP)
 	c.checkPaths(hcmPath, hcm)
 	c.checkTrustedHeaders(cp, cfg, before)
+}
+
+// vmEnvironment checks the VM's environment_variables as Envoy does and
+// returns a lookup over what is known offline: key_values. host_env_keys
+// take Envoy's own environment at startup, so they count as unset here.
+// Envoy refuses a name that is both a key_values key and a host_env_key, or
+// a host_env_key listed twice (source/extensions/common/wasm/plugin.cc,
+// WasmConfig).
+func (c *checker) vmEnvironment(path string, vm *wasmv3.VmConfig) func(string) (string, bool) {
+	ev := vm.GetEnvironmentVariables()
+	kv := ev.GetKeyValues()
+	seen := map[string]bool{}
+	for k := range kv {
+		seen[k] = true
+	}
+	for i, k := range ev.GetHostEnvKeys() {
+		if seen[k] {
+			c.addf(fmt.Sprintf("%s.host_env_keys[%d]", path, i), "%q is given twice (in key_values or host_env_keys); Envoy refuses the configuration", k)
+		}
+		seen[k] = true
+	}
+	return func(name string) (string, bool) {
+		v, ok := kv[name]
+		return v, ok
+	}
 }
 
 func contains(list []string, s string) bool {

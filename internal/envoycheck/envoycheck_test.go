@@ -293,6 +293,22 @@ func TestCheck_Refuses(t *testing.T) {
 				`configuration.tiers.header: "x-tier" is trusted as the client's tier, but clients can send it`},
 		},
 		{
+			name: "environment variable given twice",
+			break_: func(t *testing.T, doc map[string]any) {
+				env := obj(t, hcm(t, doc), "http_filters", 1, "typed_config", "config", "vm_config", "environment_variables")
+				env["key_values"] = map[string]any{"RATE_LIMIT_CHAT_WINDOW": "60"}
+			},
+			want: []string{`vm_config.environment_variables.host_env_keys[1]: "RATE_LIMIT_CHAT_WINDOW" is given twice`},
+		},
+		{
+			name: "bad environment variable",
+			break_: func(t *testing.T, doc map[string]any) {
+				vm := obj(t, hcm(t, doc), "http_filters", 1, "typed_config", "config", "vm_config")
+				vm["environment_variables"] = map[string]any{"key_values": map[string]any{"RATE_LIMIT_AUTH_REQUESTS": "five"}}
+			},
+			want: []string{`configuration: plugin configuration refused: RATE_LIMIT_AUTH_REQUESTS: must be a whole number`},
+		},
+		{
 			name:   "not YAML",
 			break_: nil,
 			want:   []string{"not valid YAML"},
@@ -398,5 +414,36 @@ func BenchmarkCheck(b *testing.B) {
 		if err := Check(in); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// The vm_config example of docs/deploy.md, put in place of envoy.yaml's,
+// is a configuration Envoy and the plugin accept.
+func TestCheck_DeployDocVMConfig(t *testing.T) {
+	var example string
+	for _, block := range strings.Split(string(readFile(t, "../../docs/deploy.md")), "```yaml\n")[1:] {
+		if body, _, _ := strings.Cut(block, "```"); strings.HasPrefix(body, "vm_config:") {
+			example = body
+		}
+	}
+	if example == "" {
+		t.Fatal("docs/deploy.md has no ```yaml block starting with vm_config:")
+	}
+	js, err := yaml.YAMLToJSON([]byte(example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vm map[string]any
+	if err := json.Unmarshal(js, &vm); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := at(t, vm, "vm_config", "environment_variables", "key_values").(map[string]any); !ok {
+		t.Fatal("the example sets no key_values, so nothing of it reaches the plugin's parser")
+	}
+	doc := envoyDoc(t)
+	obj(t, hcm(t, doc), "http_filters", 1, "typed_config", "config")["vm_config"] = vm["vm_config"]
+	in, _ := json.Marshal(doc)
+	if err := Check(in); err != nil {
+		t.Errorf("docs/deploy.md's vm_config: %v", err)
 	}
 }
