@@ -54,6 +54,7 @@ const (
 	MetricBridgeErrors  = "sluice_bridge_errors_total"
 	MetricFailOpen      = "sluice_fail_open_total"
 	MetricFailClosed    = "sluice_fail_closed_total"
+	MetricPanics        = "sluice_panics_total"
 	MetricCacheHits     = "sluice_local_cache_hits_total"
 	MetricExempt        = "sluice_exempt_total"
 	MetricConfigRefused = "sluice_config_refused_total"
@@ -64,7 +65,7 @@ const (
 const tokenCacheSlots = 256
 
 type metrics struct {
-	requests, allowed, denied, logOnlyDenied, bridgeErrors, failOpen, failClosed, cacheHits, exempt, configRefused uint32
+	requests, allowed, denied, logOnlyDenied, bridgeErrors, failOpen, failClosed, cacheHits, exempt, configRefused, panics uint32
 }
 
 // Plugin is the root context of one VM.
@@ -83,6 +84,11 @@ type Plugin struct {
 	debug   bool
 	pending map[uint32]*Stream // call-out id → waiting stream
 	free    []*Stream          // recycled streams: no allocation per request
+	// answering is the stream whose bridge answer is being handled, so
+	// that a panic in the root context's call-out callback answers it.
+	answering *Stream
+	// testPanics: requests may ask for a panic (see testPanicHeader).
+	testPanics bool
 	// Shared scratch for one callback at a time (a VM is single-threaded).
 	scratch []byte
 	event   []byte
@@ -97,6 +103,7 @@ func NewPlugin(host Host, contextID uint32) *Plugin {
 		bridgeErrors: host.DefineCounter(MetricBridgeErrors), failOpen: host.DefineCounter(MetricFailOpen),
 		failClosed: host.DefineCounter(MetricFailClosed), cacheHits: host.DefineCounter(MetricCacheHits),
 		exempt: host.DefineCounter(MetricExempt), configRefused: host.DefineCounter(MetricConfigRefused),
+		panics: host.DefineCounter(MetricPanics),
 	}
 	return p
 }
@@ -121,6 +128,8 @@ func (p *Plugin) OnPluginStart(int) bool {
 	}
 	p.cfg = cfg
 	p.tokens = rules.NewTokenCache(tokenCacheSlots)
+	v, _ := p.host.Env(testPanicEnv)
+	p.testPanics = v == "1"
 	p.bridgeAuth = ""
 	if cfg.Bridge.Token != "" {
 		p.bridgeAuth = "Bearer " + cfg.Bridge.Token
@@ -132,6 +141,50 @@ func (p *Plugin) OnPluginStart(int) bool {
 }
 
 func (p *Plugin) OnPluginDone() bool { return true }
+
+// The panic trigger for tests of the recovery below, through the built
+// module: with the VM environment variable SLUICE_TEST_PANIC=1, a request
+// with the header x-sluice-test-panic: request panics while its headers are
+// handled, and with "callout" while its bridge answer is. Only a proxy's VM
+// environment can turn it on (Envoy passes a VM only the variables its
+// vm_config lists); no plugin configuration field reaches it.
+const (
+	testPanicEnv    = "SLUICE_TEST_PANIC"
+	testPanicHeader = "x-sluice-test-panic"
+)
+
+// OnPanic answers for a callback that panicked (the binding has logged the
+// panic and its stack): it counts the panic and answers the request
+// concerned by the failure mode, as a bridge failure would be, so the VM
+// keeps serving. The rest of the request is left alone: the stream may be
+// half-way through any step, and the next request starts afresh.
+func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.Action {
+	p.host.IncCounter(p.m.panics)
+	s, inStream := ctx.(*Stream)
+	if !inStream {
+		s, p.answering = p.answering, nil
+	}
+	if s == nil || s.cfg == nil || s.answered {
+		return proxywasm.Continue
+	}
+	p.forget(s)
+	s.state = stateDone
+	if !inStream {
+		p.host.SetEffectiveContext(s.id)
+	}
+	if s.cfg.FailureMode == rules.FailClosed {
+		s.answered = true
+		s.body = rules.AppendUnavailableBody(s.body[:0], "plugin error", bytesString(s.requestID))
+		s.local = append(s.local[:0], [2]string{"content-type", "application/json"})
+		p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, s.local, s.body)
+		return proxywasm.Pause
+	}
+	if !inStream {
+		s.answered = true
+		p.host.ResumeRequest()
+	}
+	return proxywasm.Continue
+}
 
 // OnTick follows the host's log level.
 func (p *Plugin) OnTick() { p.debug = p.host.LogLevel() <= proxywasm.LogLevelDebug }
@@ -149,6 +202,9 @@ func (p *Plugin) NewHTTPContext(contextID uint32) proxywasm.HTTPContext {
 	s.id = contextID
 	s.cfg = p.cfg
 	s.state = stateNew
+	s.answered = false
+	s.testPanicInCallout = false
+	s.requestID = s.requestID[:0]
 	s.respHeaders.Reset()
 	return s
 }

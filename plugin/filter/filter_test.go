@@ -542,3 +542,81 @@ func TestPlugin_OnPluginStartEnvironment(t *testing.T) {
 		t.Errorf("refusal does not name the variable: %q", last)
 	}
 }
+
+// panicking runs f as the binding runs a callback: a panic is recovered and
+// handed to OnPanic, whose action is returned.
+func panicking(p *Plugin, ctx proxywasm.HTTPContext, f func() proxywasm.Action) (a proxywasm.Action, panicked bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			a, panicked = p.OnPanic(0, ctx, v), true
+		}
+	}()
+	return f(), false
+}
+
+func TestPlugin_OnPanic(t *testing.T) {
+	for _, mode := range []string{"fail_open", "fail_closed"} {
+		t.Run(mode+"/request", func(t *testing.T) {
+			h, p := newPlugin(t, mode)
+			h.env = map[string]string{testPanicEnv: "1"}
+			if !p.OnPluginStart(0) {
+				t.Fatal("configuration refused")
+			}
+			h.reqHeaders = map[string]string{":path": "/api/v1/items", "x-user-id": "ann", testPanicHeader: "request"}
+			s := p.NewHTTPContext(2).(*Stream)
+			a, panicked := panicking(p, s, func() proxywasm.Action { return s.OnRequestHeaders(3, true) })
+			if !panicked || h.counters[MetricPanics] != 1 || len(h.calls) != 0 {
+				t.Fatalf("panicked %v, panics %d, calls %d", panicked, h.counters[MetricPanics], len(h.calls))
+			}
+			if mode == "fail_open" && (a != proxywasm.Continue || h.local != nil) {
+				t.Errorf("fail_open: action %v, local %+v", a, h.local)
+			}
+			if mode == "fail_closed" && (a != proxywasm.Pause || h.local == nil || h.local.status != 503 || !strings.Contains(h.local.body, "plugin error")) {
+				t.Errorf("fail_closed: action %v, local %+v", a, h.local)
+			}
+			// The next request of the same VM is served as usual.
+			s.OnDone()
+			if _, a := h.request(p, 3, map[string]string{"x-user-id": "ann"}); a != proxywasm.Pause || len(h.calls) != 1 {
+				t.Errorf("next request: action %v, calls %d", a, len(h.calls))
+			}
+		})
+		t.Run(mode+"/callout", func(t *testing.T) {
+			h, p := newPlugin(t, mode)
+			h.env = map[string]string{testPanicEnv: "1"}
+			p.OnPluginStart(0)
+			h.request(p, 2, map[string]string{"x-user-id": "bob", testPanicHeader: "callout"})
+			h.callStatus, h.callBody = "200", []byte(`{"allowed":true}`)
+			_, panicked := panicking(p, nil, func() proxywasm.Action {
+				p.OnHTTPCallResponse(uint32(len(h.calls)), 3, len(h.callBody), 0)
+				return proxywasm.Continue
+			})
+			if !panicked || h.counters[MetricPanics] != 1 || len(p.pending) != 0 {
+				t.Fatalf("panicked %v, panics %d, pending %d", panicked, h.counters[MetricPanics], len(p.pending))
+			}
+			if mode == "fail_open" && (h.resumed != 1 || h.local != nil) {
+				t.Errorf("fail_open: resumed %d, local %+v", h.resumed, h.local)
+			}
+			if mode == "fail_closed" && (h.resumed != 0 || h.local == nil || h.local.status != 503) {
+				t.Errorf("fail_closed: resumed %d, local %+v", h.resumed, h.local)
+			}
+		})
+	}
+	t.Run("answered", func(t *testing.T) {
+		// A panic after the request was answered answers nothing twice.
+		h, p := newPlugin(t, "fail_closed")
+		s, _ := h.request(p, 2, map[string]string{"x-user-id": "cy"})
+		h.answer(p, "200", `{"allowed":true,"decisions":[{"allowed":true,"limit":10,"remaining":9},{"allowed":true,"limit":1,"remaining":0}]}`)
+		a, _ := panicking(p, s, func() proxywasm.Action { panic("after the answer") })
+		if a != proxywasm.Continue || h.resumed != 1 || h.local != nil || h.counters[MetricPanics] != 1 {
+			t.Errorf("action %v, resumed %d, local %+v", a, h.resumed, h.local)
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		// Without the VM environment variable the header does nothing.
+		h, p := newPlugin(t, "fail_closed")
+		_, a := h.request(p, 2, map[string]string{"x-user-id": "dee", testPanicHeader: "request"})
+		if a != proxywasm.Pause || len(h.calls) != 1 || h.counters[MetricPanics] != 0 {
+			t.Errorf("action %v, calls %d", a, len(h.calls))
+		}
+	})
+}

@@ -22,6 +22,12 @@ type Stream struct {
 	id    uint32
 	cfg   *rules.Config // the config the request started under
 	state streamState
+	// answered: the host was told what to do with the request (a local
+	// response, or resume); nothing may answer it again.
+	answered bool
+	// testPanicInCallout: the request asked for a panic while its bridge
+	// answer is handled (see testPanicHeader).
+	testPanicInCallout bool
 
 	hdrs        headerView
 	req         rules.Request
@@ -52,6 +58,14 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	h.IncCounter(p.m.requests)
 	if s.cfg == nil {
 		return proxywasm.Continue // never configured: the host refused every config
+	}
+	if p.testPanics {
+		switch h.RequestHeader(testPanicHeader) {
+		case "request":
+			panic("sluice: test panic in proxy_on_request_headers")
+		case "callout":
+			s.testPanicInCallout = true
+		}
 	}
 	s.nowMS = h.NowNanos() / 1e6
 	s.req = rules.Request{
@@ -136,6 +150,17 @@ func (p *Plugin) OnHTTPCallResponse(calloutID uint32, numHeaders, bodySize, _ in
 	delete(p.pending, calloutID)
 	p.host.SetEffectiveContext(s.id)
 	s.state = stateDone
+	p.answering = s
+	s.answer(numHeaders, bodySize)
+	p.answering = nil
+}
+
+// answer acts on the bridge's answer to s's call-out.
+func (s *Stream) answer(numHeaders, bodySize int) {
+	p := s.p
+	if s.testPanicInCallout {
+		panic("sluice: test panic in proxy_on_http_call_response")
+	}
 	if numHeaders == 0 {
 		s.fail("bridge unreachable or timed out")
 		s.finishFailure()
@@ -190,6 +215,7 @@ func (s *Stream) decide() {
 			s.event(proxywasm.LogLevelDebug, "allowed", best, &decs[best], "allow")
 		}
 	}
+	s.answered = true
 	h.ResumeRequest()
 }
 
@@ -207,6 +233,7 @@ func (s *Stream) deny(i int, d *rules.Decision) {
 	s.body = s.cfg.AppendDenyBody(s.body[:0], l, d, s.nowMS, bytesString(s.requestID))
 	s.event(proxywasm.LogLevelInfo, "blocked", i, d, "reject")
 	s.respHeaders.Reset() // the local response already carries them
+	s.answered = true
 	h.SendLocalResponse(s.cfg.Deny.Status, s.local, s.body)
 }
 
@@ -219,6 +246,7 @@ func (s *Stream) fail(reason string) {
 		s.p.host.IncCounter(s.p.m.failClosed)
 		s.body = rules.AppendUnavailableBody(s.body[:0], reason, bytesString(s.requestID))
 		s.local = append(s.local[:0], [2]string{"content-type", "application/json"})
+		s.answered = true
 		s.p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, s.local, s.body)
 		return
 	}
@@ -228,6 +256,7 @@ func (s *Stream) fail(reason string) {
 // finishFailure resumes a paused request after fail_open.
 func (s *Stream) finishFailure() {
 	if s.cfg.FailureMode == rules.FailOpen {
+		s.answered = true
 		s.p.host.ResumeRequest()
 	}
 }
@@ -246,16 +275,22 @@ func (s *Stream) OnLog() {}
 // OnDone recycles the stream; an answer still in flight is dropped.
 func (s *Stream) OnDone() {
 	p := s.p
-	if s.state == stateWaiting {
-		for id, w := range p.pending {
-			if w == s {
-				delete(p.pending, id)
-			}
-		}
-	}
+	p.forget(s)
 	s.state = stateDone
 	s.cfg = nil
 	if len(p.free) < 1024 {
 		p.free = append(p.free, s)
+	}
+}
+
+// forget drops s's call-out still in flight, if any: its answer is ignored.
+func (p *Plugin) forget(s *Stream) {
+	if s.state != stateWaiting {
+		return
+	}
+	for id, w := range p.pending {
+		if w == s {
+			delete(p.pending, id)
+		}
 	}
 }

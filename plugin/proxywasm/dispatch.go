@@ -1,5 +1,7 @@
 package proxywasm
 
+import "runtime"
+
 // Context bookkeeping behind the exported callbacks. The exports in
 // exports_wasip1.go are thin wrappers over these functions so that the
 // dispatch logic builds and tests natively.
@@ -7,8 +9,15 @@ package proxywasm
 var (
 	vmContext VMContext
 	roots     = map[uint32]PluginContext{}
-	streams   = map[uint32]HTTPContext{}
+	streams   = map[uint32]stream{}
 )
+
+// stream is an HTTP context and the root context it belongs to, which
+// answers for it when a callback panics.
+type stream struct {
+	HTTPContext
+	root uint32
+}
 
 // SetVMContext registers the plugin. Call it from an init function of the
 // plugin's main package: a c-shared module runs package initializers from
@@ -27,7 +36,7 @@ func onContextCreate(contextID, parentID uint32) {
 	if !ok {
 		return // the host broke the ABI; later callbacks for contextID are ignored
 	}
-	streams[contextID] = root.NewHTTPContext(contextID)
+	streams[contextID] = stream{root.NewHTTPContext(contextID), parentID}
 }
 
 func onVMStart(vmConfigSize uint32) bool {
@@ -69,28 +78,28 @@ func onResponseHeaders(contextID, numHeaders uint32, endOfStream bool) Action {
 }
 
 func onRequestBody(contextID, size uint32, endOfStream bool) Action {
-	if h, ok := streams[contextID].(RequestBodyHandler); ok {
+	if h, ok := streams[contextID].HTTPContext.(RequestBodyHandler); ok {
 		return h.OnRequestBody(int(size), endOfStream)
 	}
 	return Continue
 }
 
 func onRequestTrailers(contextID, n uint32) Action {
-	if h, ok := streams[contextID].(RequestTrailersHandler); ok {
+	if h, ok := streams[contextID].HTTPContext.(RequestTrailersHandler); ok {
 		return h.OnRequestTrailers(int(n))
 	}
 	return Continue
 }
 
 func onResponseBody(contextID, size uint32, endOfStream bool) Action {
-	if h, ok := streams[contextID].(ResponseBodyHandler); ok {
+	if h, ok := streams[contextID].HTTPContext.(ResponseBodyHandler); ok {
 		return h.OnResponseBody(int(size), endOfStream)
 	}
 	return Continue
 }
 
 func onResponseTrailers(contextID, n uint32) Action {
-	if h, ok := streams[contextID].(ResponseTrailersHandler); ok {
+	if h, ok := streams[contextID].HTTPContext.(ResponseTrailersHandler); ok {
 		return h.OnResponseTrailers(int(n))
 	}
 	return Continue
@@ -118,4 +127,50 @@ func onDelete(contextID uint32) {
 		return
 	}
 	delete(roots, contextID)
+}
+
+// recovered handles a panic that escaped callback on contextID: the value
+// and the stack go to the host's log at critical level, and the root
+// context, when it is a PanicHandler, answers for it. It returns the action
+// for a header callback (Continue when no root answers).
+func recovered(callback string, contextID uint32, v any) (a Action) {
+	a = Continue
+	var stack [8 << 10]byte
+	n := runtime.Stack(stack[:], false)
+	msg := make([]byte, 0, 64+n)
+	msg = append(msg, "panic in "...)
+	msg = append(msg, callback...)
+	msg = append(msg, ": "...)
+	msg = append(msg, panicText(v)...)
+	msg = append(msg, '\n')
+	msg = append(msg, stack[:n]...)
+	_ = Log(LogLevelCritical, string(msg))
+	rootID, s := contextID, streams[contextID]
+	if s.HTTPContext != nil {
+		rootID = s.root
+	}
+	h, ok := roots[rootID].(PanicHandler)
+	if !ok {
+		return a
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			_ = Log(LogLevelCritical, "panic in OnPanic: "+panicText(v))
+		}
+	}()
+	return h.OnPanic(contextID, s.HTTPContext, v)
+}
+
+// panicText describes a panic value without fmt (which the plugin does not
+// link).
+func panicText(v any) string {
+	switch x := v.(type) {
+	case error:
+		return x.Error()
+	case string:
+		return x
+	case interface{ String() string }:
+		return x.String()
+	}
+	return "a value of a type without a text form"
 }

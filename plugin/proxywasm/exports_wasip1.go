@@ -6,7 +6,8 @@ import "unsafe"
 
 // Exported callbacks of ABI v0.2.1. Each brackets its work with enter/leave
 // so that host memory handed out during the callback is reclaimed when the
-// outermost callback returns. Booleans travel as uint32 (i32).
+// outermost callback returns, and recovers a panic (see PanicHandler)
+// instead of letting it trap the VM. Booleans travel as uint32 (i32).
 
 //go:wasmexport proxy_abi_version_0_2_1
 func proxyABIVersion() {}
@@ -17,108 +18,172 @@ func proxyOnMemoryAllocate(size uint32) unsafe.Pointer { return allocate(size) }
 //go:wasmexport proxy_on_context_create
 func proxyOnContextCreate(contextID, parentID uint32) {
 	enter()
+	defer func() {
+		if v := recover(); v != nil {
+			recovered("proxy_on_context_create", contextID, v)
+		}
+		leave()
+	}()
 	onContextCreate(contextID, parentID)
-	leave()
 }
 
 //go:wasmexport proxy_on_vm_start
-func proxyOnVMStart(_, vmConfigSize uint32) uint32 {
+func proxyOnVMStart(rootID, vmConfigSize uint32) (ok uint32) {
 	enter()
-	ok := onVMStart(vmConfigSize)
-	leave()
-	return b2u(ok)
+	defer func() {
+		if v := recover(); v != nil {
+			recovered("proxy_on_vm_start", rootID, v)
+			ok = 0
+		}
+		leave()
+	}()
+	return b2u(onVMStart(vmConfigSize))
 }
 
 //go:wasmexport proxy_on_configure
-func proxyOnConfigure(rootID, configSize uint32) uint32 {
+func proxyOnConfigure(rootID, configSize uint32) (ok uint32) {
 	enter()
-	ok := onConfigure(rootID, configSize)
-	leave()
-	return b2u(ok)
+	defer func() {
+		if v := recover(); v != nil {
+			recovered("proxy_on_configure", rootID, v)
+			ok = 0 // a configuration that makes the plugin panic is refused
+		}
+		leave()
+	}()
+	return b2u(onConfigure(rootID, configSize))
 }
 
 //go:wasmexport proxy_on_tick
 func proxyOnTick(rootID uint32) {
 	enter()
+	defer func() {
+		if v := recover(); v != nil {
+			recovered("proxy_on_tick", rootID, v)
+		}
+		leave()
+	}()
 	onTick(rootID)
-	leave()
 }
 
 //go:wasmexport proxy_on_http_call_response
 func proxyOnHTTPCallResponse(rootID, calloutID, numHeaders, bodySize, numTrailers uint32) {
 	enter()
+	defer func() {
+		if v := recover(); v != nil {
+			recovered("proxy_on_http_call_response", rootID, v)
+		}
+		leave()
+	}()
 	onHTTPCallResponse(rootID, calloutID, numHeaders, bodySize, numTrailers)
-	leave()
 }
 
 //go:wasmexport proxy_on_request_headers
-func proxyOnRequestHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
+func proxyOnRequestHeaders(contextID, numHeaders, endOfStream uint32) (a uint32) {
 	enter()
-	a := onRequestHeaders(contextID, numHeaders, endOfStream != 0)
-	leave()
-	return uint32(a)
+	defer func() {
+		if v := recover(); v != nil {
+			a = uint32(recovered("proxy_on_request_headers", contextID, v))
+		}
+		leave()
+	}()
+	return uint32(onRequestHeaders(contextID, numHeaders, endOfStream != 0))
 }
 
 //go:wasmexport proxy_on_request_body
-func proxyOnRequestBody(contextID, bodySize, endOfStream uint32) uint32 {
+func proxyOnRequestBody(contextID, bodySize, endOfStream uint32) (a uint32) {
 	enter()
-	a := onRequestBody(contextID, bodySize, endOfStream != 0)
-	leave()
-	return uint32(a)
+	defer func() {
+		if v := recover(); v != nil {
+			a = uint32(recovered("proxy_on_request_body", contextID, v))
+		}
+		leave()
+	}()
+	return uint32(onRequestBody(contextID, bodySize, endOfStream != 0))
 }
 
 //go:wasmexport proxy_on_request_trailers
-func proxyOnRequestTrailers(contextID, numTrailers uint32) uint32 {
+func proxyOnRequestTrailers(contextID, numTrailers uint32) (a uint32) {
 	enter()
-	a := onRequestTrailers(contextID, numTrailers)
-	leave()
-	return uint32(a)
+	defer func() {
+		if v := recover(); v != nil {
+			a = uint32(recovered("proxy_on_request_trailers", contextID, v))
+		}
+		leave()
+	}()
+	return uint32(onRequestTrailers(contextID, numTrailers))
 }
 
 //go:wasmexport proxy_on_response_headers
-func proxyOnResponseHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
+func proxyOnResponseHeaders(contextID, numHeaders, endOfStream uint32) (a uint32) {
 	enter()
-	a := onResponseHeaders(contextID, numHeaders, endOfStream != 0)
-	leave()
-	return uint32(a)
+	defer func() {
+		if v := recover(); v != nil {
+			a = uint32(recovered("proxy_on_response_headers", contextID, v))
+		}
+		leave()
+	}()
+	return uint32(onResponseHeaders(contextID, numHeaders, endOfStream != 0))
 }
 
 //go:wasmexport proxy_on_response_body
-func proxyOnResponseBody(contextID, bodySize, endOfStream uint32) uint32 {
+func proxyOnResponseBody(contextID, bodySize, endOfStream uint32) (a uint32) {
 	enter()
-	a := onResponseBody(contextID, bodySize, endOfStream != 0)
-	leave()
-	return uint32(a)
+	defer func() {
+		if v := recover(); v != nil {
+			a = uint32(recovered("proxy_on_response_body", contextID, v))
+		}
+		leave()
+	}()
+	return uint32(onResponseBody(contextID, bodySize, endOfStream != 0))
 }
 
 //go:wasmexport proxy_on_response_trailers
-func proxyOnResponseTrailers(contextID, numTrailers uint32) uint32 {
+func proxyOnResponseTrailers(contextID, numTrailers uint32) (a uint32) {
 	enter()
-	a := onResponseTrailers(contextID, numTrailers)
-	leave()
-	return uint32(a)
+	defer func() {
+		if v := recover(); v != nil {
+			a = uint32(recovered("proxy_on_response_trailers", contextID, v))
+		}
+		leave()
+	}()
+	return uint32(onResponseTrailers(contextID, numTrailers))
 }
 
 //go:wasmexport proxy_on_log
 func proxyOnLog(contextID uint32) {
 	enter()
+	defer func() {
+		if v := recover(); v != nil {
+			recovered("proxy_on_log", contextID, v)
+		}
+		leave()
+	}()
 	onLog(contextID)
-	leave()
 }
 
 //go:wasmexport proxy_on_done
-func proxyOnDone(contextID uint32) uint32 {
+func proxyOnDone(contextID uint32) (ok uint32) {
 	enter()
-	ok := onDone(contextID)
-	leave()
-	return b2u(ok)
+	defer func() {
+		if v := recover(); v != nil {
+			recovered("proxy_on_done", contextID, v)
+			ok = 1
+		}
+		leave()
+	}()
+	return b2u(onDone(contextID))
 }
 
 //go:wasmexport proxy_on_delete
 func proxyOnDelete(contextID uint32) {
 	enter()
+	defer func() {
+		if v := recover(); v != nil {
+			recovered("proxy_on_delete", contextID, v)
+		}
+		leave()
+	}()
 	onDelete(contextID)
-	leave()
 }
 
 func b2u(b bool) uint32 {

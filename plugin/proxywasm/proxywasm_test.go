@@ -3,6 +3,7 @@ package proxywasm
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"unsafe"
@@ -220,5 +221,47 @@ func TestPropertyInt64(t *testing.T) {
 	}
 	if _, ok := PropertyInt64([]byte{1}); ok {
 		t.Fatal("short value accepted")
+	}
+}
+
+type panicRoot struct {
+	recRoot
+	got []string // "context/stream/value" of each OnPanic
+}
+
+func (r *panicRoot) OnPanic(id uint32, s HTTPContext, v any) Action {
+	r.got = append(r.got, fmt.Sprintf("%d/%v/%s", id, s != nil, panicText(v)))
+	if s != nil {
+		return Pause
+	}
+	panic("OnPanic itself panics") // recovered and logged, never escapes
+}
+
+type panicVM struct {
+	DefaultVMContext
+	root *panicRoot
+}
+
+func (v panicVM) NewPluginContext(uint32) PluginContext { return v.root }
+
+func TestDispatch_Recovered(t *testing.T) {
+	var log []string
+	root := &panicRoot{recRoot: recRoot{log: &log}}
+	SetVMContext(panicVM{root: root})
+	t.Cleanup(func() { SetVMContext(nil); clear(roots); clear(streams) })
+	onContextCreate(1, 0)
+	onContextCreate(2, 1)
+	if a := recovered("proxy_on_request_headers", 2, errors.New("boom")); a != Pause {
+		t.Errorf("stream panic: action %d, want the root's Pause", a)
+	}
+	if a := recovered("proxy_on_tick", 1, "tock"); a != Continue {
+		t.Errorf("root panic: action %d, want Continue", a)
+	}
+	if a := recovered("proxy_on_request_headers", 9, 42); a != Continue {
+		t.Errorf("unknown context: action %d", a)
+	}
+	want := []string{"2/true/boom", "1/false/tock"}
+	if !reflect.DeepEqual(root.got, want) {
+		t.Errorf("OnPanic calls = %v, want %v", root.got, want)
 	}
 }

@@ -158,6 +158,20 @@ type HTTPContext interface {
 	OnDone()
 }
 
+// PanicHandler is implemented by a root context that answers for a
+// callback that panicked. A Go panic that escapes a callback traps the VM,
+// and the proxy then fails every later request of that worker (under
+// Envoy's WASI the panic message is lost too), so the binding recovers
+// every callback, logs the panic with its stack at critical level, and
+// asks the root context what to do. stream is the HTTP context whose
+// callback panicked, nil for a callback of the root context itself. For a
+// header callback OnPanic returns the action to give the host; a stream
+// paused for a call-out whose answer was being handled when the panic came
+// must be resumed or answered by OnPanic itself.
+type PanicHandler interface {
+	OnPanic(contextID uint32, stream HTTPContext, value any) Action
+}
+
 // Optional stream callbacks. An HTTPContext implementing one of these
 // receives the matching callback; otherwise the host is told to continue.
 type (
