@@ -1,6 +1,7 @@
 package wasmhost
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -26,8 +27,12 @@ const (
 	bufferVMConfig     = 6
 	bufferPluginConfig = 7
 
-	streamRequest  = 0
-	streamResponse = 1
+	mapMax = 7
+
+	streamRequest    = 0
+	streamResponse   = 1
+	streamDownstream = 2
+	streamUpstream   = 3
 )
 
 type hostFunc struct {
@@ -38,10 +43,12 @@ type hostFunc struct {
 }
 
 // exportHostFunctions defines module "env" with every host function of ABI
-// v0.2.1. Functions the host does not model answer UNIMPLEMENTED.
+// v0.2.1 that cpp-host registers (include/proxy-wasm/exports.h
+// FOR_ALL_HOST_FUNCTIONS and the 0.2.1 additions, src/wasm.cc
+// registerCallbacks), and the two Emscripten helpers it adds. Functions
+// the host does not model answer UNIMPLEMENTED.
 func (h *Host) exportHostFunctions(ctx context.Context) error {
 	b := h.rt.NewHostModuleBuilder("env")
-	i32 := api.ValueTypeI32
 	for _, f := range h.hostFuncs() {
 		types := f.types
 		if types == nil {
@@ -50,13 +57,14 @@ func (h *Host) exportHostFunctions(ctx context.Context) error {
 				types[i] = i32
 			}
 		}
-		fn := f.fn
+		fn, name := f.fn, "env."+f.name
+		h.provided[name] = true
 		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, st []uint64) {
 			in, ok := ctx.Value(instanceKey{}).(*instance)
 			if !ok || in.dead {
-				st[0] = uint64(StatusInternalFailure)
-				return
+				panic(errVMFailed)
 			}
+			in.checkAllowed(name)
 			if in.vm.h.opts.MeasureGuest && in.depth == 1 {
 				start := time.Now()
 				st[0] = uint64(fn(in, m.Memory(), st))
@@ -66,11 +74,43 @@ func (h *Host) exportHostFunctions(ctx context.Context) error {
 			st[0] = uint64(fn(in, m.Memory(), st))
 		}), types, []api.ValueType{i32}).Export(f.name)
 	}
+	// Emscripten's helpers, registered by cpp-host whatever the module.
+	h.provided["env.emscripten_notify_memory_growth"] = true
+	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, _ api.Module, _ []uint64) {
+		if in, ok := ctx.Value(instanceKey{}).(*instance); ok {
+			in.checkAllowed("env.emscripten_notify_memory_growth")
+		}
+	}), []api.ValueType{i32}, nil).Export("emscripten_notify_memory_growth")
+	h.provided["env.pthread_equal"] = true
+	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, _ api.Module, st []uint64) {
+		if in, ok := ctx.Value(instanceKey{}).(*instance); ok {
+			in.checkAllowed("env.pthread_equal")
+		}
+		st[0] = b2u(uint32(st[0]) == uint32(st[1]))
+	}), []api.ValueType{i32, i32}, []api.ValueType{i32}).Export("pthread_equal")
 	_, err := b.Instantiate(ctx)
 	return err
 }
 
 func unimplemented(in *instance, m api.Memory, p []uint64) Status { return StatusUnimplemented }
+
+// envoyDetails is response code details as Envoy stores them: whitespace
+// becomes '_' (StringUtil::replaceAllEmptySpace).
+func envoyDetails(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\f' || r == '\v' {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 func u32(p []uint64, i int) uint32 { return uint32(p[i]) }
 
@@ -108,10 +148,9 @@ func (h *Host) hostFuncs() []hostFunc {
 			}
 			return StatusOK
 		}},
+		// Any context may set the timer; it is its root context's
+		// (cpp-host ContextBase::setTimerPeriod).
 		{"proxy_set_tick_period_milliseconds", 1, nil, func(in *instance, m api.Memory, p []uint64) Status {
-			if in.effective != in.rootID {
-				return StatusBadArgument
-			}
 			in.setTick(time.Duration(u32(p, 0)) * time.Millisecond)
 			return StatusOK
 		}},
@@ -160,22 +199,37 @@ func (h *Host) hostFuncs() []hostFunc {
 			}
 			return StatusUnimplemented // bodies and configurations are read-only here
 		}},
+		// The size is Envoy's HeaderMap::byteSize, the names' and values'
+		// bytes, not the size of the serialized map.
 		{"proxy_get_header_map_size", 2, nil, func(in *instance, m api.Memory, p []uint64) Status {
 			hm, st := in.headerMap(u32(p, 0))
 			if st != StatusOK {
 				return st
 			}
-			if !m.WriteUint32Le(u32(p, 1), uint32(len(hm.Append(in.buf[:0])))) {
+			n := 0
+			for _, kv := range *hm {
+				n += len(kv[0]) + len(kv[1])
+			}
+			if !m.WriteUint32Le(u32(p, 1), uint32(n)) {
 				return StatusInvalidMemoryAccess
 			}
 			return StatusOK
 		}},
+		// A map that is not available reads as empty (Envoy's
+		// headerMapToPairs of a null map).
 		{"proxy_get_header_map_pairs", 3, nil, func(in *instance, m api.Memory, p []uint64) Status {
 			hm, st := in.headerMap(u32(p, 0))
-			if st != StatusOK {
+			switch st {
+			case StatusOK:
+				in.buf = hm.Append(in.buf[:0])
+			case StatusBadArgument:
+				if u32(p, 0) > mapMax {
+					return st
+				}
+				in.buf = in.buf[:0]
+			default:
 				return st
 			}
-			in.buf = hm.Append(in.buf[:0])
 			return in.give(in.buf, u32(p, 1), u32(p, 2))
 		}},
 		{"proxy_set_header_map_pairs", 3, nil, func(in *instance, m api.Memory, p []uint64) Status {
@@ -226,23 +280,24 @@ func (h *Host) hostFuncs() []hostFunc {
 		{"proxy_continue_stream", 1, nil, func(in *instance, m api.Memory, p []uint64) Status {
 			return in.continueStream(u32(p, 0))
 		}},
+		// Envoy's Context::closeStream: a reset after the VM call returns;
+		// the network stream types mean nothing to an HTTP filter.
 		{"proxy_close_stream", 1, nil, func(in *instance, m api.Memory, p []uint64) Status {
 			t := u32(p, 0)
-			if t > streamResponse {
+			if t > streamUpstream {
 				return StatusBadArgument
 			}
-			s := in.streams[in.effective]
-			if s == nil {
-				return StatusNotFound
+			if s := in.streams[in.effective]; s != nil && t <= streamResponse {
+				in.defer_(func() { s.fail(ErrStreamReset) })
 			}
-			s.fail(ErrStreamReset)
 			return StatusOK
 		}},
+		// Envoy's Context::sendLocalResponse: the reply is sent after the VM
+		// call returns, through the encoder filters and so through this
+		// plugin's own response callback (Stream.sendLocal). Without a
+		// stream (the root context) there is nothing to answer, and Envoy
+		// still says OK.
 		{"proxy_send_local_response", 8, nil, func(in *instance, m api.Memory, p []uint64) Status {
-			s := in.streams[in.effective]
-			if s == nil {
-				return StatusBadArgument
-			}
 			details, ok1 := readString(m, u32(p, 1), u32(p, 2))
 			body, ok2 := read(m, u32(p, 3), u32(p, 4))
 			hb, ok3 := read(m, u32(p, 5), u32(p, 6))
@@ -253,18 +308,25 @@ func (h *Host) hostFuncs() []hostFunc {
 			if err != nil {
 				return StatusBadArgument
 			}
-			s.local = &LocalResponse{Status: int(u32(p, 0)), Details: details, Headers: hm, Body: append([]byte{}, body...)}
-			s.signal()
+			if s := in.streams[in.effective]; s != nil && s.local == nil && !s.localPending {
+				s.localPending = true
+				l := &LocalResponse{Status: int(u32(p, 0)), Details: envoyDetails(details), Headers: hm, Body: append([]byte{}, body...)}
+				in.defer_(func() { s.sendLocal(l) })
+			}
 			return StatusOK
 		}},
+		// The status of the root context: BrokenConnection and "reset" after
+		// a call-out failed (Envoy's Context::onHttpCallFailure), 0 otherwise.
 		{"proxy_get_status", 3, nil, func(in *instance, m api.Memory, p []uint64) Status {
-			if in.callResp == nil {
-				return StatusNotFound
+			var code uint32
+			var msg string
+			if r := in.callResp; r != nil && r.failed {
+				code, msg = uint32(StatusBrokenConnection), "reset"
 			}
-			if !m.WriteUint32Le(u32(p, 0), in.callResp.status) {
+			if !m.WriteUint32Le(u32(p, 0), code) {
 				return StatusInvalidMemoryAccess
 			}
-			return in.give(nil, u32(p, 1), u32(p, 2))
+			return in.giveString(msg, u32(p, 1), u32(p, 2))
 		}},
 		{"proxy_http_call", 10, nil, func(in *instance, m api.Memory, p []uint64) Status {
 			return h.httpCall(in, m, p)
@@ -274,7 +336,13 @@ func (h *Host) hostFuncs() []hostFunc {
 			if !ok {
 				return StatusInvalidMemoryAccess
 			}
-			// Envoy takes the path as NUL-separated segments; dots are accepted too.
+			// Envoy's Context::getProperty splits the path at NUL bytes
+			// only, so "source.address" is one unknown name there. The
+			// host names its properties by their segments joined with
+			// dots, so a path holding a dot names none of them.
+			if bytes.IndexByte(raw, '.') >= 0 {
+				return StatusNotFound
+			}
 			path := strings.ReplaceAll(string(raw), "\x00", ".")
 			v, found := h.property(in, path)
 			if !found {
@@ -370,32 +438,28 @@ func (in *instance) buffer(t uint32) ([]byte, Status) {
 	return nil, StatusNotFound
 }
 
-var emptyMap fields.Map
-
-// headerMap returns the map t of the effective context.
+// headerMap returns the map t of the effective context, or BadArgument
+// when the map does not exist now, as Envoy's Context::getMap/getConstMap
+// answer: request headers until the request continues, response headers
+// during the response callback, call-out response headers during the
+// call-out callback, and no trailers (the host has no bodies).
 func (in *instance) headerMap(t uint32) (*fields.Map, Status) {
 	s := in.streams[in.effective]
 	switch t {
 	case mapRequestHeaders:
-		if s != nil {
+		if s != nil && s.reqOpen {
 			return &s.req, StatusOK
 		}
 	case mapResponseHeaders:
-		if s != nil && s.respPhase {
+		if s != nil && s.respOpen {
 			return &s.resp, StatusOK
 		}
-	case mapRequestTrailers, mapResponseTrailers, mapCallRespTrailers:
-		emptyMap = emptyMap[:0]
-		return &emptyMap, StatusOK
 	case mapCallRespHeaders:
-		if in.callResp != nil {
+		if in.callResp != nil && !in.callResp.failed {
 			return &in.callResp.headers, StatusOK
 		}
-	case 4, 5: // gRPC metadata
-	default:
-		return nil, StatusBadArgument
 	}
-	return nil, StatusNotFound
+	return nil, StatusBadArgument
 }
 
 func (in *instance) writable(t uint32) bool {
@@ -420,22 +484,32 @@ func (in *instance) mutateHeader(m api.Memory, p []uint64, f func(hm *fields.Map
 	return StatusOK
 }
 
+// continueStream is Envoy's Context::continueStream: request and response
+// resume after the VM call returns (the paused stream's waiter runs once
+// the VM is released); the request headers are no longer available
+// afterwards. Downstream is a network-filter type (OK, nothing to do),
+// Upstream is unimplemented.
 func (in *instance) continueStream(t uint32) Status {
-	if t > 3 {
-		return StatusBadArgument
-	}
-	if t > streamResponse {
+	switch t {
+	case streamRequest, streamResponse:
+	case streamDownstream:
+		return StatusOK
+	case streamUpstream:
 		return StatusUnimplemented
+	default:
+		return StatusBadArgument
 	}
 	s := in.streams[in.effective]
 	if s == nil {
-		return StatusNotFound
+		return StatusOK
 	}
-	if (t == streamResponse) != s.respPhase {
-		return StatusBadArgument
+	if t == streamRequest {
+		s.reqOpen = false
 	}
-	s.resumed = true
-	s.signal()
+	if (t == streamResponse) == s.respPhase {
+		s.resumed = true
+		s.signal()
+	}
 	return StatusOK
 }
 

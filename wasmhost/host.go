@@ -11,15 +11,14 @@ import (
 	"time"
 
 	"github.com/tetratelabs/wazero"
-	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 )
 
 // Errors a request or the host can fail with. Compare with errors.Is.
 var (
-	// ErrPluginCrashed: the VM running the request trapped (or could not be
-	// restarted). The VM is replaced; map the request to 500/503, or pass it
-	// when Host.FailOpen says so.
-	ErrPluginCrashed = errors.New("wasmhost: plugin VM crashed")
+	// ErrPluginFailed: a VM trapped while it was being configured. (A VM
+	// that fails during a request is not an error of the request: the
+	// request gets what Options.FailurePolicy says.)
+	ErrPluginFailed = errors.New("wasmhost: plugin VM failed")
 	// ErrConfigRefused: a VM's proxy_on_configure returned false.
 	ErrConfigRefused = errors.New("wasmhost: plugin refused the configuration")
 	// ErrStreamReset: the plugin closed the stream (proxy_close_stream).
@@ -53,10 +52,15 @@ type Options struct {
 	LogCapacity int
 	// LogLevel is what proxy_get_log_level reports; lower levels are dropped.
 	LogLevel LogLevel
-	// FailOpen tells Middleware to pass requests when the plugin crashes.
-	FailOpen bool
-	// Now is the clock of proxy_get_current_time_nanoseconds, default
-	// time.Now. WASI clocks stay real.
+	// FailurePolicy is what requests get from a VM that has failed (a trap),
+	// as Envoy's PluginConfig.failure_policy; default FailClosed, Envoy's.
+	FailurePolicy FailurePolicy
+	// ReloadBackoff is the least time between two starts of a VM under
+	// FailReload; default 1s, Envoy's ReloadConfig default.
+	ReloadBackoff time.Duration
+	// Now is the proxy's clock: proxy_get_current_time_nanoseconds and the
+	// WASI realtime clock read it, as both read Envoy's time source.
+	// Default time.Now.
 	Now func() time.Time
 	// MaxCalloutBody bounds a call-out response body, default 1 MiB.
 	MaxCalloutBody int64
@@ -68,6 +72,33 @@ type Options struct {
 	// from host functions, for GuestTime. It costs two clock reads per host
 	// call; for benchmarks.
 	MeasureGuest bool
+}
+
+// FailurePolicy says what a request gets from a VM that has failed.
+type FailurePolicy int
+
+const (
+	// FailClosed answers 503 with an empty body (Envoy's failStream) and
+	// keeps the VM failed.
+	FailClosed FailurePolicy = iota
+	// FailOpen lets requests pass as if the plugin were not there, and
+	// keeps the VM failed.
+	FailOpen
+	// FailReload starts a new VM for a later request, at most once per
+	// ReloadBackoff; meanwhile requests get FailClosed's answer.
+	FailReload
+)
+
+func (p FailurePolicy) String() string {
+	switch p {
+	case FailClosed:
+		return "fail_closed"
+	case FailOpen:
+		return "fail_open"
+	case FailReload:
+		return "fail_reload"
+	}
+	return "unknown"
 }
 
 var processCache = wazero.NewCompilationCache()
@@ -85,10 +116,18 @@ type Host struct {
 	stMu   sync.Mutex // guards config
 	config []byte
 
-	shared  sharedStore
-	metrics metricStore
-	logs    logStore
-	crashes atomic.Int64
+	shared   sharedStore
+	metrics  metricStore
+	logs     logStore
+	failures atomic.Int64
+	// provided is every host function by "module.name"; environ is the
+	// VM environment as WASI environ_get hands it out ("k=v\0").
+	provided map[string]bool
+	environ  [][]byte
+	started  time.Time
+	// Call-outs in flight by cluster, for Envoy's circuit breaker.
+	inflightMu        sync.Mutex
+	inflightByCluster map[string]*atomic.Int64
 	// guestNanos is guest execution time with MeasureGuest.
 	guestNanos atomic.Int64
 
@@ -117,7 +156,14 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	if opts.MaxCalloutBody <= 0 {
 		opts.MaxCalloutBody = 1 << 20
 	}
-	h := &Host{opts: opts, client: opts.HTTPClient, config: opts.PluginConfig}
+	if opts.ReloadBackoff <= 0 {
+		opts.ReloadBackoff = time.Second
+	}
+	h := &Host{opts: opts, client: opts.HTTPClient, config: opts.PluginConfig,
+		provided: map[string]bool{}, started: time.Now(), inflightByCluster: map[string]*atomic.Int64{}}
+	for _, k := range sortedKeys(opts.Environment) {
+		h.environ = append(h.environ, []byte(k+"="+opts.Environment[k]+"\x00"))
+	}
 	if h.client == nil {
 		h.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	}
@@ -133,7 +179,7 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	}
 	rc := wazero.NewRuntimeConfig().WithCompilationCache(opts.CompilationCache)
 	h.rt = wazero.NewRuntimeWithConfig(ctx, rc)
-	if _, err := wasi_snapshot_preview1.Instantiate(ctx, h.rt); err != nil {
+	if err := h.instantiateWASI(ctx); err != nil {
 		h.rt.Close(ctx)
 		return nil, fmt.Errorf("wasmhost: wasi: %w", err)
 	}
@@ -145,6 +191,10 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	if err != nil {
 		h.rt.Close(ctx)
 		return nil, fmt.Errorf("wasmhost: compile: %w", err)
+	}
+	if err := h.checkImports(compiled); err != nil {
+		h.rt.Close(ctx)
+		return nil, fmt.Errorf("wasmhost: %w", err)
 	}
 	if _, ok := compiled.ExportedFunctions()["proxy_abi_version_0_2_1"]; !ok {
 		h.rt.Close(ctx)
@@ -210,11 +260,8 @@ func (h *Host) Configure(ctx context.Context, cfg []byte) error {
 	return fmt.Errorf("wasmhost: configure: %w", failed)
 }
 
-// FailOpen reports Options.FailOpen: whether requests pass when the plugin fails.
-func (h *Host) FailOpen() bool { return h.opts.FailOpen }
-
-// Crashes returns how many times a VM trapped and was replaced.
-func (h *Host) Crashes() int64 { return h.crashes.Load() }
+// Failures returns how many times a VM has failed (trapped).
+func (h *Host) Failures() int64 { return h.failures.Load() }
 
 // GuestTime returns the time spent executing guest code, host functions
 // excluded, since the host started; zero unless Options.MeasureGuest.

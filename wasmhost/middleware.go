@@ -13,9 +13,8 @@ import (
 // Middleware runs every request through the plugin as Envoy's HTTP filter
 // chain would: request headers (the plugin may rewrite them, pause for a
 // call-out or answer locally), then next, then response headers (applied
-// before next's WriteHeader), then the stream's end. When the plugin
-// crashes, the request passes if the host is fail-open and gets 503
-// otherwise.
+// before next's WriteHeader), then the stream's end. A failed VM answers as
+// Options.FailurePolicy says; a stream the plugin resets is aborted.
 func (h *Host) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get("X-Request-Id")
@@ -40,9 +39,10 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 		defer s.Close()
 		res, err := s.RequestHeaders(r.Context())
 		switch {
-		case err != nil && h.FailOpen() && !errors.Is(err, r.Context().Err()):
-			next.ServeHTTP(w, r)
-			return
+		case err != nil && r.Context().Err() != nil:
+			return // the client is gone
+		case errors.Is(err, ErrStreamReset):
+			panic(http.ErrAbortHandler)
 		case err != nil:
 			http.Error(w, "plugin unavailable", http.StatusServiceUnavailable)
 			return
@@ -128,9 +128,8 @@ func (rw *responseWriter) WriteHeader(code int) {
 	}
 	res, err := rw.s.ResponseHeaders(rw.r.Context(), code, hdrs)
 	switch {
-	case err != nil && rw.h.FailOpen():
-		rw.ResponseWriter.WriteHeader(code)
-		return
+	case errors.Is(err, ErrStreamReset):
+		panic(http.ErrAbortHandler)
 	case err != nil:
 		rw.discard = true
 		clear(rw.Header())

@@ -121,8 +121,8 @@ func (m *metricStore) increment(id uint32, delta int64) Status {
 	switch {
 	case x == nil:
 		return StatusNotFound
-	case x.typ == MetricHistogram, x.typ == MetricCounter && delta < 0:
-		return StatusBadArgument
+	case x.typ == MetricHistogram, x.typ == MetricCounter && delta <= 0:
+		return StatusBadArgument // Envoy: a counter only takes a positive offset
 	}
 	x.value += delta
 	return StatusOK
@@ -137,10 +137,7 @@ func (m *metricStore) record(id uint32, v uint64) Status {
 	}
 	switch x.typ {
 	case MetricCounter:
-		if int64(v) < x.value {
-			return StatusBadArgument // counters never go down
-		}
-		x.value = int64(v)
+		x.value += int64(v) // Envoy's Context::recordMetric adds to a counter
 	case MetricGauge:
 		x.value = int64(v)
 	case MetricHistogram:
@@ -265,5 +262,6 @@ const (
 	StatusEmpty               Status = 7
 	StatusCASMismatch         Status = 8
 	StatusInternalFailure     Status = 10
+	StatusBrokenConnection    Status = 11
 	StatusUnimplemented       Status = 12
 )

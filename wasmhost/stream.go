@@ -2,6 +2,7 @@ package wasmhost
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strconv"
 
@@ -52,18 +53,23 @@ type Stream struct {
 	info RequestInfo
 
 	// Guarded by vm.mu.
-	inst       *instance // where the context lives; nil until RequestHeaders
-	id         uint32
-	req, resp  fields.Map
-	respPhase  bool
-	local      *LocalResponse
-	resumed    bool
-	failed     error
-	waiting    bool
-	done       bool
-	pendingDel bool // proxy_on_done returned false; deleted on proxy_done
-	wake       chan struct{}
-	connID     uint64
+	inst      *instance // where the context lives; nil until RequestHeaders
+	id        uint32
+	req, resp fields.Map
+	respPhase bool
+	// reqOpen and respOpen: the plugin can reach the request or the
+	// response headers now (Envoy's request_headers_ and
+	// response_headers_ are set).
+	reqOpen, respOpen bool
+	local             *LocalResponse
+	localPending      bool // sent by the plugin, not yet through its response callback
+	resumed           bool
+	failed            error // errVMFailed: answer by the failure policy
+	waiting           bool
+	done              bool
+	pendingDel        bool // proxy_on_done returned false; deleted on proxy_done
+	wake              chan struct{}
+	connID            uint64
 }
 
 // NewStream binds a request to a worker VM, round robin. Call Close when done.
@@ -110,31 +116,37 @@ func (s *Stream) signal() {
 
 // RequestHeaders runs proxy_on_context_create and proxy_on_request_headers.
 // When the plugin pauses, it waits (without holding the VM) until the
-// plugin resumes the request or answers it, or ctx ends.
+// plugin resumes the request or answers it, or ctx ends. A VM that has
+// failed answers as Options.FailurePolicy says.
 func (s *Stream) RequestHeaders(ctx context.Context) (Result, error) {
 	v := s.vm
 	v.mu.Lock()
-	in, err := v.instance()
+	in, err := v.live()
 	if err != nil {
 		v.mu.Unlock()
 		return Result{}, err
+	}
+	if in == nil {
+		r := s.h.failedResult(s.reqHeaders)
+		v.mu.Unlock()
+		return r, nil
 	}
 	s.inst, s.id = in, in.nextID
 	in.nextID++
 	in.streams[s.id] = s
 	if _, err := in.call(in.onContextCreate, uint64(s.id), uint64(in.rootID)); err != nil {
-		err = v.crash(in, err)
-		v.mu.Unlock()
-		return Result{}, err
+		v.fail(in, err)
+		return s.await(ctx, actionPause, s.reqHeaders)
 	}
 	in.effective = s.id
+	s.reqOpen = true
 	action, err := in.call(in.onRequestHeaders, uint64(s.id), uint64(len(s.req)), b2u(s.info.EndOfStream))
 	if err != nil {
-		err = v.crash(in, err)
-		v.mu.Unlock()
-		return Result{}, err
+		v.fail(in, err)
+	} else if uint32(action) == actionContinue {
+		s.reqOpen = false
 	}
-	return s.await(ctx, uint32(action), func() [][2]string { return s.req.Clone() })
+	return s.await(ctx, uint32(action), s.reqHeaders)
 }
 
 // ResponseHeaders runs proxy_on_response_headers with the upstream status
@@ -152,36 +164,51 @@ func (s *Stream) ResponseHeaders(ctx context.Context, status int, headers [][2]s
 	for _, p := range headers {
 		s.resp.Add(p[0], p[1])
 	}
-	s.respPhase, s.resumed = true, false
+	s.respPhase, s.resumed, s.reqOpen = true, false, false
+	if in.dead || v.inst != in {
+		s.failed = errVMFailed // the VM failed since the request
+		return s.await(ctx, actionPause, s.respHeaders)
+	}
 	in.effective = s.id
+	s.respOpen = true
 	action, err := in.call(in.onResponseHeaders, uint64(s.id), uint64(len(s.resp)), 0)
 	if err != nil {
-		err = v.crash(in, err)
-		v.mu.Unlock()
-		return Result{}, err
+		v.fail(in, err)
 	}
-	return s.await(ctx, uint32(action), func() [][2]string { return s.resp.Clone() })
+	s.respOpen = false
+	return s.await(ctx, uint32(action), s.respHeaders)
 }
 
 // usable reports why the stream cannot take a callback. vm.mu is held.
 func (s *Stream) usable() error {
 	switch {
-	case s.failed != nil:
+	case s.failed != nil && !errors.Is(s.failed, errVMFailed):
 		return s.failed
-	case s.inst == nil:
+	case s.inst == nil && s.failed == nil:
 		return errNoContext
-	case s.inst.dead || s.vm.inst != s.inst:
-		return ErrPluginCrashed
 	}
 	return nil
 }
 
+// failedResult is what a request gets from a failed VM: with FailOpen it
+// goes on untouched; otherwise Envoy's failStream answers 503 with no body.
+func (h *Host) failedResult(headers func() fields.Map) Result {
+	if h.opts.FailurePolicy == FailOpen {
+		return Result{Headers: headers()}
+	}
+	return Result{Local: &LocalResponse{Status: 503, Details: "wasm_fail_stream"}}
+}
+
 // await finishes a header callback that returned action. It is entered with
 // vm.mu held and returns with it released.
-func (s *Stream) await(ctx context.Context, action uint32, headers func() [][2]string) (Result, error) {
+func (s *Stream) await(ctx context.Context, action uint32, headers func() fields.Map) (Result, error) {
 	v := s.vm
 	for {
 		switch {
+		case errors.Is(s.failed, errVMFailed):
+			r := s.h.failedResult(headers)
+			v.mu.Unlock()
+			return r, nil
 		case s.failed != nil:
 			err := s.failed
 			v.mu.Unlock()
@@ -190,7 +217,7 @@ func (s *Stream) await(ctx context.Context, action uint32, headers func() [][2]s
 			l := s.local
 			v.mu.Unlock()
 			return Result{Local: l}, nil
-		case action == actionContinue || s.resumed:
+		case (action == actionContinue || s.resumed) && !s.localPending:
 			s.resumed = false
 			r := Result{Headers: headers()}
 			v.mu.Unlock()
@@ -211,6 +238,58 @@ func (s *Stream) await(ctx context.Context, action uint32, headers func() [][2]s
 	}
 }
 
+// sendLocal sends the local reply the plugin asked for, once its callback
+// has returned, as Envoy's sendLocalReply does: the reply's headers are
+// ":status", the plugin's headers, then content-length and a text/plain
+// content-type when the body is not empty and none was given
+// (Http::Utility::prepareLocalReply), and they go through the plugin's own
+// proxy_on_response_headers, since the reply passes the encoder filters,
+// this one included. vm.mu is held.
+func (s *Stream) sendLocal(l *LocalResponse) {
+	s.localPending = false
+	in := s.inst
+	if s.respPhase || in.dead {
+		// Sent from the response callback itself: it is not run again.
+		s.local = l
+		s.signal()
+		return
+	}
+	hm := make(fields.Map, 0, len(l.Headers)+3)
+	hm = append(hm, [2]string{":status", strconv.Itoa(l.Status)})
+	for _, kv := range l.Headers {
+		hm.Add(kv[0], kv[1])
+	}
+	if len(l.Body) > 0 {
+		hm.Replace("content-length", strconv.Itoa(len(l.Body)))
+		if _, ok := hm.Get("content-type"); !ok {
+			hm.Add("content-type", "text/plain")
+		}
+	} else {
+		hm.Remove("content-length")
+		hm.Remove("content-type")
+	}
+	s.resp, s.respPhase, s.reqOpen, s.respOpen = hm, true, false, true
+	in.effective = s.id
+	_, err := in.call(in.onResponseHeaders, uint64(s.id), uint64(len(hm)), b2u(len(l.Body) == 0))
+	s.respOpen = false
+	if err != nil {
+		in.vm.fail(in, err)
+		return
+	}
+	out := &LocalResponse{Status: l.Status, Details: l.Details, Body: l.Body}
+	for _, kv := range s.resp {
+		if kv[0] == ":status" {
+			if n, err := strconv.Atoi(kv[1]); err == nil {
+				out.Status = n
+			}
+			continue
+		}
+		out.Headers = append(out.Headers, kv)
+	}
+	s.local = out
+	s.signal()
+}
+
 // Close ends the stream: proxy_on_done, proxy_on_log and proxy_on_delete.
 // It is safe to call more than once and after failures.
 func (s *Stream) Close() {
@@ -228,7 +307,7 @@ func (s *Stream) Close() {
 	in.effective = s.id
 	ok, err := in.call(in.onDone, uint64(s.id))
 	if err != nil {
-		_ = v.crash(in, err)
+		v.fail(in, err)
 		return
 	}
 	if in.onDone != nil && uint32(ok) == 0 {
@@ -242,12 +321,13 @@ func (s *Stream) Close() {
 func (in *instance) finish(s *Stream) {
 	v := in.vm
 	in.effective = s.id
+	s.reqOpen, s.respOpen = false, false
 	if _, err := in.call(in.onLog, uint64(s.id)); err != nil {
-		_ = v.crash(in, err)
+		v.fail(in, err)
 		return
 	}
 	if _, err := in.call(in.onDelete, uint64(s.id)); err != nil {
-		_ = v.crash(in, err)
+		v.fail(in, err)
 		return
 	}
 	delete(in.streams, s.id)
@@ -314,14 +394,13 @@ func le64(n uint64) []byte {
 	return b
 }
 
-func b2u(b bool) uint64 {
-	if b {
-		return 1
-	}
-	return 0
-}
 
 const (
 	actionContinue = 0
 	actionPause    = 1
 )
+
+// reqHeaders and respHeaders copy the headers as they are when called (a
+// method value such as s.req.Clone would capture the slice too early).
+func (s *Stream) reqHeaders() fields.Map  { return s.req.Clone() }
+func (s *Stream) respHeaders() fields.Map { return s.resp.Clone() }

@@ -1,9 +1,7 @@
 package wasmhost
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"slices"
@@ -16,13 +14,19 @@ import (
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
-// vm is one worker slot. Its instance is replaced when it traps; mu
-// serializes every call into the instance, as a VM is single-threaded.
+// errVMFailed is the cause of a call into a VM that has already failed.
+var errVMFailed = errors.New("wasmhost: the VM has failed")
+
+// vm is one worker slot; mu serializes every call into its instance, as a
+// VM is single-threaded. When the instance fails (a trap), the slot follows
+// Options.FailurePolicy: it stays failed, or with FailReload a new
+// instance starts for a later request.
 type vm struct {
-	h    *Host
-	idx  int
-	mu   sync.Mutex
-	inst *instance // nil after a failed restart; recreated on next use
+	h        *Host
+	idx      int
+	mu       sync.Mutex
+	inst     *instance // nil while failed
+	lastLoad time.Time // when the current or last instance started
 }
 
 type instanceKey struct{}
@@ -52,6 +56,16 @@ type instance struct {
 	effective uint32
 	streams   map[uint32]*Stream
 
+	// allowed, during a restricted phase (the start function, a memory
+	// allocation), is the set of host calls the guest may make; phase
+	// names it for the trap message. nil outside those phases.
+	allowed map[string]bool
+	phase   string
+	// after holds work deferred until the outermost guest call returns,
+	// as cpp-host's DeferAfterCallActions and Envoy's
+	// addAfterVmCallAction defer local replies.
+	after []func()
+
 	// Buffers readable during the current callback.
 	vmConfig     []byte
 	pluginConfig []byte
@@ -62,36 +76,34 @@ type instance struct {
 	nextCallID uint32
 	tickStop   chan struct{}
 	dead       bool
-	trapped    bool // a nested call (malloc) trapped; the outer call counts as a crash
+	trapped    error // a nested call (malloc) trapped: the outer call fails the VM with this cause
 }
 
 type calloutResponse struct {
 	headers fields.Map
 	body    []byte
-	status  uint32
+	failed  bool // no response: the plugin gets no headers and status "reset"
 }
 
 // newInstance instantiates the module for v and runs _initialize, the root
 // context, proxy_on_vm_start and proxy_on_configure with the current config.
 func (h *Host) newInstance(v *vm) (*instance, error) {
+	v.lastLoad = time.Now()
 	in := &instance{vm: v, rootID: 1, nextID: 2, streams: map[uint32]*Stream{}}
 	in.ctx = context.WithValue(context.Background(), instanceKey{}, in)
-	stderr := &lineWriter{h: h, vm: v.idx}
-	cfg := wazero.NewModuleConfig().WithName("").WithStartFunctions().
-		WithSysWalltime().WithSysNanotime().WithSysNanosleep().WithRandSource(rand.Reader).
-		WithStdout(stderr).WithStderr(stderr)
-	for _, k := range sortedKeys(h.opts.Environment) {
-		cfg = cfg.WithEnv(k, h.opts.Environment[k])
-	}
+	// The guest's WASI is the host's own (wasi.go): no wazero system
+	// interfaces, no start functions run by wazero.
+	cfg := wazero.NewModuleConfig().WithName("").WithStartFunctions()
 	mod, err := h.rt.InstantiateModule(in.ctx, h.compiled, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("instantiate: %w", err)
 	}
 	in.mod = mod
 	fn := func(name string) api.Function { return mod.ExportedFunction(name) }
-	in.malloc = fn("proxy_on_memory_allocate")
+	// cpp-host looks for malloc first (WasmBase::getFunctions).
+	in.malloc = fn("malloc")
 	if in.malloc == nil {
-		in.malloc = fn("malloc")
+		in.malloc = fn("proxy_on_memory_allocate")
 	}
 	in.onContextCreate, in.onVMStart, in.onConfigure = fn("proxy_on_context_create"), fn("proxy_on_vm_start"), fn("proxy_on_configure")
 	in.onTick, in.onHTTPCallResponse = fn("proxy_on_tick"), fn("proxy_on_http_call_response")
@@ -104,17 +116,26 @@ func (h *Host) newInstance(v *vm) (*instance, error) {
 		return nil, err
 	}
 	if in.malloc == nil {
-		return fail(errors.New("module exports neither proxy_on_memory_allocate nor malloc"))
+		return fail(errors.New("Wasm module is missing malloc function."))
 	}
+	// A reactor's _initialize (and main, when it exports one) runs with
+	// only the host calls cpp-host's WasmBase::startVm allows.
+	in.allowed, in.phase = allowedAtStart, "_initialize"
 	if init := fn("_initialize"); init != nil {
 		if _, err := in.call(init); err != nil {
 			return fail(fmt.Errorf("_initialize: %w", err))
+		}
+		if main := fn("main"); main != nil {
+			if _, err := in.call(main, 0, 0); err != nil {
+				return fail(fmt.Errorf("main: %w", err))
+			}
 		}
 	} else if start := fn("_start"); start != nil {
 		if _, err := in.call(start); err != nil {
 			return fail(fmt.Errorf("_start: %w", err))
 		}
 	}
+	in.allowed, in.phase = nil, ""
 	in.effective = in.rootID
 	if _, err := in.call(in.onContextCreate, uint64(in.rootID), 0); err != nil {
 		return fail(fmt.Errorf("proxy_on_context_create(root): %w", err))
@@ -135,14 +156,19 @@ func (h *Host) newInstance(v *vm) (*instance, error) {
 }
 
 // call runs an exported function; a nil function (an optional callback the
-// module does not export) returns 0.
+// module does not export) returns 0. When the outermost call returns, the
+// work it deferred runs (local replies through the response callback); an
+// error from that work is the call's error.
 func (in *instance) call(fn api.Function, args ...uint64) (uint64, error) {
 	if fn == nil {
 		return 0, nil
 	}
+	if in.dead {
+		return 0, errVMFailed
+	}
 	st := in.stack[:]
 	copy(st, args)
-	in.trapped = false
+	in.trapped = nil
 	measure := in.vm.h.opts.MeasureGuest && in.depth == 0
 	var start time.Time
 	if measure {
@@ -154,11 +180,28 @@ func (in *instance) call(fn api.Function, args ...uint64) (uint64, error) {
 	if measure {
 		in.vm.h.guestNanos.Add(time.Since(start).Nanoseconds() - in.hostNanos)
 	}
-	if err == nil && in.trapped {
-		err = errors.New("a nested guest call trapped")
+	if in.trapped != nil {
+		err = in.trapped // the cause; what the outer call did afterwards ran on a broken VM
 	}
-	return st[0], err
+	if err != nil {
+		in.after = in.after[:0]
+		return 0, err
+	}
+	result := st[0]
+	for in.depth == 0 && len(in.after) > 0 {
+		a := in.after[0]
+		in.after = in.after[1:]
+		a()
+		if in.dead {
+			in.after = in.after[:0]
+			return 0, errVMFailed
+		}
+	}
+	return result, nil
 }
+
+// defer_ queues f to run when the outermost guest call returns.
+func (in *instance) defer_(f func()) { in.after = append(in.after, f) }
 
 func (in *instance) configure(cfg []byte) error {
 	in.pluginConfig, in.inConfigure = cfg, true
@@ -166,7 +209,7 @@ func (in *instance) configure(cfg []byte) error {
 	ok, err := in.call(in.onConfigure, uint64(in.rootID), uint64(len(cfg)))
 	in.pluginConfig, in.inConfigure = nil, false
 	if err != nil {
-		return fmt.Errorf("proxy_on_configure: %w: %w", ErrPluginCrashed, err)
+		return fmt.Errorf("proxy_on_configure: %w: %w", ErrPluginFailed, err)
 	}
 	if in.onConfigure != nil && uint32(ok) == 0 {
 		return ErrConfigRefused
@@ -174,53 +217,56 @@ func (in *instance) configure(cfg []byte) error {
 	return nil
 }
 
-// instance returns the live instance, restarting the VM if an earlier
-// restart failed. Called with v.mu held.
-func (v *vm) instance() (*instance, error) {
+// live returns the VM's instance, or nil when the VM has failed and is not
+// to be reloaded yet. Called with v.mu held.
+func (v *vm) live() (*instance, error) {
 	if v.h.closed.Load() {
 		return nil, ErrClosed
 	}
 	if v.inst != nil {
 		return v.inst, nil
 	}
+	if v.h.opts.FailurePolicy != FailReload || time.Since(v.lastLoad) < v.h.opts.ReloadBackoff {
+		return nil, nil
+	}
 	in, err := v.h.newInstance(v)
 	if err != nil {
-		v.h.log(v.idx, LogLevelCritical, "host: restarting vm: "+err.Error())
-		return nil, fmt.Errorf("%w: restart: %w", ErrPluginCrashed, err)
+		v.h.log(v.idx, LogLevelCritical, "host: reloading the VM: "+err.Error())
+		return nil, nil
 	}
+	v.h.log(v.idx, LogLevelInfo, "host: VM reloaded")
 	v.inst = in
 	return in, nil
 }
 
-// crash replaces a trapped instance: its streams fail, and a new instance
-// starts with the current configuration. Called with v.mu held.
-func (v *vm) crash(in *instance, cause error) error {
+// fail marks a VM failed after cause (a trap): its timer stops, its paused
+// streams are answered by the failure policy, and until a reload every
+// request on it is. Called with v.mu held; failing twice is harmless.
+func (v *vm) fail(in *instance, cause error) {
 	if in.dead {
-		return ErrPluginCrashed
+		return
 	}
-	v.h.crashes.Add(1)
-	v.h.log(v.idx, LogLevelCritical, "host: vm trapped, replacing it: "+cause.Error())
+	v.h.failures.Add(1)
+	v.h.log(v.idx, LogLevelCritical, "host: VM failed: "+cause.Error())
 	in.dead = true
 	in.stopTick()
-	in.failStreams(ErrPluginCrashed)
+	in.failStreams(errVMFailed)
 	_ = in.mod.Close(context.Background())
-	v.inst = nil
-	if _, err := v.instance(); err != nil {
-		return err
+	if v.inst == in {
+		v.inst = nil
 	}
-	return fmt.Errorf("%w: %w", ErrPluginCrashed, cause)
 }
 
 func (v *vm) configure(cfg []byte) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	in, err := v.instance()
-	if err != nil {
-		return err
+	in, err := v.live()
+	if err != nil || in == nil {
+		return err // a failed VM takes its configuration when it reloads
 	}
 	err = in.configure(cfg)
-	if errors.Is(err, ErrPluginCrashed) {
-		return v.crash(in, err)
+	if errors.Is(err, ErrPluginFailed) {
+		v.fail(in, err)
 	}
 	return err
 }
@@ -270,7 +316,7 @@ func (in *instance) setTick(period time.Duration) {
 			if v.inst == in && !in.dead {
 				in.effective = in.rootID
 				if _, err := in.call(in.onTick, uint64(in.rootID)); err != nil {
-					_ = v.crash(in, err)
+					v.fail(in, err)
 				}
 			}
 			v.mu.Unlock()
@@ -289,9 +335,13 @@ func (in *instance) give(b []byte, retPtr, retSize uint32) Status {
 		return StatusOK
 	}
 	in.mstack[0] = uint64(len(b))
-	if err := in.malloc.CallWithStack(in.ctx, in.mstack[:]); err != nil {
-		in.trapped = true
-		return StatusInternalFailure
+	allowed, phase := in.allowed, in.phase
+	in.allowed, in.phase = allowedInAlloc, "proxy_on_memory_allocate"
+	err := in.malloc.CallWithStack(in.ctx, in.mstack[:])
+	in.allowed, in.phase = allowed, phase
+	if err != nil {
+		in.trapped = fmt.Errorf("proxy_on_memory_allocate: %w", err)
+		return StatusInvalidMemoryAccess // cpp-host: allocMemory returned nothing
 	}
 	p := uint32(in.mstack[0])
 	if p == 0 {
@@ -302,27 +352,6 @@ func (in *instance) give(b []byte, retPtr, retSize uint32) Status {
 		return StatusInvalidMemoryAccess
 	}
 	return StatusOK
-}
-
-// lineWriter turns the guest's stdout and stderr (panic messages, stack
-// traces) into log entries at error level.
-type lineWriter struct {
-	h   *Host
-	vm  int
-	buf []byte
-}
-
-func (w *lineWriter) Write(p []byte) (int, error) {
-	w.buf = append(w.buf, p...)
-	for {
-		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 {
-			break
-		}
-		w.h.log(w.vm, LogLevelError, "guest: "+string(w.buf[:i]))
-		w.buf = w.buf[i+1:]
-	}
-	return len(p), nil
 }
 
 func (h *Host) log(vmIdx int, level LogLevel, msg string) {

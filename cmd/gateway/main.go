@@ -77,6 +77,26 @@ func (*listFlag) repeatable() {}
 // Envoy merges the two and refuses a name given twice, and leaves out a
 // host key it does not have (source/extensions/common/wasm/plugin.cc,
 // WasmConfig); so does the gateway.
+// policyFlag is --failure-policy.
+type policyFlag struct{ wasmhost.FailurePolicy }
+
+func (p *policyFlag) String() string {
+	if p == nil {
+		return wasmhost.FailReload.String()
+	}
+	return p.FailurePolicy.String()
+}
+
+func (p *policyFlag) Set(v string) error {
+	for _, fp := range []wasmhost.FailurePolicy{wasmhost.FailClosed, wasmhost.FailOpen, wasmhost.FailReload} {
+		if v == fp.String() {
+			p.FailurePolicy = fp
+			return nil
+		}
+	}
+	return fmt.Errorf("must be fail_reload, fail_closed or fail_open")
+}
+
 type envFlag []envVar
 
 type envVar struct {
@@ -136,7 +156,8 @@ type settings struct {
 	strip                            listFlag
 	env                              envFlag
 	workers                          int
-	failOpen, appendXFF              bool
+	failure                          policyFlag
+	appendXFF                        bool
 	logLevel                         string
 	cacheDir                         string
 }
@@ -157,7 +178,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.upstream, "upstream", "", "the upstream base URL, e.g. http://127.0.0.1:9000")
 	fs.Var(s.clusters, "cluster", "a call-out cluster NAME=URL (repeatable), e.g. sluice_bridge=http://127.0.0.1:8081")
 	fs.IntVar(&s.workers, "workers", 2, "worker VMs")
-	fs.BoolVar(&s.failOpen, "fail-open", false, "pass requests when the plugin itself crashes (as Envoy's wasm fail_open)")
+	fs.Var(&s.failure, "failure-policy", "what requests get from a plugin VM that has failed (trapped), as Envoy's failure_policy: fail_reload (503, and a new VM at most once a second), fail_closed (503 until restart) or fail_open (pass unlimited)")
 	fs.Var(&s.strip, "strip-header", "remove this request header before the plugin runs (repeatable): identity headers the plugin trusts must come from you, not from clients")
 	fs.Var(&s.env, "env", "an environment variable for the plugin VM (repeatable): NAME passes the gateway's own value, NAME=VALUE sets one; the VM sees nothing else")
 	fs.BoolVar(&s.appendXFF, "append-xff", true, "append the peer address to X-Forwarded-For, as Envoy's use_remote_address does")
@@ -170,7 +191,7 @@ func flagSet(s *settings) *flag.FlagSet {
 // the flag's SLUICE_GATEWAY_* variable (lookupEnv is os.LookupEnv outside
 // tests): flags win. A repeatable flag's variable is a comma-separated list.
 func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (settings, error) {
-	s := settings{clusters: clusterFlag{}}
+	s := settings{clusters: clusterFlag{}, failure: policyFlag{wasmhost.FailReload}}
 	fs := flagSet(&s)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -246,7 +267,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	}
 	opts := wasmhost.Options{
 		Workers: s.workers, PluginConfig: cfg, RootID: "sluice", Clusters: s.clusters,
-		Logger: logger, FailOpen: s.failOpen, LogLevel: hostLevel,
+		Logger: logger, FailurePolicy: s.failure.FailurePolicy, LogLevel: hostLevel,
 		Environment: s.env.environment(os.LookupEnv),
 	}
 	if s.cacheDir != "" {

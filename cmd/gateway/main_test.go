@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/wasmhost"
 )
 
 func noEnv(string) (string, bool) { return "", false }
@@ -48,7 +50,7 @@ func TestParseFlags_Environment(t *testing.T) {
 	env := map[string]string{
 		"SLUICE_GATEWAY_LISTEN": "127.0.0.1:9999", "SLUICE_GATEWAY_PLUGIN": "p.wasm", "SLUICE_GATEWAY_CONFIG": "c.json",
 		"SLUICE_GATEWAY_UPSTREAM": "http://127.0.0.1:9000", "SLUICE_GATEWAY_CLUSTER": "a=http://127.0.0.1:1, b=http://127.0.0.1:2",
-		"SLUICE_GATEWAY_WORKERS": "3", "SLUICE_GATEWAY_FAIL_OPEN": "true", "SLUICE_GATEWAY_STRIP_HEADER": "x-user-id,x-tier",
+		"SLUICE_GATEWAY_WORKERS": "3", "SLUICE_GATEWAY_FAILURE_POLICY": "fail_open", "SLUICE_GATEWAY_STRIP_HEADER": "x-user-id,x-tier",
 		"SLUICE_GATEWAY_ENV": "RATE_LIMIT_CHAT_REQUESTS,RATE_LIMIT_CHAT_WINDOW=90", "SLUICE_GATEWAY_APPEND_XFF": "false",
 		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc",
 	}
@@ -59,7 +61,7 @@ func TestParseFlags_Environment(t *testing.T) {
 	}
 	want := settings{
 		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
-		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failOpen: true,
+		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc",
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}

@@ -249,7 +249,7 @@ func deploy(t *testing.T, redisURL string, bridges int, redisTimeout time.Durati
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			if n := h.Crashes(); n != 0 {
+			if n := h.Failures(); n != 0 {
 				t.Errorf("plugin VM crashes: %d", n)
 			}
 			h.Close()

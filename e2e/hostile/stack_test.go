@@ -217,7 +217,7 @@ func (s *stack) stream(t testing.TB, info wasmhost.RequestInfo) int {
 // with what the clients saw.
 func (s *stack) checkAccounts(t testing.TB) {
 	t.Helper()
-	if n := s.host.Crashes(); n != 0 {
+	if n := s.host.Failures(); n != 0 {
 		t.Errorf("plugin VMs trapped %d times", n)
 	}
 	m := func(name string) int64 { v, _ := s.host.Metric(name); return v }

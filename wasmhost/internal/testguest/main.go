@@ -1,3 +1,5 @@
+//go:build wasip1
+
 // Command testguest is a proxy-wasm plugin that exercises every host
 // function the host implements. The host tests build it with
 // GOOS=wasip1 GOARCH=wasm -buildmode=c-shared. The request header "x-mode"
@@ -15,7 +17,10 @@ import (
 
 func main() {}
 
-func init() { proxywasm.SetVMContext(&vm{}) }
+func init() {
+	initHostCall()
+	proxywasm.SetVMContext(&vm{})
+}
 
 var (
 	vmConfig   string
@@ -107,7 +112,7 @@ func (r *root) OnHTTPCallResponse(id uint32, numHeaders, bodySize, _ int) {
 		return
 	}
 	if numHeaders == 0 {
-		_ = proxywasm.SendLocalResponse(503, "callout_failed", []byte("call-out failed"), nil)
+		_ = proxywasm.SendLocalResponse(503, "callout_failed", []byte("call-out failed"), [][2]string{{"x-callout-failure", calloutStatus()}})
 		return
 	}
 	status, _ := proxywasm.GetHTTPCallResponseHeaderBytes(":status")
@@ -158,12 +163,20 @@ const (
 	modeMallocs
 	modeRespDeny
 	modeTrapResponse
+	modePanic
+	modeExit
+	modeWASI
+	modeRaw
+	modeTick
+	modeAllocRestricted
 )
 
 var modes = map[string]mode{
 	"echo": modeEcho, "deny": modeDeny, "callout": modeCallout, "shared": modeShared,
 	"trap": modeTrap, "log": modeLog, "hot": modeHot, "mallocs": modeMallocs,
-	"respdeny": modeRespDeny, "trap-response": modeTrapResponse,
+	"respdeny": modeRespDeny, "trap-response": modeTrapResponse, "panic": modePanic,
+	"exit": modeExit, "wasi": modeWASI, "raw": modeRaw, "tick": modeTick,
+	"alloc-restricted": modeAllocRestricted,
 }
 
 type stream struct {
@@ -195,7 +208,23 @@ func (s *stream) OnRequestHeaders(numHeaders int, endOfStream bool) proxywasm.Ac
 	case modeShared:
 		return s.shared()
 	case modeTrap:
-		panic("deliberate trap")
+		trap()
+	case modePanic:
+		panic("deliberate panic") // the binding recovers it
+	case modeExit:
+		wasiProcExit(3)
+	case modeWASI:
+		wasiProbe()
+	case modeRaw:
+		rawProbe()
+	case modeTick:
+		if err := proxywasm.SetTickPeriod(5); err != nil {
+			_ = proxywasm.SetRequestHeader("x-tick-error", err.Error())
+		}
+	case modeAllocRestricted:
+		restrictAlloc = true
+		_, _ = proxywasm.GetRequestHeaderBytes("x-mode") // the host allocates
+		restrictAlloc = false
 	case modeLog:
 		lvl, _ := strconv.Atoi(header("x-log-level"))
 		_ = proxywasm.Log(proxywasm.LogLevel(lvl), header("x-log"))
@@ -341,10 +370,15 @@ func (s *stream) OnResponseHeaders(numHeaders int, endOfStream bool) proxywasm.A
 		_ = proxywasm.SendLocalResponse(502, "upstream_rejected", []byte("replaced"), nil)
 		return proxywasm.Pause
 	case modeTrapResponse:
-		panic("deliberate trap in response")
+		trap()
+	case modeDeny:
+		// The local reply passes through this callback, as in Envoy.
+		st, _ := proxywasm.GetResponseHeader(":status")
+		_ = proxywasm.AddResponseHeader("x-saw-local", st)
 	}
 	return proxywasm.Continue
 }
+
 
 func (s *stream) OnLog() {
 	if s.mode != modeNone {

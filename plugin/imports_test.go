@@ -1,0 +1,65 @@
+//go:build !wasip1
+
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/envoyhosts"
+	"github.com/sluicehq/sluice/internal/wasmfile"
+)
+
+// TestPlugin_LoadsInEveryEnvoy: every function the built module imports is
+// provided by every Envoy release of the table (internal/envoyhosts); a
+// module with one more import is refused at load by the releases that lack
+// it, and under Istio the plugin is then rejected.
+func TestPlugin_LoadsInEveryEnvoy(t *testing.T) {
+	imps, err := wasmfile.Imports(wasmBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, imp := range imps {
+		if imp.Kind != 0 {
+			t.Errorf("the module imports %s, which is not a function: no Envoy provides it", imp)
+			continue
+		}
+		names = append(names, imp.String())
+	}
+	for _, why := range envoyhosts.Lacking(names) {
+		t.Error(why)
+	}
+}
+
+// Functions the plugin must not link: package net (whose init opens files),
+// os file functions and the syscalls under them, and timers. Linking one
+// changes the module's import list (net's init pulled in
+// wasi_snapshot_preview1.path_filestat_get), or needs what a proxy VM does
+// not have: its WASI has no files, and a VM runs only in callbacks, so a
+// timer never fires.
+var forbiddenPrefixes = []string{"net.", "os.(*File).", "crypto/x509."}
+
+var forbiddenFuncs = []string{
+	"os.Open", "os.OpenFile", "os.Create", "os.Chmod", "os.Stat", "os.Lstat", "os.ReadFile", "os.WriteFile",
+	"syscall.Open", "syscall.Stat", "syscall.Lstat", "syscall.Fstat",
+	"time.AfterFunc", "time.NewTimer", "time.NewTicker", "time.Sleep",
+}
+
+// TestPlugin_LinksNoFilesNetOrTimers reads the function names Go's linker
+// writes into the module.
+func TestPlugin_LinksNoFilesNetOrTimers(t *testing.T) {
+	names, err := wasmfile.FunctionNames(wasmBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) == 0 {
+		t.Fatal("the module has no function names to check")
+	}
+	for _, n := range names {
+		if slices.Contains(forbiddenFuncs, n) || slices.ContainsFunc(forbiddenPrefixes, func(p string) bool { return strings.HasPrefix(n, p) }) {
+			t.Errorf("the plugin links %s", n)
+		}
+	}
+}
