@@ -77,8 +77,8 @@ func moduleImporting(module, name string) []byte {
 	imp = append(imp, str(name)...)
 	imp = append(imp, 0, 0) // a function of type 0
 	b = append(b, section(2, imp...)...)
-	b = append(b, section(3, 1, 0)...)       // one function of type 0
-	b = append(b, section(5, 1, 0, 1)...)    // one memory, min 1 page
+	b = append(b, section(3, 1, 0)...)    // one function of type 0
+	b = append(b, section(5, 1, 0, 1)...) // one memory, min 1 page
 	exp := []byte{2}
 	exp = append(exp, str("proxy_abi_version_0_2_1")...)
 	exp = append(exp, 0, 1) // function 1 (0 is the import)

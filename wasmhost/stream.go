@@ -394,7 +394,6 @@ func le64(n uint64) []byte {
 	return b
 }
 
-
 const (
 	actionContinue = 0
 	actionPause    = 1

@@ -379,7 +379,6 @@ func (s *stream) OnResponseHeaders(numHeaders int, endOfStream bool) proxywasm.A
 	return proxywasm.Continue
 }
 
-
 func (s *stream) OnLog() {
 	if s.mode != modeNone {
 		_ = proxywasm.IncrementMetric(logs, 1)
