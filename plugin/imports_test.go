@@ -3,6 +3,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -60,6 +62,44 @@ func TestPlugin_LinksNoFilesNetOrTimers(t *testing.T) {
 	for _, n := range names {
 		if slices.Contains(forbiddenFuncs, n) || slices.ContainsFunc(forbiddenPrefixes, func(p string) bool { return strings.HasPrefix(n, p) }) {
 			t.Errorf("the plugin links %s", n)
+		}
+	}
+}
+
+// TestDocs_NameTheReleasesThatLoadThePlugin: the files an operator reads
+// first say which Envoy and Istio releases load the module, as the table
+// the imports are checked against does.
+func TestDocs_NameTheReleasesThatLoadThePlugin(t *testing.T) {
+	oldest := envoyhosts.Hosts()[0]
+	envoy, istio := "Envoy "+oldest.Envoy+" or later", "Istio "+oldest.Istio+" or later"
+	files := map[string][]string{
+		"README.md":                    {envoy, istio},
+		"docs/deploy.md":               {envoy, istio},
+		"envoy.yaml":                   {envoy},
+		"deploy/istio/wasmplugin.yaml": {istio},
+	}
+	for file, phrases := range files {
+		b, err := os.ReadFile(filepath.Join("..", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Join(strings.Fields(string(b)), " ") // phrases may wrap
+		text = strings.ReplaceAll(text, "# ", "")            // and span YAML comments
+		for _, p := range phrases {
+			if !strings.Contains(text, p) {
+				t.Errorf("%s does not say %q", file, p)
+			}
+		}
+	}
+	b, err := os.ReadFile("../docs/deploy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range envoyhosts.Hosts() {
+		for _, c := range h.CPPHost {
+			if !strings.Contains(string(b), c) {
+				t.Errorf("docs/deploy.md's table of releases does not name host library commit %s (%s)", c, h.Releases())
+			}
 		}
 	}
 }
