@@ -42,10 +42,12 @@ demo-upstream:
 	$(GO) build -trimpath -o $(BUILD)/demo-upstream ./cmd/demo-upstream
 
 # Debian packages the tests and `make run` need; installed when missing (we are root in CI).
-# prometheus ships promtool, which checks deploy/prometheus/alerts.yaml.
+# prometheus ships promtool, which checks deploy/prometheus/alerts.yaml; nodejs
+# is V8, Envoy's default Wasm engine, which the plugin's tests also run it on.
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
 	command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || missing="$$missing redis-tools"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
