@@ -79,6 +79,9 @@ test-fuzz:
 
 # Timing targets live here, never in pass/fail tests. Fixed iteration
 # counts where a benchmark sets up load (bridge processes, wasm hosts).
+# -bench=Wasm in ./plugin prints the plugin's cost per request on V8
+# (BenchmarkWasmV8, through Node) beside wazero's (BenchmarkWasm): same
+# configuration, same requests, guest-ns/op measured the same way.
 bench: deps wasm
 	$(GO) test -run='^$$' -bench=. -benchmem ./rules ./plugin/filter ./wasmhost ./internal/envoycheck
 	$(GO) test -run='^$$' -bench=Wasm -benchmem -benchtime=50000x ./plugin

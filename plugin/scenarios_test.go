@@ -1,0 +1,410 @@
+//go:build !wasip1
+
+package main
+
+// Scenarios every engine runs the built plugin through (the same build as
+// `make wasm`): the project's wazero host (wasm_test.go) and V8, Envoy's
+// default engine, through Node.js (v8_test.go). An engine is a proxy with
+// two worker VMs, unless a scenario asks otherwise, whose cluster "bridge"
+// is an httptest fake bridge; the scenarios assert what clients, the
+// bridge and the operator see. The filter's logic is unit-tested natively
+// in plugin/filter; here the ABI, memory and lifecycle around it are.
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/rules"
+)
+
+// fakeBridge decides checks with exact fixed-window counts per key, all or
+// nothing, like the real bridge; it can also be told to misbehave.
+type fakeBridge struct {
+	mu     sync.Mutex
+	counts map[string]int64
+	calls  atomic.Int64
+	delay  time.Duration
+	status int    // non-200 answers
+	raw    string // a raw body instead of a decision
+}
+
+func (b *fakeBridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b.calls.Add(1)
+	body, _ := io.ReadAll(r.Body)
+	if b.delay > 0 {
+		time.Sleep(b.delay)
+	}
+	if b.status != 0 {
+		w.WriteHeader(b.status)
+		return
+	}
+	if b.raw != "" {
+		io.WriteString(w, b.raw)
+		return
+	}
+	req, err := rules.DecodeCheckRequest(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now().UnixMilli()
+	resp := rules.CheckResponse{Allowed: true, NowMS: now}
+	for _, l := range req.Limits {
+		n := b.counts[l.Key]
+		d := rules.Decision{Allowed: n+l.Spec.Cost <= l.Spec.Limit, Limit: l.Spec.Limit, ResetMS: now + l.Spec.WindowMS}
+		if d.Allowed {
+			d.Remaining = l.Spec.Limit - n - l.Spec.Cost
+		} else {
+			d.RetryAfterMS = l.Spec.WindowMS
+			if !l.LogOnly {
+				resp.Allowed = false
+			}
+		}
+		resp.Decisions = append(resp.Decisions, d)
+	}
+	if resp.Allowed {
+		for i, l := range req.Limits {
+			if resp.Decisions[i].Allowed {
+				b.counts[l.Key] += l.Spec.Cost
+			}
+		}
+	}
+	w.Write(rules.AppendCheckResponse(nil, &resp))
+}
+
+const wasmConfig = `{
+  "failure_mode": "%MODE%",
+  "bridge": {"cluster": "%CLUSTER%", "timeout": "100ms"},
+  "identity": {"sources": [{"type": "header", "header": "x-user-id"}], "client_ip": {"trusted_proxy_depth": 1}},
+  "rules": [
+    {"name": "api", "match": {"paths": ["/api/**"]}, "limit": 3, "window": "1m", "algorithm": "fixed_window"},
+    {"name": "log-only", "match": {"paths": ["/api/search"]}, "limit": 1, "window": "1m", "action": "log_only"}
+  ],
+  "exemptions": {"users": ["ops"]}
+}`
+
+// benchConfig is wasmConfig for benchmarks: fail_open, and a limit no
+// benchmark reaches, so that the call-out path stays the allowed path.
+var benchConfig = strings.NewReplacer("%MODE%", "fail_open", "%CLUSTER%", "bridge", "\"limit\": 3,", "\"limit\": 1000000000,").Replace(wasmConfig)
+
+// benchPaths are the requests both engines' benchmarks measure: (a) no
+// rule matches, (b) an over-limit cache hit (mallory is over the limit at
+// the bridge, and one request before the benchmark caches it), (c) the
+// call-out path. The disabled baseline runs (c) under {"enabled":false}.
+var benchPaths = []struct{ name, path, user string }{
+	{"a-no-match", "/health", "alice"},
+	{"b-cache-hit", "/api/x", "mallory"},
+	{"c-call-out", "/api/x", "alice"},
+}
+
+// overLimitKey is mallory's counter at the bridge for rule "api".
+const overLimitKey = "rl:{u:mallory}:api"
+
+// engineSetup describes the proxy a scenario needs.
+type engineSetup struct {
+	mode    string // failure_mode of wasmConfig: fail_open or fail_closed
+	cluster string // the cluster wasmConfig names, default "bridge"
+	timeout string // the bridge timeout of wasmConfig, default "100ms"
+	config  string // a whole plugin configuration instead of wasmConfig
+	env     map[string]string
+	workers int // default 2
+	// onLog sees every log entry: its level (proxy-wasm's, 5 is critical)
+	// and message.
+	onLog func(level int, msg string)
+}
+
+func (s engineSetup) pluginConfig() string {
+	if s.config != "" {
+		return s.config
+	}
+	cluster, timeout := s.cluster, s.timeout
+	if cluster == "" {
+		cluster = "bridge"
+	}
+	if timeout == "" {
+		timeout = "100ms"
+	}
+	return strings.NewReplacer("%MODE%", s.mode, "%CLUSTER%", cluster, `"100ms"`, `"`+timeout+`"`).Replace(wasmConfig)
+}
+
+func (s engineSetup) workerCount() int {
+	if s.workers == 0 {
+		return 2
+	}
+	return s.workers
+}
+
+// engine is a proxy running the built plugin.
+type engine interface {
+	// do runs one request for path from 198.51.100.7 with request id
+	// rid-1; when the plugin lets it through, the upstream answers
+	// upstreamStatus.
+	do(path string, headers map[string]string, upstreamStatus int) outcome
+	metric(name string) int64
+	logs() []string
+	// failures counts the VMs that failed (trapped) so far.
+	failures() int64
+}
+
+// startEngine starts a proxy for s whose cluster "bridge" is bridgeURL.
+// An error is the proxy refusing the plugin (at load, start or configure).
+type startEngine func(t *testing.T, s engineSetup, bridgeURL string) (engine, error)
+
+type outcome struct {
+	status  int
+	headers map[string]string
+	body    string
+}
+
+// proxy is a started engine and its fake bridge.
+type proxy struct {
+	engine
+	bridge *fakeBridge
+}
+
+func newBridge(t testing.TB) (*fakeBridge, string) {
+	b := &fakeBridge{counts: map[string]int64{}}
+	srv := httptest.NewServer(b)
+	t.Cleanup(srv.Close)
+	return b, srv.URL
+}
+
+func startProxy(t *testing.T, start startEngine, s engineSetup) *proxy {
+	t.Helper()
+	b, url := newBridge(t)
+	e, err := start(t, s, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &proxy{engine: e, bridge: b}
+}
+
+// logSink collects log entries from an engine's callback.
+type logSink struct {
+	mu      sync.Mutex
+	entries []string
+	levels  []int
+}
+
+func (l *logSink) add(level int, msg string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.entries = append(l.entries, msg)
+	l.levels = append(l.levels, level)
+}
+
+// at returns the messages logged at level, joined.
+func (l *logSink) at(level int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b strings.Builder
+	for i, m := range l.entries {
+		if l.levels[i] == level {
+			b.WriteString(m)
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+func (l *logSink) all() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.entries, "\n")
+}
+
+const logCritical = 5
+
+// Allowed requests carry the limit headers; the 4th request is denied
+// with the 429 and its headers; both worker VMs then refuse from the
+// shared over-limit cache without a call-out; other users, unmatched paths
+// and exempt users are unaffected.
+func scenarioLimitHeadersAndDenial(t *testing.T, start startEngine) {
+	h := startProxy(t, start, engineSetup{mode: "fail_open"})
+	alice := map[string]string{"x-user-id": "alice"}
+	for i, upstream := range []int{200, 404, 503} { // headers on every status that passed
+		o := h.do("/api/items", alice, upstream)
+		if o.status != upstream || o.headers["x-ratelimit-limit"] != "3" || o.headers["x-ratelimit-remaining"] != fmt.Sprint(2-i) || o.headers["x-ratelimit-reset"] == "" {
+			t.Fatalf("request %d: %+v", i+1, o)
+		}
+	}
+	o := h.do("/api/items", alice, 200)
+	if o.status != 429 || o.headers["retry-after"] != "60" || o.headers["x-ratelimit-remaining"] != "0" ||
+		!strings.Contains(o.body, `"code":"RATE_LIMITED"`) || !strings.Contains(o.body, `"request_id":"rid-1"`) {
+		t.Fatalf("4th request: %+v", o)
+	}
+	// Both worker VMs now answer from the shared over-limit cache, without a call-out.
+	calls := h.bridge.calls.Load()
+	for i := 0; i < 4; i++ {
+		if o := h.do("/api/items", alice, 200); o.status != 429 {
+			t.Fatalf("cached denial %d: %+v", i, o)
+		}
+	}
+	if got := h.bridge.calls.Load(); got != calls {
+		t.Errorf("cached denials made %d call-outs", got-calls)
+	}
+	if h.metric("sluice_local_cache_hits_total") != 4 || h.metric("sluice_denied_total") != 5 || h.metric("sluice_allowed_total") != 3 {
+		t.Errorf("metrics: hits %d denied %d allowed %d", h.metric("sluice_local_cache_hits_total"), h.metric("sluice_denied_total"), h.metric("sluice_allowed_total"))
+	}
+	// Another user is unaffected; unmatched paths and exempt users never call out.
+	if o := h.do("/api/items", map[string]string{"x-user-id": "bob"}, 200); o.status != 200 {
+		t.Errorf("bob: %+v", o)
+	}
+	calls = h.bridge.calls.Load()
+	if o := h.do("/health", alice, 200); o.status != 200 || o.headers["x-ratelimit-limit"] != "" {
+		t.Errorf("unmatched: %+v", o)
+	}
+	h.do("/api/items", map[string]string{"x-user-id": "ops"}, 200)
+	if h.bridge.calls.Load() != calls {
+		t.Error("unmatched or exempt request made a call-out")
+	}
+	var blocked bool
+	for _, m := range h.logs() {
+		if strings.Contains(m, `"event_type":"blocked"`) && strings.Contains(m, `"user_id":"alice"`) {
+			blocked = true
+		}
+	}
+	if !blocked {
+		t.Error("no blocked event logged")
+	}
+	if n := h.failures(); n != 0 {
+		t.Errorf("%d VM failures", n)
+	}
+}
+
+func scenarioLogOnly(t *testing.T, start startEngine) {
+	h := startProxy(t, start, engineSetup{mode: "fail_open"})
+	u := map[string]string{"x-user-id": "carol"}
+	h.do("/api/search", u, 200)
+	if o := h.do("/api/search", u, 200); o.status != 200 {
+		t.Fatalf("log_only denial must pass: %+v", o)
+	}
+	if h.metric("sluice_log_only_denied_total") != 1 {
+		t.Errorf("log_only denials: %d", h.metric("sluice_log_only_denied_total"))
+	}
+}
+
+// A bridge that times out, fails, talks nonsense or is not a cluster
+// passes the request under fail_open and answers 503 under fail_closed,
+// within the call-out timeout.
+func scenarioFailureModes(t *testing.T, start startEngine) {
+	cases := []struct {
+		name    string
+		cluster string
+		setup   func(*fakeBridge)
+	}{
+		{"timeout", "bridge", func(b *fakeBridge) { b.delay = 400 * time.Millisecond }},
+		{"status 500", "bridge", func(b *fakeBridge) { b.status = 500 }},
+		{"garbage", "bridge", func(b *fakeBridge) { b.raw = "not json" }},
+		{"unknown cluster", "nowhere", func(*fakeBridge) {}},
+	}
+	for _, mode := range []string{"fail_open", "fail_closed"} {
+		for _, tc := range cases {
+			t.Run(mode+"/"+tc.name, func(t *testing.T) {
+				h := startProxy(t, start, engineSetup{mode: mode, cluster: tc.cluster})
+				tc.setup(h.bridge)
+				begin := time.Now()
+				o := h.do("/api/items", map[string]string{"x-user-id": "dave"}, 200)
+				took := time.Since(begin)
+				if took > 100*time.Millisecond+250*time.Millisecond {
+					t.Errorf("answer took %v; the call-out timeout is 100ms", took)
+				}
+				if mode == "fail_open" && o.status != 200 {
+					t.Errorf("fail_open: %+v", o)
+				}
+				if mode == "fail_closed" && (o.status != 503 || !strings.Contains(o.body, "SERVICE_UNAVAILABLE")) {
+					t.Errorf("fail_closed: %+v", o)
+				}
+				if h.metric("sluice_bridge_errors_total") != 1 {
+					t.Errorf("bridge errors: %d", h.metric("sluice_bridge_errors_total"))
+				}
+			})
+		}
+	}
+}
+
+// The built plugin reads its category defaults from the VM's environment
+// (Envoy's vm_config.environment_variables), and refuses a bad value by
+// the variable's name.
+func scenarioEnvironment(t *testing.T, start startEngine) {
+	const cfg = `{"bridge": {"cluster": "bridge"}, "categories": [{"name": "chat", "paths": ["/chat"], "algorithm": "fixed_window"}]}`
+	h := startProxy(t, start, engineSetup{config: cfg, env: map[string]string{"RATE_LIMIT_CHAT_REQUESTS": "2", "RATE_LIMIT_CHAT_WINDOW": "90"}})
+	u := map[string]string{"x-forwarded-for": "192.0.2.1"}
+	for i, want := range []int{200, 200, 429} {
+		if o := h.do("/chat", u, 200); o.status != want || o.headers["x-ratelimit-limit"] != "2" {
+			t.Fatalf("request %d: %+v, want %d with limit 2", i+1, o, want)
+		}
+	}
+
+	var logs logSink
+	_, url := newBridge(t)
+	if _, err := start(t, engineSetup{config: cfg, env: map[string]string{"RATE_LIMIT_CHAT_WINDOW": "a while"}, onLog: logs.add}, url); err == nil {
+		t.Fatal("a bad RATE_LIMIT_CHAT_WINDOW was accepted")
+	}
+	if !strings.Contains(logs.all(), `configuration refused: RATE_LIMIT_CHAT_WINDOW: must be`) {
+		t.Errorf("the refusal does not name the variable: %q", logs.all())
+	}
+}
+
+// A configuration the plugin refuses (proxy_on_configure returns false)
+// stops the proxy from starting, and the error log names the field.
+func scenarioConfigRefused(t *testing.T, start startEngine) {
+	var logs logSink
+	_, url := newBridge(t)
+	if _, err := start(t, engineSetup{config: `{"rules":[{"name":"x","limit":-1,"window":"1s"}]}`, onLog: logs.add}, url); err == nil {
+		t.Fatal("an invalid configuration was accepted")
+	}
+	if got := logs.at(4); !strings.Contains(got, "configuration refused: rules[0].limit") {
+		t.Errorf("no error log naming rules[0].limit: %q", got)
+	}
+}
+
+// A Go panic in the plugin's code is logged with its stack at critical
+// level, counted, answers its request by the failure mode, and leaves the
+// VM serving (it does not trap). The panics come from the test-only
+// trigger: VM env SLUICE_TEST_PANIC=1 plus a request header, "request"
+// (in proxy_on_request_headers) or "callout" (while the bridge's answer
+// is handled).
+func scenarioPanic(t *testing.T, start startEngine) {
+	for _, mode := range []string{"fail_open", "fail_closed"} {
+		for _, where := range []string{"request", "callout"} {
+			t.Run(mode+"/"+where, func(t *testing.T) {
+				var logs logSink
+				// One worker, so that the next request runs on the VM that panicked.
+				h := startProxy(t, start, engineSetup{mode: mode, workers: 1,
+					env: map[string]string{"SLUICE_TEST_PANIC": "1"}, onLog: logs.add})
+
+				o := h.do("/api/items", map[string]string{"x-user-id": "pat", "x-sluice-test-panic": where}, 200)
+				if mode == "fail_open" && o.status != 200 {
+					t.Errorf("fail_open: %+v, want the request to pass", o)
+				}
+				if mode == "fail_closed" && (o.status != 503 || !strings.Contains(o.body, "plugin error")) {
+					t.Errorf("fail_closed: %+v, want 503", o)
+				}
+				if n := h.metric("sluice_panics_total"); n != 1 {
+					t.Errorf("sluice_panics_total = %d, want 1", n)
+				}
+				callback := map[string]string{"request": "proxy_on_request_headers", "callout": "proxy_on_http_call_response"}[where]
+				if crit := logs.at(logCritical); !strings.Contains(crit, "panic in "+callback+": sluice: test panic") || !strings.Contains(crit, "goroutine ") {
+					t.Errorf("no critical log with the panic and its stack: %q", crit)
+				}
+				// The same VM serves the next request as usual.
+				if o := h.do("/api/items", map[string]string{"x-user-id": "pat"}, 200); o.status != 200 || o.headers["x-ratelimit-limit"] != "3" {
+					t.Errorf("next request: %+v", o)
+				}
+				if n := h.failures(); n != 0 {
+					t.Errorf("the VM failed %d times", n)
+				}
+			})
+		}
+	}
+}
