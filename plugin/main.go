@@ -28,6 +28,14 @@ func (vm) NewPluginContext(contextID uint32) proxywasm.PluginContext {
 // abiHost implements filter.Host with the proxy-wasm host calls.
 type abiHost struct{}
 
+// The request headers of the current callback, fetched with one host call
+// the first time the filter asks for one: a request looks up half a dozen
+// headers, and a host call costs more than scanning the map.
+var (
+	reqHeaders    proxywasm.HeaderMapView
+	reqHeadersSeq uint64 // the callback they belong to; 0: none
+)
+
 // view turns a host view into a string without copying; valid only during
 // the current callback, which is all the filter asks of it.
 func view(b []byte, err error) string {
@@ -40,7 +48,15 @@ func view(b []byte, err error) string {
 func (abiHost) PluginConfig() ([]byte, error) { return proxywasm.GetPluginConfiguration() }
 
 func (abiHost) RequestHeader(name string) string {
-	return view(proxywasm.GetRequestHeaderBytes(name))
+	if seq := proxywasm.CallbackSeq(); seq != reqHeadersSeq {
+		v, err := proxywasm.GetRequestHeaderMapView()
+		if err != nil {
+			return view(proxywasm.GetRequestHeaderBytes(name))
+		}
+		reqHeaders, reqHeadersSeq = v, seq
+	}
+	b, _ := reqHeaders.Get(name)
+	return view(b, nil)
 }
 
 func (abiHost) Property(path string) string {

@@ -279,9 +279,10 @@ type Match struct {
 type PatternKind uint8
 
 const (
-	PatternExact  PatternKind = iota + 1 // "/api/v1/login"
-	PatternPrefix                        // "/api/" with kind prefix, or "/api/*" style written as prefix:
-	PatternGlob                          // "*" one segment (or part of one), "**" any number of segments
+	PatternExact   PatternKind = iota + 1 // "/api/v1/login"
+	PatternPrefix                         // "/api/" with kind prefix, or "/api/*" style written as prefix:
+	PatternGlob                           // "*" one segment (or part of one), "**" any number of segments
+	PatternSubtree                        // "/api/**": a glob that is a path and everything below it
 )
 
 // PathPattern is a compiled path pattern.

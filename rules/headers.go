@@ -146,6 +146,13 @@ func appendSFString(b []byte, s string) []byte {
 // bridge's REST API, so clients parse one error shape everywhere; details
 // name the rule whose limit denied.
 func (c *Config) AppendDenyBody(dst []byte, l *PlannedLimit, d *Decision, nowMS int64, requestID string) []byte {
+	return AppendDenyBodyEnd(c.AppendDenyBodyStart(dst, l, d, nowMS), requestID)
+}
+
+// AppendDenyBodyStart appends the 429 body up to the request id, which is
+// all of it that does not change from one request to the next: a proxy
+// refusing a key many times keeps it and adds AppendDenyBodyEnd.
+func (c *Config) AppendDenyBodyStart(dst []byte, l *PlannedLimit, d *Decision, nowMS int64) []byte {
 	dst = append(dst, `{"error":{"code":"RATE_LIMITED","message":`...)
 	if c.Deny.Message != "" {
 		dst = AppendJSONString(dst, c.Deny.Message)
@@ -164,7 +171,11 @@ func (c *Config) AppendDenyBody(dst []byte, l *PlannedLimit, d *Decision, nowMS 
 	dst = strconv.AppendInt(dst, RetryAfterSeconds(d, nowMS), 10)
 	dst = append(dst, `,"rule":`...)
 	dst = AppendJSONString(dst, l.Rule)
-	dst = append(dst, `},"request_id":`...)
+	return append(dst, `},"request_id":`...)
+}
+
+// AppendDenyBodyEnd finishes a body AppendDenyBodyStart began.
+func AppendDenyBodyEnd(dst []byte, requestID string) []byte {
 	dst = AppendJSONString(dst, requestID)
 	return append(dst, "}}"...)
 }

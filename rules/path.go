@@ -70,19 +70,32 @@ func ParsePathPattern(s string) (PathPattern, error) {
 			return PathPattern{Raw: s}, errPathStarStar
 		}
 	}
+	// The commonest glob, a path and everything below it, is a comparison
+	// of bytes rather than a walk over segments.
+	if base, ok := strings.CutSuffix(s, "/**"); ok && strings.IndexByte(base, '*') < 0 {
+		p.Kind, p.Text = PatternSubtree, base
+	}
 	return p, nil
 }
 
 // Match reports whether the request path matches. The query string and a
 // fragment are ignored; the comparison is case-sensitive and byte-wise (the
 // proxy is expected to normalize paths before filters run).
-func (p *PathPattern) Match(path string) bool {
-	path = stripQuery(path)
+func (p *PathPattern) Match(path string) bool { return p.matchPath(stripQuery(path)) }
+
+// matchPath matches a path without its query.
+func (p *PathPattern) matchPath(path string) bool {
 	switch p.Kind {
 	case PatternExact:
 		return path == p.Text
 	case PatternPrefix:
 		return strings.HasPrefix(path, p.Text)
+	case PatternSubtree:
+		n := len(p.Text)
+		if len(path) < n || path[:n] != p.Text {
+			return false
+		}
+		return len(path) == n && n > 0 || len(path) > n && path[n] == '/'
 	case PatternGlob:
 		return matchSegments(p.Segs, path)
 	}

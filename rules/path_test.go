@@ -19,8 +19,9 @@ func TestParsePathPattern(t *testing.T) {
 		{in: "prefix:/", kind: PatternPrefix, text: "/"},
 		{in: "/files/*.json", kind: PatternGlob, segs: []string{"files", "*.json"}},
 		{in: "/v1/*/items", kind: PatternGlob, segs: []string{"v1", "*", "items"}},
-		{in: "/api/**", kind: PatternGlob, segs: []string{"api", "**"}},
-		{in: "/**", kind: PatternGlob, segs: []string{"**"}},
+		{in: "/api/**", kind: PatternSubtree, text: "/api", segs: []string{"api", "**"}},
+		{in: "/**", kind: PatternSubtree, segs: []string{"**"}},
+		{in: "/a/*/**", kind: PatternGlob, segs: []string{"a", "*", "**"}},
 		{in: "/a/**/b/**/c", kind: PatternGlob, segs: []string{"a", "**", "b", "**", "c"}},
 		{in: "/a/*x*y*/", kind: PatternGlob, segs: []string{"a", "*x*y*", ""}},
 		{in: "", wantErr: "empty"},
@@ -186,7 +187,7 @@ func refMatchPath(p *PathPattern, path string) bool {
 		return path == p.Text
 	case PatternPrefix:
 		return strings.HasPrefix(path, p.Text)
-	case PatternGlob:
+	case PatternGlob, PatternSubtree: // a subtree is a glob, matched by the same reference
 		if !strings.HasPrefix(path, "/") {
 			return false
 		}
@@ -239,6 +240,9 @@ func FuzzPathPattern(f *testing.F) {
 		{"prefix:/api/v", "/api/v2"},
 		{"/files/*.json", "/files/a.json?x"},
 		{"/api/**", "/api/a/b"},
+		{"/api/**", "/api"},
+		{"/api/**", "/apix"},
+		{"/**", ""},
 		{"/a/**/b/**/c", "/a/1/b/2/c"},
 		{"/**/*x*", "/q/axb"},
 		{"/v1/*/items", "/v1//items"},

@@ -17,8 +17,32 @@ type Request struct {
 	Source  string // connection peer, Envoy source.address ("1.2.3.4:5678")
 	Headers HeaderSource
 	NowUnix int64 // for JWT exp/nbf
+	// Lazy, when set, gives Source and NowUnix when they are left empty,
+	// and only if Evaluate needs them: a proxy then asks its host for
+	// neither on requests no limit applies to.
+	Lazy LazyFields
 	// Tokens, when set, caches verified JWTs across requests.
 	Tokens *TokenCache
+}
+
+// LazyFields supplies Request fields on first use.
+type LazyFields interface {
+	Source() string
+	NowUnix() int64
+}
+
+func (r *Request) source() string {
+	if r.Source == "" && r.Lazy != nil {
+		r.Source = r.Lazy.Source()
+	}
+	return r.Source
+}
+
+func (r *Request) nowUnix() int64 {
+	if r.NowUnix == 0 && r.Lazy != nil {
+		r.NowUnix = r.Lazy.NowUnix()
+	}
+	return r.NowUnix
 }
 
 // Plan is the outcome of evaluating a request: its identity, whether it is
@@ -37,23 +61,46 @@ type Plan struct {
 	Endpoint string // path without query
 	Limits   []PlannedLimit
 
-	keys []byte
-	ends []int
+	keys    []byte
+	ends    []int
+	matched []int32 // rules (i) and categories (^i) that match, in order
 }
 
 // Evaluate resolves the identity of r and collects every applicable limit
 // into plan. Limits come in order: rules by priority, then categories, then
 // the tier limit. A disabled config or an exempt client yields no limits.
+// Matching comes first and needs no identity, so a request no rule or
+// category matches, with no tiers configured, costs no identity work (its
+// plan has no identity and is not marked exempt).
 func (c *Config) Evaluate(r *Request, plan *Plan) {
 	plan.Exempt = false
 	plan.Limits = plan.Limits[:0]
 	plan.keys = plan.keys[:0]
 	plan.ends = plan.ends[:0]
+	plan.matched = plan.matched[:0]
 	plan.IdentitySource = ""
 	plan.JWTError = nil
 	plan.Endpoint = stripQuery(r.Path)
 	plan.Identity = Identity{}
 	if !c.Enabled {
+		return
+	}
+	for i := range c.Rules {
+		rule := &c.Rules[i]
+		if rule.Enabled && rule.Match.matches(r, plan.Endpoint) {
+			plan.matched = append(plan.matched, int32(i))
+		}
+	}
+	for i := range c.Categories {
+		cat := &c.Categories[i]
+		for j := range cat.Paths {
+			if cat.Paths[j].matchPath(plan.Endpoint) {
+				plan.matched = append(plan.matched, ^int32(i))
+				break
+			}
+		}
+	}
+	if len(plan.matched) == 0 && len(c.Tiers.List) == 0 {
 		return
 	}
 	c.identify(r, plan)
@@ -62,25 +109,19 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 		return
 	}
 	id := &plan.Identity
-	for i := range c.Rules {
-		rule := &c.Rules[i]
-		if rule.Enabled && rule.Match.matches(r, plan.Endpoint) {
+	for _, m := range plan.matched {
+		if m >= 0 {
+			rule := &c.Rules[m]
 			plan.add(c, rule.Name, &rule.Spec, rule.Action, rule.Scope, id, r.Method)
-		}
-	}
-	for i := range c.Categories {
-		cat := &c.Categories[i]
-		for j := range cat.Paths {
-			if cat.Paths[j].Match(plan.Endpoint) {
-				plan.add(c, cat.Name, &cat.Spec, cat.Action, cat.Scope, id, r.Method)
-				break
-			}
+		} else {
+			cat := &c.Categories[^m]
+			plan.add(c, cat.Name, &cat.Spec, cat.Action, cat.Scope, id, r.Method)
 		}
 	}
 	if tier := c.Tiers.Find(id.Tier); tier != nil && !tier.Unlimited {
 		spec, name := &tier.Spec, tier.keyName
 		for j := range tier.Endpoints {
-			if tier.Endpoints[j].Match.Match(plan.Endpoint) {
+			if tier.Endpoints[j].Match.matchPath(plan.Endpoint) {
 				spec, name = &tier.Endpoints[j].Spec, tier.Endpoints[j].keyName
 				break
 			}
@@ -115,7 +156,7 @@ func (c *Config) identify(r *Request, plan *Plan) {
 	if ipc.UseXRealIP {
 		xri = h.Header("x-real-ip")
 	}
-	id.IP = ClientIP(ipc, xff, xri, r.Source)
+	id.IP = ClientIP(ipc, xff, xri, r.source())
 
 	var payload []byte // the verified JWT payload, for the tier claim
 	for i := range c.Identity.Sources {
@@ -129,9 +170,9 @@ func (c *Config) identify(r *Request, plan *Plan) {
 			var pl []byte
 			var err error
 			if r.Tokens != nil {
-				pl, err = r.Tokens.Verify(v, src, r.NowUnix)
+				pl, err = r.Tokens.Verify(v, src, r.nowUnix())
 			} else {
-				pl, err = VerifyJWT(v, src, r.NowUnix)
+				pl, err = VerifyJWT(v, src, r.nowUnix())
 			}
 			if err != nil {
 				plan.JWTError = err
@@ -204,7 +245,7 @@ func (m *Match) matches(r *Request, path string) bool {
 	if len(m.Paths) > 0 {
 		ok := false
 		for i := range m.Paths {
-			if m.Paths[i].Match(path) {
+			if m.Paths[i].matchPath(path) {
 				ok = true
 				break
 			}

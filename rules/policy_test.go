@@ -239,3 +239,26 @@ func FuzzConfig_Evaluate(f *testing.F) {
 		}
 	})
 }
+
+// countingLazy counts how often Evaluate asks for the lazy fields.
+type countingLazy struct{ source, now int }
+
+func (l *countingLazy) Source() string { l.source++; return "192.0.2.9:1" }
+func (l *countingLazy) NowUnix() int64 { l.now++; return 1_700_000_000 }
+
+// A request no limit applies to costs no identity work: the lazy fields
+// are not asked for. One that matches asks for the source once.
+func TestConfig_EvaluateLazyFields(t *testing.T) {
+	c := mustConfig(t, `{"identity":{"client_ip":{"trusted_proxy_depth":0}},
+	  "rules":[{"name":"r","match":{"paths":["/api/**"]},"scope":"ip","limit":1,"window":"1s"}]}`)
+	var plan Plan
+	lazy := &countingLazy{}
+	c.Evaluate(&Request{Method: "GET", Path: "/health", Headers: mapHeaders{}, Lazy: lazy}, &plan)
+	if len(plan.Limits) != 0 || lazy.source != 0 || lazy.now != 0 {
+		t.Fatalf("no match: limits %d, lazy %+v", len(plan.Limits), lazy)
+	}
+	c.Evaluate(&Request{Method: "GET", Path: "/api/x", Headers: mapHeaders{}, Lazy: lazy}, &plan)
+	if len(plan.Limits) != 1 || lazy.source != 1 || plan.Identity.IP.String() != "192.0.2.9" {
+		t.Fatalf("match: limits %d, lazy %+v, ip %v", len(plan.Limits), lazy, plan.Identity.IP)
+	}
+}

@@ -249,6 +249,7 @@ func (h *Host) hostFuncs() []hostFunc {
 				return StatusBadArgument
 			}
 			*hm = nm
+			in.markModified(u32(p, 0))
 			return StatusOK
 		}},
 		{"proxy_get_header_map_value", 5, nil, func(in *instance, m api.Memory, p []uint64) Status {
@@ -481,7 +482,20 @@ func (in *instance) mutateHeader(m api.Memory, p []uint64, f func(hm *fields.Map
 		return StatusInvalidMemoryAccess
 	}
 	f(hm, k, v)
+	in.markModified(t)
 	return StatusOK
+}
+
+// markModified notes that the plugin changed header map t of the
+// effective stream.
+func (in *instance) markModified(t uint32) {
+	if s := in.streams[in.effective]; s != nil {
+		if t == mapRequestHeaders {
+			s.reqModified = true
+		} else {
+			s.respModified = true
+		}
+	}
 }
 
 // continueStream is Envoy's Context::continueStream: request and response

@@ -165,3 +165,14 @@ func (h *Host) inflight(cluster string) *atomic.Int64 {
 	}
 	return c
 }
+
+// NewTransport is an HTTP transport for call-outs and for a gateway's
+// upstream: it keeps enough idle connections per host for a busy proxy, so
+// that in steady state no request opens a connection (Go's default keeps
+// two, and every request beyond them would dial and close one).
+func NewTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = 0 // no limit across hosts
+	t.MaxIdleConnsPerHost = 1024
+	return t
+}

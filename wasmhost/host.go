@@ -165,7 +165,7 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 		h.environ = append(h.environ, []byte(k+"="+opts.Environment[k]+"\x00"))
 	}
 	if h.client == nil {
-		h.client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		h.client = &http.Client{Transport: NewTransport()}
 	}
 	h.shared.init()
 	h.metrics.init()

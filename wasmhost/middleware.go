@@ -1,8 +1,9 @@
 package wasmhost
 
 import (
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
+	"math/rand/v2"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -50,7 +51,9 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 			writeLocal(w, res.Local)
 			return
 		}
-		applyRequest(r, res.Headers)
+		if res.Modified {
+			applyRequest(r, res.Headers)
+		}
 		rw := &responseWriter{ResponseWriter: w, s: s, r: r, h: h}
 		next.ServeHTTP(rw, r)
 		if !rw.wroteHeader {
@@ -59,9 +62,13 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 	})
 }
 
+// newRequestID makes an x-request-id for a request without one, as Envoy
+// does; it needs to be unique, not secret, so it comes from the runtime's
+// fast generator rather than the kernel's.
 func newRequestID() string {
 	var b [16]byte
-	_, _ = rand.Read(b[:])
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
 	return hex.EncodeToString(b[:])
 }
 
@@ -139,6 +146,10 @@ func (rw *responseWriter) WriteHeader(code int) {
 		rw.discard = true
 		clear(rw.Header())
 		writeLocal(rw.ResponseWriter, res.Local)
+		return
+	}
+	if !res.Modified {
+		rw.ResponseWriter.WriteHeader(code)
 		return
 	}
 	out := rw.Header()

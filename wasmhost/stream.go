@@ -34,11 +34,12 @@ type LocalResponse struct {
 }
 
 // Result is the outcome of a header callback: either the stream continues
-// with Headers (pseudo headers included, as the plugin left them), or the
-// plugin answered with Local.
+// with Headers (pseudo headers included, as the plugin left them; Modified
+// says whether it changed any), or the plugin answered with Local.
 type Result struct {
-	Headers [][2]string
-	Local   *LocalResponse
+	Headers  [][2]string
+	Modified bool
+	Local    *LocalResponse
 }
 
 // Get returns the first value of a header of the result (names are lower-case).
@@ -61,6 +62,8 @@ type Stream struct {
 	// response headers now (Envoy's request_headers_ and
 	// response_headers_ are set).
 	reqOpen, respOpen bool
+	// reqModified and respModified: the plugin changed those headers.
+	reqModified, respModified bool
 	local             *LocalResponse
 	localPending      bool // sent by the plugin, not yet through its response callback
 	resumed           bool
@@ -219,7 +222,10 @@ func (s *Stream) await(ctx context.Context, action uint32, headers func() fields
 			return Result{Local: l}, nil
 		case (action == actionContinue || s.resumed) && !s.localPending:
 			s.resumed = false
-			r := Result{Headers: headers()}
+			r := Result{Headers: headers(), Modified: s.reqModified}
+			if s.respPhase {
+				r.Modified = s.respModified
+			}
 			v.mu.Unlock()
 			return r, nil
 		}

@@ -286,7 +286,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	logger.Info("plugin started", "workers", s.workers, "took", time.Since(start).String())
 
 	up, _ := url.Parse(s.upstream)
-	proxy := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
+	proxy := &httputil.ReverseProxy{Transport: wasmhost.NewTransport(), Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(up)
 		pr.Out.Host = pr.In.Host
 		// X-Forwarded-For already names the peer (appendXFF); pass it on as is.

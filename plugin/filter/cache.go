@@ -20,24 +20,37 @@ import (
 
 const cachePrefix = "sluice.oc."
 
-func (p *Plugin) slotKey(key []byte, slots int64) string {
-	h := uint64(14695981039346656037) // FNV-1a
+// keyHash is the FNV-1a hash of a counter key: it picks the key's cache
+// slot and its entry in the VM's refusal memo.
+func keyHash(key []byte) uint64 {
+	h := uint64(14695981039346656037)
 	for _, c := range key {
 		h ^= uint64(c)
 		h *= 1099511628211
 	}
+	return h
+}
+
+func (p *Plugin) slotKey(h uint64, slots int64) string {
 	p.scratch = itoa(append(p.scratch[:0], cachePrefix...), int64(h%uint64(slots)))
 	return bytesString(p.scratch)
 }
 
-// cachedDenial finds an enforced limit of s that is cached as over limit.
-func (p *Plugin) cachedDenial(s *Stream) (int, rules.Decision, bool) {
+// cachedDenial finds an enforced limit of s that is cached as over limit;
+// h is its key's hash.
+func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, h uint64, ok bool) {
 	for i := range s.plan.Limits {
 		l := &s.plan.Limits[i]
 		if l.Action != rules.Reject {
 			continue
 		}
-		v := p.host.SharedGet(p.slotKey(l.Key, s.cfg.LocalCache.MaxEntries))
+		h := keyHash(l.Key)
+		// This VM refused the key lately: its own copy of the cache entry
+		// answers without asking the host for shared data.
+		if r := &p.refusals[h%refusalSlots]; r.cfg == s.cfg && r.until > s.nowMS && string(r.key) == string(l.Key) {
+			return i, rules.Decision{Limit: r.limit, ResetMS: r.resetMS, RetryAfterMS: r.until - s.nowMS}, h, true
+		}
+		v := p.host.SharedGet(p.slotKey(h, s.cfg.LocalCache.MaxEntries))
 		if len(v) < 2 {
 			continue
 		}
@@ -54,9 +67,9 @@ func (p *Plugin) cachedDenial(s *Stream) (int, rules.Decision, bool) {
 			Limit:        int64(binary.LittleEndian.Uint64(v[8:])),
 			ResetMS:      int64(binary.LittleEndian.Uint64(v[16:])),
 			RetryAfterMS: until - s.nowMS,
-		}, true
+		}, h, true
 	}
-	return 0, rules.Decision{}, false
+	return 0, rules.Decision{}, 0, false
 }
 
 // cacheDenial remembers that key is over its limit until the retry time.
@@ -71,5 +84,5 @@ func (p *Plugin) cacheDenial(cfg *rules.Config, key []byte, d *rules.Decision, n
 	v = binary.LittleEndian.AppendUint64(v, uint64(d.Limit))
 	v = binary.LittleEndian.AppendUint64(v, uint64(d.ResetMS))
 	p.event = v
-	p.host.SharedSet(p.slotKey(key, cfg.LocalCache.MaxEntries), v)
+	p.host.SharedSet(p.slotKey(keyHash(key), cfg.LocalCache.MaxEntries), v)
 }

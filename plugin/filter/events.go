@@ -1,6 +1,8 @@
 package filter
 
 import (
+	"net/netip"
+
 	"github.com/sluicehq/sluice/plugin/proxywasm"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -12,18 +14,27 @@ import (
 // request id, rule, action (docs/config.md, "Metrics and events").
 
 func (s *Stream) eventHead(b []byte, typ string) []byte {
+	return appendEventHead(b, typ, s.nowMS, s.requestID, s.endpoint, s.user, s.ip)
+}
+
+// appendEventHead writes what every event starts with: when, what, which
+// request, where and who.
+func appendEventHead(b []byte, typ string, nowMS int64, requestID, endpoint, user []byte, ip netip.Addr) []byte {
 	b = append(b, `{"timestamp":"`...)
-	b = appendTimestamp(b, s.nowMS)
+	b = appendTimestamp(b, nowMS)
 	b = append(b, `","event_type":"`...)
 	b = append(b, typ...)
 	b = append(b, `","request_id":`...)
-	b = rules.AppendJSONBytes(b, s.requestID)
+	b = rules.AppendJSONBytes(b, requestID)
 	b = append(b, `,"endpoint":`...)
-	b = rules.AppendJSONBytes(b, s.endpoint)
+	b = rules.AppendJSONBytes(b, endpoint)
 	b = append(b, `,"user_id":`...)
-	b = rules.AppendJSONBytes(b, s.user)
-	b = append(b, `,"ip_address":`...)
-	return rules.AppendJSONBytes(b, s.ip)
+	b = rules.AppendJSONBytes(b, user)
+	b = append(b, `,"ip_address":"`...)
+	if ip.IsValid() {
+		b = ip.AppendTo(b) // digits, dots, colons: nothing to escape
+	}
+	return append(b, '"')
 }
 
 func (s *Stream) event(level proxywasm.LogLevel, typ string, i int, d *rules.Decision, action string) {

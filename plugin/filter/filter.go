@@ -89,6 +89,7 @@ type Plugin struct {
 	answering *Stream
 	// testPanics: requests may ask for a panic (see testPanicHeader).
 	testPanics bool
+	refusals   [refusalSlots]refusal
 	// Shared scratch for one callback at a time (a VM is single-threaded).
 	scratch []byte
 	event   []byte
@@ -186,8 +187,12 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 	return proxywasm.Continue
 }
 
-// OnTick follows the host's log level.
-func (p *Plugin) OnTick() { p.debug = p.host.LogLevel() <= proxywasm.LogLevelDebug }
+// OnTick follows the host's log level and reports the refusals from the
+// over-limit cache that no later refusal has reported.
+func (p *Plugin) OnTick() {
+	p.debug = p.host.LogLevel() <= proxywasm.LogLevelDebug
+	p.reportAllRefusals(p.host.NowNanos() / 1e6)
+}
 
 // NewHTTPContext returns a recycled stream when one is free.
 func (p *Plugin) NewHTTPContext(contextID uint32) proxywasm.HTTPContext {

@@ -3,6 +3,7 @@ package filter
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -619,4 +620,58 @@ func TestPlugin_OnPanic(t *testing.T) {
 			t.Errorf("action %v, calls %d", a, len(h.calls))
 		}
 	})
+}
+
+// Refusals from the over-limit cache reuse their rendering and report one
+// blocked event per key per second, with the number of refusals.
+func TestStream_CacheRefusalsAggregated(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	h.request(p, 2, map[string]string{"x-user-id": "bob"})
+	h.answer(p, "200", denyAnswer(h.nowMS)) // the bridge refuses: cached for 40s
+	events := func() []string {
+		var out []string
+		for _, l := range h.logs {
+			if strings.Contains(l, `"source":"local_cache"`) {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	refuse := func(id string) *localResponse {
+		t.Helper()
+		if _, a := h.request(p, 3, map[string]string{"x-user-id": "bob", "x-request-id": id}); a != proxywasm.Pause || h.local == nil || h.local.status != 429 {
+			t.Fatalf("request %s: action %v, local %+v", id, a, h.local)
+		}
+		return h.local
+	}
+	calls := len(h.calls)
+	first := refuse("r1")
+	for i := 2; i <= 5; i++ { // the same second
+		l := refuse(fmt.Sprint("r", i))
+		if l.headers["Retry-After"] != first.headers["Retry-After"] || !strings.Contains(l.body, fmt.Sprintf(`"request_id":"r%d"`, i)) ||
+			strings.Replace(l.body, fmt.Sprintf("r%d", i), "r1", 1) != first.body {
+			t.Fatalf("refusal %d: %+v, first %+v", i, l, first)
+		}
+	}
+	if ev := events(); len(ev) != 1 || !strings.Contains(ev[0], `"count":1`) || !strings.Contains(ev[0], `"request_id":"r1"`) {
+		t.Fatalf("events after 5 refusals in one second: %q", ev)
+	}
+	h.nowMS += 1000
+	if l := refuse("r6"); l.headers["Retry-After"] != "39" {
+		t.Errorf("a second later Retry-After = %q, want 39", l.headers["Retry-After"])
+	}
+	if ev := events(); len(ev) != 2 || !strings.Contains(ev[1], `"count":5`) || !strings.Contains(ev[1], `"request_id":"r6"`) ||
+		!strings.Contains(ev[1], `"user_id":"bob"`) || !strings.Contains(ev[1], `"ip_address":"203.0.113.9"`) || !strings.Contains(ev[1], `"retry_after":39`) {
+		t.Fatalf("the next second's event: %q", ev)
+	}
+	refuse("r7")
+	refuse("r8")
+	h.nowMS += 1000
+	p.OnTick() // the tick reports what no later refusal did
+	if ev := events(); len(ev) != 3 || !strings.Contains(ev[2], `"count":2`) || !strings.Contains(ev[2], `"request_id":"r8"`) {
+		t.Fatalf("events after the tick: %q", ev)
+	}
+	if len(h.calls) != calls || h.counters[MetricCacheHits] != 8 || h.counters[MetricDenied] != 9 {
+		t.Errorf("call-outs %d→%d, cache hits %d, denied %d", calls, len(h.calls), h.counters[MetricCacheHits], h.counters[MetricDenied])
+	}
 }

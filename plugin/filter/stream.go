@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"net/netip"
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/plugin/proxywasm"
@@ -38,7 +39,7 @@ type Stream struct {
 
 	// Copies of what outlives the request-headers callback (host views don't).
 	user      []byte
-	ip        []byte
+	ip        netip.Addr
 	endpoint  []byte
 	requestID []byte
 
@@ -67,14 +68,15 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 			s.testPanicInCallout = true
 		}
 	}
-	s.nowMS = h.NowNanos() / 1e6
+	// The peer address and the time are asked for only when a limit
+	// applies (rules.LazyFields): most requests of a proxy may match none.
+	s.nowMS = 0
 	s.req = rules.Request{
 		Method:  h.RequestHeader(":method"),
 		Path:    h.RequestHeader(":path"),
 		Host:    h.RequestHeader(":authority"),
-		Source:  h.Property("source.address"),
 		Headers: s.hdrs,
-		NowUnix: s.nowMS / 1000,
+		Lazy:    s,
 		Tokens:  p.tokens,
 	}
 	s.cfg.Evaluate(&s.req, &s.plan)
@@ -85,11 +87,12 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	if len(s.plan.Limits) == 0 {
 		return proxywasm.Continue
 	}
+	s.now()
 	s.keepIdentity()
 	if s.cfg.LocalCache.Enabled {
-		if i, d, ok := p.cachedDenial(s); ok {
+		if i, d, hash, ok := p.cachedDenial(s); ok {
 			h.IncCounter(p.m.cacheHits)
-			s.deny(i, &d)
+			s.refuseCached(i, &d, hash)
 			return proxywasm.Pause
 		}
 	}
@@ -114,14 +117,24 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	return proxywasm.Pause
 }
 
+// Source and NowUnix give rules.Evaluate the peer address and the time
+// when it needs them (rules.LazyFields).
+func (s *Stream) Source() string { return s.p.host.Property("source.address") }
+func (s *Stream) NowUnix() int64 { return s.now() / 1000 }
+
+// now returns the request's time in Unix ms, asking the host once.
+func (s *Stream) now() int64 {
+	if s.nowMS == 0 {
+		s.nowMS = s.p.host.NowNanos() / 1e6
+	}
+	return s.nowMS
+}
+
 // keepIdentity copies the identity out of host memory, which is only valid
 // during this callback, into the stream's own buffers.
 func (s *Stream) keepIdentity() {
 	s.user = append(s.user[:0], s.plan.Identity.User...)
-	s.ip = s.ip[:0]
-	if s.plan.Identity.IP.IsValid() {
-		s.ip = s.plan.Identity.IP.AppendTo(s.ip)
-	}
+	s.ip = s.plan.Identity.IP
 	s.endpoint = append(s.endpoint[:0], s.plan.Endpoint...)
 	rid := s.p.host.RequestHeader("x-request-id")
 	if rid == "" {

@@ -18,7 +18,12 @@ var arena struct {
 	off      int
 	overflow [][]byte // fallback blocks of this callback, kept alive until reset
 	depth    int      // nesting of exported callbacks
+	seq      uint64   // outermost callbacks entered so far
 }
+
+// CallbackSeq numbers the outermost callbacks: what the host handed out
+// (views, HeaderMapView) is valid while it stays the same.
+func CallbackSeq() uint64 { return arena.seq }
 
 // allocate returns size bytes that stay valid until the outermost callback
 // returns. It never returns nil or a zero-sized block: the host treats 0 as
@@ -43,9 +48,12 @@ func allocate(size uint32) unsafe.Pointer {
 
 // enter and leave bracket every exported callback. When the outermost one
 // leaves, everything allocated for the host since it entered is reclaimed.
-// A callback that panics traps the VM, which the host then discards, so no
-// deferred leave is needed.
-func enter() { arena.depth++ }
+func enter() {
+	if arena.depth == 0 {
+		arena.seq++
+	}
+	arena.depth++
+}
 
 func leave() {
 	arena.depth--

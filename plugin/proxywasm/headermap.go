@@ -101,3 +101,39 @@ func checkHeaderMap(b []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// HeaderMapView is a serialized header map as the host handed it out,
+// validated once, for lookups that need no further host call. Its values
+// are views, valid during the current callback only.
+type HeaderMapView struct {
+	b []byte
+	n int
+}
+
+// NewHeaderMapView validates b.
+func NewHeaderMapView(b []byte) (HeaderMapView, error) {
+	n, err := checkHeaderMap(b)
+	if err != nil {
+		return HeaderMapView{}, err
+	}
+	return HeaderMapView{b: b, n: n}, nil
+}
+
+// Get returns the first value of name, compared exactly (the host gives
+// lower-case names).
+func (v HeaderMapView) Get(name string) ([]byte, bool) {
+	if v.n == 0 {
+		return nil, false
+	}
+	sizes := v.b[4 : 4+8*v.n]
+	data := v.b[4+8*v.n:]
+	for i := 0; i < v.n; i++ {
+		kl := int(binary.LittleEndian.Uint32(sizes[8*i:]))
+		vl := int(binary.LittleEndian.Uint32(sizes[8*i+4:]))
+		if kl == len(name) && string(data[:kl]) == name {
+			return data[kl+1 : kl+1+vl], true
+		}
+		data = data[kl+1+vl+1:]
+	}
+	return nil, false
+}

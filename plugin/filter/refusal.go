@@ -1,0 +1,119 @@
+package filter
+
+import (
+	"net/netip"
+
+	"github.com/sluicehq/sluice/plugin/proxywasm"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// A client refused from the over-limit cache is usually refused many times
+// a second, and rendering its 429 (headers, JSON body) and a JSON event for
+// each refusal cost most of the proxy's time on that path. Each VM keeps
+// the rendering of its most recent refusals instead, one per key in a
+// direct-mapped table, valid while the cache entry and the Retry-After it
+// shows stay the same; a request then adds only its request id to the
+// body. Their blocked events are aggregated: one per key per second, with
+// the number of refusals it stands for.
+
+// refusalSlots is how many keys a VM keeps a rendered refusal for.
+const refusalSlots = 64
+
+type refusal struct {
+	cfg   *rules.Config // the configuration it was rendered under
+	key   []byte
+	until int64 // the cache entry's retry time
+	retry int64 // the Retry-After seconds it shows
+	// The reply: headers (values point into buf) and the body up to the
+	// request id.
+	headers [][2]string
+	buf     []byte
+	start   []byte
+	// The aggregated event: refusals not yet reported, the second of the
+	// last event, and what the next one describes.
+	pending                   int64
+	eventSec                  int64
+	rule                      string
+	limit, resetMS            int64
+	requestID, endpoint, user []byte
+	ip                        netip.Addr
+}
+
+// refuseCached answers s with a 429 for limit i, which the over-limit cache
+// holds as refused (decision d); h is the key's hash.
+func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64) {
+	p, cfg := s.p, s.cfg
+	l := &s.plan.Limits[i]
+	r := &p.refusals[h%refusalSlots]
+	if string(r.key) != string(l.Key) || r.cfg != cfg {
+		p.reportRefusals(r, s.nowMS) // what is pending belongs to the key leaving
+		r.cfg, r.key, r.until = cfg, append(r.key[:0], l.Key...), 0
+	}
+	until, retry := s.nowMS+d.RetryAfterMS, rules.RetryAfterSeconds(d, s.nowMS)
+	if r.until != until || r.retry != retry {
+		r.until, r.retry = until, retry
+		cfg.Headers.Render(&s.respHeaders, l, d, s.nowMS, true)
+		r.headers = append(r.headers[:0], [2]string{"content-type", "application/json"})
+		r.buf = r.buf[:0]
+		for j := 0; j < s.respHeaders.N; j++ {
+			r.buf = append(r.buf, s.respHeaders.Values[j]...)
+		}
+		at := 0
+		for j := 0; j < s.respHeaders.N; j++ {
+			n := len(s.respHeaders.Values[j])
+			r.headers = append(r.headers, [2]string{s.respHeaders.Names[j], bytesString(r.buf[at : at+n])})
+			at += n
+		}
+		s.respHeaders.Reset()
+		r.start = cfg.AppendDenyBodyStart(r.start[:0], l, d, s.nowMS)
+		r.rule, r.limit, r.resetMS = l.Rule, d.Limit, d.ResetMS
+	}
+	s.state, s.answered = stateDone, true
+	p.host.IncCounter(p.m.denied)
+	s.body = rules.AppendDenyBodyEnd(append(s.body[:0], r.start...), bytesString(s.requestID))
+	p.host.SendLocalResponse(cfg.Deny.Status, r.headers, s.body)
+
+	r.pending++
+	r.requestID = append(r.requestID[:0], s.requestID...)
+	r.endpoint = append(r.endpoint[:0], s.endpoint...)
+	r.user = append(r.user[:0], s.user...)
+	r.ip = s.ip
+	if s.nowMS/1000 > r.eventSec {
+		p.reportRefusals(r, s.nowMS)
+	}
+}
+
+// reportRefusals logs r's pending refusals as one blocked event: the last
+// refused request's fields, the rule's limit and reset, and their count.
+func (p *Plugin) reportRefusals(r *refusal, nowMS int64) {
+	if r.pending == 0 {
+		return
+	}
+	b := appendEventHead(p.event[:0], "blocked", nowMS, r.requestID, r.endpoint, r.user, r.ip)
+	b = append(b, `,"rule":"`...)
+	b = append(b, r.rule...) // a validated name: nothing to escape
+	b = append(b, `","action":"reject","source":"local_cache","count":`...)
+	b = itoa(b, r.pending)
+	b = append(b, `,"request_count":`...)
+	b = itoa(b, r.limit)
+	b = append(b, `,"limit":`...)
+	b = itoa(b, r.limit)
+	b = append(b, `,"window_reset":`...)
+	b = itoa(b, (r.resetMS+999)/1000)
+	b = append(b, `,"retry_after":`...)
+	b = itoa(b, rules.RetryAfterSeconds(&rules.Decision{RetryAfterMS: r.until - nowMS}, nowMS))
+	b = append(b, '}')
+	p.event = b
+	p.host.Log(proxywasm.LogLevelInfo, b)
+	r.pending, r.eventSec = 0, nowMS/1000
+}
+
+// reportAllRefusals flushes every pending count, at least a second after
+// the key's last event: called once a second.
+func (p *Plugin) reportAllRefusals(nowMS int64) {
+	for i := range p.refusals {
+		if r := &p.refusals[i]; r.pending > 0 && nowMS/1000 > r.eventSec {
+			p.reportRefusals(r, nowMS)
+		}
+	}
+}
