@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/hosttest"
 )
 
 var benchHeaders = [][2]string{
@@ -81,7 +83,7 @@ func BenchmarkHost_Middleware(b *testing.B) {
 // BenchmarkHost_Callout is a request paused for a call-out to a loopback
 // upstream and resumed from the root context.
 func BenchmarkHost_Callout(b *testing.B) {
-	srv, _ := backend(b)
+	srv := hosttest.Backend(b)
 	h := newHost(b, Options{Workers: 1, Clusters: map[string]string{"backend": srv.URL}})
 	info := RequestInfo{Method: "GET", Path: "/", Headers: [][2]string{{"x-mode", "callout"}, {"x-callout-path", "/b"}}}
 	ctx := context.Background()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/envoyhosts"
+	"github.com/sluicehq/sluice/internal/hosttest"
 )
 
 // Tests of the behaviours in which the host follows Envoy and its host
@@ -19,21 +20,14 @@ import (
 // src/exports.cc.
 func TestHost_WASI(t *testing.T) {
 	at := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)
-	h := newHost(t, Options{Now: func() time.Time { return at }, Environment: map[string]string{"A": "1", "BB": "22"}})
+	h := newHost(t, Options{Now: func() time.Time { return at }, Environment: hosttest.WASIEnvironment})
 	r, err := run(t, h, "x-mode", "wasi")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{
-		"x-wasi-fd_read": "52", "x-wasi-poll_oneoff": "52", "x-wasi-path_open": "44",
-		"x-wasi-fd_prestat_get": "8", "x-wasi-fd_prestat_dir_name": "52", "x-wasi-fd_fdstat_set_flags": "52",
-		"x-wasi-fd_fdstat_get_1": "0", "x-wasi-fdstat-rights": "64", "x-wasi-fd_fdstat_get_3": "8",
-		"x-wasi-clock_realtime": "0", "x-wasi-realtime": strconv.FormatInt(at.UnixNano(), 10),
-		"x-wasi-clock_monotonic": "0", "x-wasi-clock_cputime": "58",
-		"x-wasi-random_get_max": "0", "x-wasi-random_get_over": "28", "x-wasi-sched_yield": "0",
-		"x-wasi-args_sizes_get": "0", "x-wasi-argc": "0",
-		"x-wasi-environ_sizes_get": "0", "x-wasi-environ": "2/10", // "A=1\0" "BB=22\0"
-		"x-wasi-fd_write_1": "0", "x-wasi-written": "10", "x-wasi-fd_write_3": "8",
+	want := map[string]string{"x-wasi-realtime": strconv.FormatInt(at.UnixNano(), 10)}
+	for k, v := range hosttest.WASIProbe {
+		want[k] = v
 	}
 	for k, v := range want {
 		if got := mustGet(t, r, k); got != v {
@@ -58,35 +52,12 @@ func TestHost_WASI(t *testing.T) {
 // plugin out of Envoy 1.33–1.38.
 func TestHost_RefusesMissingImport(t *testing.T) {
 	for _, imp := range [][2]string{{"wasi_snapshot_preview1", "path_filestat_get"}, {"env", "proxy_no_such_call"}} {
-		_, err := New(context.Background(), moduleImporting(imp[0], imp[1]), Options{CompilationCache: cache})
+		_, err := New(context.Background(), hosttest.ModuleImporting(imp[0], imp[1], nil, nil), Options{CompilationCache: cache})
 		want := "Failed to load Wasm module due to a missing import: " + imp[0] + "." + imp[1]
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("import %s.%s: err = %v, want %q", imp[0], imp[1], err, want)
 		}
 	}
-}
-
-// moduleImporting is a minimal module importing module.name as a function
-// () -> (), exporting proxy_abi_version_0_2_1 and a memory.
-func moduleImporting(module, name string) []byte {
-	str := func(s string) []byte { return append([]byte{byte(len(s))}, s...) }
-	section := func(id byte, body ...byte) []byte { return append([]byte{id, byte(len(body))}, body...) }
-	b := []byte{0, 'a', 's', 'm', 1, 0, 0, 0}
-	b = append(b, section(1, 1, 0x60, 0, 0)...) // one type: () -> ()
-	imp := append([]byte{1}, str(module)...)
-	imp = append(imp, str(name)...)
-	imp = append(imp, 0, 0) // a function of type 0
-	b = append(b, section(2, imp...)...)
-	b = append(b, section(3, 1, 0)...)    // one function of type 0
-	b = append(b, section(5, 1, 0, 1)...) // one memory, min 1 page
-	exp := []byte{2}
-	exp = append(exp, str("proxy_abi_version_0_2_1")...)
-	exp = append(exp, 0, 1) // function 1 (0 is the import)
-	exp = append(exp, str("memory")...)
-	exp = append(exp, 2, 0)
-	b = append(b, section(7, exp...)...)
-	b = append(b, section(10, 1, 2, 0, 0x0b)...) // its body: no locals, end
-	return b
 }
 
 // TestHost_StartRestrictions: while the start function (_initialize) runs,
@@ -169,15 +140,7 @@ func TestHost_ABIStatuses(t *testing.T) {
 		{":scheme", "http"}, {"x-mode", "raw"}, {"x-mixed-case", "v"}, {"x-request-id", "req-1"}} {
 		bytes += len(kv[0]) + len(kv[1])
 	}
-	want := map[string]string{
-		"x-raw-map_size": "0", "x-raw-map-bytes": strconv.Itoa(bytes),
-		"x-raw-resp_map_size":       "2",  // no response headers yet: BadArgument (Context::getMap)
-		"x-raw-continue_downstream": "0",  // Context::continueStream
-		"x-raw-continue_upstream":   "12", // Unimplemented
-		"x-raw-continue_bad":        "2",  // BadArgument (exports.cc continue_stream)
-		"x-raw-status":              "0", "x-raw-status-code": "0",
-		"x-raw-property_dotted": "1", // NotFound: paths are NUL-separated (Context::getProperty)
-	}
+	want := hosttest.RawProbe(bytes)
 	for k, v := range want {
 		if got := mustGet(t, r, k); got != v {
 			t.Errorf("%s = %s, want %s", k, got, v)

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,7 +17,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 
-	"github.com/sluicehq/sluice/internal/wasmbuild"
+	"github.com/sluicehq/sluice/internal/hosttest"
 )
 
 var (
@@ -27,19 +26,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "wasmhost-guest")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	out := filepath.Join(dir, "testguest.wasm")
-	if err := wasmbuild.Build("github.com/sluicehq/sluice/wasmhost/internal/testguest", out); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	guestWasm, err = os.ReadFile(out)
-	os.RemoveAll(dir)
-	if err != nil {
+	var err error
+	if guestWasm, err = hosttest.Guest(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -187,97 +175,41 @@ func TestStream_ResponseHeadersWithoutRequest(t *testing.T) {
 	}
 }
 
-// backend is an upstream for call-outs. /slow sleeps; /deny answers "deny";
-// every other path is echoed in the body.
-func backend(t testing.TB) (*httptest.Server, *sync.Map) {
-	seen := &sync.Map{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		seen.Store(r.URL.Path, fmt.Sprintf("%s %s host=%s from=%s body=%s", r.Method, r.URL.Path, r.Host, r.Header.Get("X-From"), b))
-		w.Header().Set("X-Upstream", "yes")
-		switch r.URL.Path {
-		case "/slow":
-			select {
-			case <-time.After(2 * time.Second):
-			case <-r.Context().Done():
-			}
-		case "/deny":
-			w.WriteHeader(200)
-			io.WriteString(w, "deny")
-			return
-		case "/reset":
-			// Headers, then the connection drops mid-body.
-			w.Header().Set("Content-Length", "100")
-			w.WriteHeader(200)
-			io.WriteString(w, "partial")
-			w.(http.Flusher).Flush()
-			conn, _, _ := w.(http.Hijacker).Hijack()
-			conn.Close()
-			return
-		}
-		w.WriteHeader(202)
-		io.WriteString(w, r.URL.Path)
-	}))
-	t.Cleanup(srv.Close)
-	return srv, seen
-}
-
 // TestHost_Callout: call-outs and their failures as Envoy reports them
-// (Context::httpCall, onHttpCallSuccess and onHttpCallFailure; what fails
-// before a response starts is a local reply of Envoy's router).
+// (hosttest.Callouts).
 func TestHost_Callout(t *testing.T) {
-	srv, seen := backend(t)
+	srv := hosttest.Backend(t)
 	closed := httptest.NewServer(http.NotFoundHandler())
 	closedURL := closed.URL
 	closed.Close()
 	h := newHost(t, Options{Workers: 3, Clusters: map[string]string{"backend": srv.URL, "down": closedURL}})
-
-	refused := "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: 111"
-	tests := []struct {
-		name       string
-		headers    []string
-		wantLocal  int    // 0: continued
-		wantBody   string // local body or x-callout-body
-		wantStatus string // x-callout-status when continued; x-callout-failure when failed
-	}{
-		{"continue", []string{"x-callout-path", "/check/1"}, 0, "/check/1", "202"},
-		{"deny body", []string{"x-callout-path", "/deny"}, 403, "deny", ""},
-		{"timeout", []string{"x-callout-path", "/slow", "x-timeout", "50"}, 0, "upstream request timeout", "504"},
-		{"connection refused", []string{"x-cluster", "down"}, 0, refused, "503"},
-		{"reset after headers", []string{"x-callout-path", "/reset"}, 503, "call-out failed", "11 reset"},
-		{"unknown cluster", []string{"x-cluster", "nope"}, 502, "proxywasm: bad argument", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r, err := run(t, h, append([]string{"x-mode", "callout"}, tt.headers...)...)
+	for _, tt := range hosttest.Callouts {
+		t.Run(tt.Name, func(t *testing.T) {
+			r, err := run(t, h, append([]string{"x-mode", "callout"}, tt.Headers...)...)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tt.wantLocal == 0 {
+			if tt.Local == 0 {
 				if r.Local != nil {
 					t.Fatalf("local = %+v (%s)", r.Local, r.Local.Body)
 				}
-				if got := mustGet(t, r, "x-callout-body"); got != tt.wantBody {
-					t.Errorf("x-callout-body = %q, want %q", got, tt.wantBody)
+				if got := mustGet(t, r, "x-callout-body"); got != tt.Body {
+					t.Errorf("x-callout-body = %q, want %q", got, tt.Body)
 				}
-				if got := mustGet(t, r, "x-callout-status"); got != tt.wantStatus {
-					t.Errorf("x-callout-status = %q, want %q", got, tt.wantStatus)
+				if got := mustGet(t, r, "x-callout-status"); got != tt.Status {
+					t.Errorf("x-callout-status = %q, want %q", got, tt.Status)
 				}
 				return
 			}
-			if r.Local == nil || r.Local.Status != tt.wantLocal || string(r.Local.Body) != tt.wantBody {
-				t.Fatalf("local = %+v, want %d %q", r.Local, tt.wantLocal, tt.wantBody)
+			if r.Local == nil || r.Local.Status != tt.Local || string(r.Local.Body) != tt.Body {
+				t.Fatalf("local = %+v, want %d %q", r.Local, tt.Local, tt.Body)
 			}
-			if tt.wantStatus != "" {
-				if got, _ := (Result{Headers: r.Local.Headers}).Get("x-callout-failure"); got != tt.wantStatus {
-					t.Errorf("proxy_get_status = %q, want %q", got, tt.wantStatus)
+			if tt.Status != "" {
+				if got, _ := (Result{Headers: r.Local.Headers}).Get("x-callout-failure"); got != tt.Status {
+					t.Errorf("proxy_get_status = %q, want %q", got, tt.Status)
 				}
 			}
 		})
-	}
-	got, _ := seen.Load("/check/1")
-	if got != "POST /check/1 host=backend.local from=guest body=payload" {
-		t.Errorf("upstream saw %q", got)
 	}
 	r, _ := run(t, h, "x-mode", "callout", "x-callout-path", "/check/2")
 	if got := mustGet(t, r, "x-callout-upstream"); got != "yes" {
@@ -286,7 +218,7 @@ func TestHost_Callout(t *testing.T) {
 }
 
 func TestStream_PausedRequestHonoursContext(t *testing.T) {
-	srv, _ := backend(t)
+	srv := hosttest.Backend(t)
 	h := newHost(t, Options{Clusters: map[string]string{"backend": srv.URL}})
 	s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", Host: "h",
 		Headers: [][2]string{{"x-mode", "callout"}, {"x-callout-path", "/slow"}, {"x-timeout", "5000"}}})
@@ -603,7 +535,7 @@ func TestHost_Middleware(t *testing.T) {
 }
 
 func TestHost_Hammer(t *testing.T) {
-	srv, _ := backend(t)
+	srv := hosttest.Backend(t)
 	h := newHost(t, Options{Workers: 4, Clusters: map[string]string{"backend": srv.URL}})
 	const goroutines, each = 32, 25
 	var wg sync.WaitGroup
