@@ -163,6 +163,7 @@ type outcome struct {
 	status  int
 	headers map[string]string
 	body    string
+	vm      int // the worker VM that ran the request; -1 when the engine does not say
 }
 
 // proxy is a started engine and its fake bridge.
@@ -242,15 +243,22 @@ func scenarioLimitHeadersAndDenial(t *testing.T, start startEngine) {
 		!strings.Contains(o.body, `"code":"RATE_LIMITED"`) || !strings.Contains(o.body, `"request_id":"rid-1"`) {
 		t.Fatalf("4th request: %+v", o)
 	}
-	// Both worker VMs now answer from the shared over-limit cache, without a call-out.
+	// Both worker VMs now answer from the shared over-limit cache, without
+	// a call-out: the one the bridge denied on, and the other.
 	calls := h.bridge.calls.Load()
+	refusedOn := map[int]bool{}
 	for i := 0; i < 4; i++ {
-		if o := h.do("/api/items", alice, 200); o.status != 429 {
-			t.Fatalf("cached denial %d: %+v", i, o)
+		c := h.do("/api/items", alice, 200)
+		if c.status != 429 || c.headers["retry-after"] == "" {
+			t.Fatalf("cached denial %d: %+v", i, c)
 		}
+		refusedOn[c.vm] = true
 	}
 	if got := h.bridge.calls.Load(); got != calls {
 		t.Errorf("cached denials made %d call-outs", got-calls)
+	}
+	if o.vm >= 0 && (len(refusedOn) != 2 || !refusedOn[1-o.vm]) {
+		t.Errorf("the bridge denied on VM %d; cached denials came from VMs %v, want both", o.vm, refusedOn)
 	}
 	if h.metric("sluice_local_cache_hits_total") != 4 || h.metric("sluice_denied_total") != 5 || h.metric("sluice_allowed_total") != 3 {
 		t.Errorf("metrics: hits %d denied %d allowed %d", h.metric("sluice_local_cache_hits_total"), h.metric("sluice_denied_total"), h.metric("sluice_allowed_total"))

@@ -56,7 +56,7 @@ func (e *v8Engine) do(path string, headers map[string]string, upstreamStatus int
 	for _, kv := range r.Headers {
 		m[kv[0]] = kv[1]
 	}
-	return outcome{status: r.Status, headers: m, body: string(r.Body)}
+	return outcome{status: r.Status, headers: m, body: string(r.Body), vm: r.VM}
 }
 
 func (e *v8Engine) metric(name string) int64 {

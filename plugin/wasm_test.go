@@ -74,7 +74,7 @@ func (e *wazeroEngine) do(path string, headers map[string]string, upstreamStatus
 		for _, kv := range res.Local.Headers {
 			m[strings.ToLower(kv[0])] = kv[1]
 		}
-		return outcome{res.Local.Status, m, string(res.Local.Body)}
+		return outcome{status: res.Local.Status, headers: m, body: string(res.Local.Body), vm: -1}
 	}
 	out, err := s.ResponseHeaders(ctx, upstreamStatus, [][2]string{{"content-type", "text/plain"}})
 	if err != nil {
@@ -84,7 +84,7 @@ func (e *wazeroEngine) do(path string, headers map[string]string, upstreamStatus
 	for _, kv := range out.Headers {
 		m[strings.ToLower(kv[0])] = kv[1]
 	}
-	return outcome{status: upstreamStatus, headers: m}
+	return outcome{status: upstreamStatus, headers: m, vm: -1}
 }
 
 func (e *wazeroEngine) metric(name string) int64 {
