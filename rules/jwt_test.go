@@ -151,6 +151,7 @@ func TestParseJWTKey(t *testing.T) {
 		{name: "HS256 with PEM", alg: "HS256", secret: k.hsSecret, pem: k.rsaPKIX, wantErr: "not a PEM"},
 		{name: "RS256 with secret", alg: "RS256", secret: k.hsSecret, pem: k.rsaPKIX, wantErr: "not a secret"},
 		{name: "RS256 1024 bits", alg: "RS256", pem: pkixPEM(&small.PublicKey), wantErr: "at least 2048 bits"},
+		{name: "RS256 PKCS1 labelled PUBLIC KEY", alg: "RS256", pem: strings.ReplaceAll(k.rsaPKCS1, "RSA PUBLIC KEY", "PUBLIC KEY"), wantErr: "PUBLIC KEY: this is a PKCS #1 RSA key"},
 		{name: "RS256 EC key", alg: "RS256", pem: k.ecPKIX, wantErr: "needs an RSA key"},
 		{name: "ES256 RSA key", alg: "ES256", pem: k.rsaPKIX, wantErr: "needs an EC P-256 key"},
 		{name: "ES256 P-384", alg: "ES256", pem: pkixPEM(&p384.PublicKey), wantErr: "P-256"},
