@@ -118,6 +118,14 @@ func ParseJWTKey(alg, kid string, secret []byte, pemText string) (JWTKey, error)
 			if pk.N.BitLen() < 2048 {
 				return k, errors.New("RS256 key must have at least 2048 bits")
 			}
+			// crypto/rsa refuses to verify with these, so every token
+			// would fail: refuse the key now instead.
+			if pk.N.Bit(0) == 0 {
+				return k, errors.New("RS256 key's modulus is even")
+			}
+			if pk.E < 3 || pk.E%2 == 0 {
+				return k, errors.New("RS256 key's public exponent must be odd and at least 3")
+			}
 		case *ecdsa.PublicKey:
 			// The parser returns EC keys on P-256 only.
 			if alg != "ES256" {
