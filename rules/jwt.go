@@ -3,11 +3,9 @@ package rules
 import (
 	"crypto"
 	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/hmac"
 	"crypto/rsa"
 	"crypto/sha256"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
@@ -47,44 +45,51 @@ var (
 	ErrJWTNoKey     = errors.New("jwt: no key for token")
 )
 
-// jwtError adds detail to a sentinel. The values below are built once, so
-// a rejected token costs no formatting and no allocation for the error.
-type jwtError struct {
+// kindError is an error of a kind (a sentinel it wraps, or nil) with its
+// own message. The JWT errors below are built once, so a rejected token
+// costs no formatting and no allocation for the error.
+type kindError struct {
 	kind error
 	msg  string
 }
 
-func (e *jwtError) Error() string { return e.kind.Error() + ": " + e.msg }
-func (e *jwtError) Unwrap() error { return e.kind }
+func (e *kindError) Error() string { return e.msg }
+func (e *kindError) Unwrap() error { return e.kind }
+
+// jwtErr builds a JWT error: its kind's text, then detail.
+func jwtErr(kind error, detail string) *kindError {
+	return &kindError{kind, kind.Error() + ": " + detail}
+}
 
 var (
-	errJWTEmpty       = &jwtError{ErrJWTMalformed, "no token"}
-	errJWTTooLong     = &jwtError{ErrJWTMalformed, "token longer than 8 KiB"}
-	errJWTParts       = &jwtError{ErrJWTMalformed, "token must have three dot-separated parts"}
-	errJWTBase64      = &jwtError{ErrJWTMalformed, "part is not unpadded base64url"}
-	errJWTHeader      = &jwtError{ErrJWTMalformed, "header is not a JSON object"}
-	errJWTAlg         = &jwtError{ErrJWTMalformed, "alg must be HS256, RS256 or ES256"}
-	errJWTKid         = &jwtError{ErrJWTMalformed, "kid must be a string"}
-	errJWTCrit        = &jwtError{ErrJWTMalformed, "crit header extensions are not supported"}
-	errJWTPayload     = &jwtError{ErrJWTMalformed, "payload is not a JSON object"}
-	errJWTPayloadLen  = &jwtError{ErrJWTMalformed, "payload longer than 8 KiB"}
-	errJWTNoKey       = &jwtError{ErrJWTNoKey, "no configured key has the token's alg and kid"}
-	errJWTBadSig      = &jwtError{ErrJWTSignature, "signature does not verify with any matching key"}
-	errJWTExp         = &jwtError{ErrJWTExpired, "token has expired (exp)"}
-	errJWTNbf         = &jwtError{ErrJWTExpired, "token is not valid yet (nbf)"}
-	errJWTExpType     = &jwtError{ErrJWTClaims, "exp must be a number"}
-	errJWTNoExp       = &jwtError{ErrJWTClaims, "token has no exp and require_exp is set"}
-	errJWTNbfType     = &jwtError{ErrJWTClaims, "nbf must be a number"}
-	errJWTIss         = &jwtError{ErrJWTClaims, "iss is not the configured issuer"}
-	errJWTAud         = &jwtError{ErrJWTClaims, "aud names none of the configured audiences"}
-	errJWTSrcNoSource = &jwtError{ErrJWTNoKey, "no identity source"}
+	errJWTEmpty       = jwtErr(ErrJWTMalformed, "no token")
+	errJWTTooLong     = jwtErr(ErrJWTMalformed, "token longer than 8 KiB")
+	errJWTParts       = jwtErr(ErrJWTMalformed, "token must have three dot-separated parts")
+	errJWTBase64      = jwtErr(ErrJWTMalformed, "part is not unpadded base64url")
+	errJWTHeader      = jwtErr(ErrJWTMalformed, "header is not a JSON object")
+	errJWTAlg         = jwtErr(ErrJWTMalformed, "alg must be HS256, RS256 or ES256")
+	errJWTKid         = jwtErr(ErrJWTMalformed, "kid must be a string")
+	errJWTCrit        = jwtErr(ErrJWTMalformed, "crit header extensions are not supported")
+	errJWTPayload     = jwtErr(ErrJWTMalformed, "payload is not a JSON object")
+	errJWTPayloadLen  = jwtErr(ErrJWTMalformed, "payload longer than 8 KiB")
+	errJWTNoKey       = jwtErr(ErrJWTNoKey, "no configured key has the token's alg and kid")
+	errJWTBadSig      = jwtErr(ErrJWTSignature, "signature does not verify with any matching key")
+	errJWTExp         = jwtErr(ErrJWTExpired, "token has expired (exp)")
+	errJWTNbf         = jwtErr(ErrJWTExpired, "token is not valid yet (nbf)")
+	errJWTExpType     = jwtErr(ErrJWTClaims, "exp must be a number")
+	errJWTNoExp       = jwtErr(ErrJWTClaims, "token has no exp and require_exp is set")
+	errJWTNbfType     = jwtErr(ErrJWTClaims, "nbf must be a number")
+	errJWTIss         = jwtErr(ErrJWTClaims, "iss is not the configured issuer")
+	errJWTAud         = jwtErr(ErrJWTClaims, "aud names none of the configured audiences")
+	errJWTSrcNoSource = jwtErr(ErrJWTNoKey, "no identity source")
 )
 
 var b64url = base64.RawURLEncoding.Strict()
 
 // ParseJWTKey builds a verification key. HS256 takes secret (at least 32
 // bytes, RFC 7518 §3.2); RS256 and ES256 take pemText holding a "PUBLIC
-// KEY" (PKIX), a "CERTIFICATE", or for RS256 an "RSA PUBLIC KEY" (PKCS #1).
+// KEY" (PKIX), a "CERTIFICATE" (only its key is used), or for RS256 an
+// "RSA PUBLIC KEY" (PKCS #1).
 func ParseJWTKey(alg, kid string, secret []byte, pemText string) (JWTKey, error) {
 	k := JWTKey{ID: kid, Alg: alg}
 	switch alg {
@@ -113,12 +118,18 @@ func ParseJWTKey(alg, kid string, secret []byte, pemText string) (JWTKey, error)
 			if pk.N.BitLen() < 2048 {
 				return k, errors.New("RS256 key must have at least 2048 bits")
 			}
+			// crypto/rsa refuses to verify with these, so every token
+			// would fail: refuse the key now instead.
+			if pk.N.Bit(0) == 0 {
+				return k, errors.New("RS256 key's modulus is even")
+			}
+			if pk.E < 3 || pk.E%2 == 0 {
+				return k, errors.New("RS256 key's public exponent must be odd and at least 3")
+			}
 		case *ecdsa.PublicKey:
+			// The parser returns EC keys on P-256 only.
 			if alg != "ES256" {
 				return k, errors.New("RS256 needs an RSA key, the PEM holds an EC key")
-			}
-			if pk.Curve != elliptic.P256() {
-				return k, errors.New("ES256 key must be on curve P-256")
 			}
 		default:
 			return k, errors.New(alg + ": the PEM holds an unsupported key type")
@@ -141,23 +152,23 @@ func parsePEMPublicKey(text string) (any, error) {
 	}
 	switch block.Type {
 	case "PUBLIC KEY":
-		pub, err := x509.ParsePKIXPublicKey(block.Bytes)
+		pub, err := parseSPKIKey(block.Bytes)
 		if err != nil {
 			return nil, errors.New("PUBLIC KEY: " + err.Error())
 		}
 		return pub, nil
 	case "RSA PUBLIC KEY":
-		pub, err := x509.ParsePKCS1PublicKey(block.Bytes)
+		pub, err := parsePKCS1Key(block.Bytes)
 		if err != nil {
 			return nil, errors.New("RSA PUBLIC KEY: " + err.Error())
 		}
 		return pub, nil
 	case "CERTIFICATE":
-		cert, err := x509.ParseCertificate(block.Bytes)
+		pub, err := parseCertificateKey(block.Bytes)
 		if err != nil {
 			return nil, errors.New("CERTIFICATE: " + err.Error())
 		}
-		return cert.PublicKey, nil
+		return pub, nil
 	}
 	return nil, errors.New("PEM block " + quote(block.Type) + " is not a public key (want PUBLIC KEY, RSA PUBLIC KEY or CERTIFICATE)")
 }
