@@ -3,9 +3,9 @@ package wasmhost
 import (
 	"encoding/binary"
 	"encoding/hex"
-	"math/rand/v2"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"

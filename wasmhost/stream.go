@@ -64,15 +64,15 @@ type Stream struct {
 	reqOpen, respOpen bool
 	// reqModified and respModified: the plugin changed those headers.
 	reqModified, respModified bool
-	local             *LocalResponse
-	localPending      bool // sent by the plugin, not yet through its response callback
-	resumed           bool
-	failed            error // errVMFailed: answer by the failure policy
-	waiting           bool
-	done              bool
-	pendingDel        bool // proxy_on_done returned false; deleted on proxy_done
-	wake              chan struct{}
-	connID            uint64
+	local                     *LocalResponse
+	localPending              bool // sent by the plugin, not yet through its response callback
+	resumed                   bool
+	failed                    error // errVMFailed: answer by the failure policy
+	waiting                   bool
+	done                      bool
+	pendingDel                bool // proxy_on_done returned false; deleted on proxy_done
+	wake                      chan struct{}
+	connID                    uint64
 }
 
 // NewStream binds a request to a worker VM, round robin. Call Close when done.
