@@ -436,6 +436,115 @@ func AppendCheckResponse(dst []byte, resp *CheckResponse) []byte {
 // answer with another count is refused, so a confused bridge cannot make
 // the plugin read decisions for the wrong limits.
 func DecodeCheckResponse(body []byte, want int, resp *CheckResponse) error {
+	if decodeCanonicalResponse(body, want, resp) {
+		return nil
+	}
+	return decodeResponseJSON(body, want, resp)
+}
+
+// decodeCanonicalResponse reads an answer written exactly as
+// AppendCheckResponse writes it, which is what the bridge sends, in one
+// pass; it reports false, leaving resp to be overwritten, for anything
+// else (other spacing, order or fields, numbers it would have to round),
+// which decodeResponseJSON then reads. The general reader walks the JSON
+// once per field; on the proxy's wasm engines that was most of the time a
+// call-out answer took.
+func decodeCanonicalResponse(b []byte, want int, resp *CheckResponse) bool {
+	c := canonical{b: b}
+	if !c.lit(`{"allowed":`) {
+		return false
+	}
+	allowed, ok := c.boolean()
+	if !ok || !c.lit(`,"now_ms":`) {
+		return false
+	}
+	now, ok := c.integer()
+	if !ok || !c.lit(`,"decisions":[`) {
+		return false
+	}
+	resp.Decisions = resp.Decisions[:0]
+	for !c.lit("]}") {
+		if len(resp.Decisions) == want || len(resp.Decisions) > 0 && !c.lit(",") {
+			return false
+		}
+		var d Decision
+		if !c.lit(`{"allowed":`) {
+			return false
+		}
+		if d.Allowed, ok = c.boolean(); !ok || !c.lit(`,"limit":`) {
+			return false
+		}
+		if d.Limit, ok = c.integer(); !ok || !c.lit(`,"remaining":`) {
+			return false
+		}
+		if d.Remaining, ok = c.integer(); !ok || !c.lit(`,"reset_ms":`) {
+			return false
+		}
+		if d.ResetMS, ok = c.integer(); !ok || !c.lit(`,"retry_after_ms":`) {
+			return false
+		}
+		if d.RetryAfterMS, ok = c.integer(); !ok || !c.lit("}") {
+			return false
+		}
+		resp.Decisions = append(resp.Decisions, d)
+	}
+	if len(c.b) != 0 || len(resp.Decisions) != want {
+		return false
+	}
+	resp.Allowed, resp.NowMS = allowed, now
+	return true
+}
+
+// canonical consumes an answer in AppendCheckResponse's exact form.
+type canonical struct{ b []byte }
+
+func (c *canonical) lit(s string) bool {
+	if len(c.b) < len(s) || string(c.b[:len(s)]) != s {
+		return false
+	}
+	c.b = c.b[len(s):]
+	return true
+}
+
+func (c *canonical) boolean() (bool, bool) {
+	if c.lit("true") {
+		return true, true
+	}
+	return false, c.lit("false")
+}
+
+// integer reads what strconv.AppendInt writes: an optional minus, then
+// digits without a leading zero, within int64.
+func (c *canonical) integer() (int64, bool) {
+	neg := len(c.b) > 0 && c.b[0] == '-'
+	i := 0
+	if neg {
+		i = 1
+	}
+	start := i
+	var u uint64
+	for i < len(c.b) && c.b[i] >= '0' && c.b[i] <= '9' {
+		if u > (1<<63)/10 {
+			return 0, false
+		}
+		u = u*10 + uint64(c.b[i]-'0')
+		i++
+	}
+	switch n := i - start; {
+	case n == 0, n > 1 && c.b[start] == '0', neg && u == 0:
+		return 0, false
+	case !neg && u > 1<<63-1, neg && u > 1<<63:
+		return 0, false
+	}
+	c.b = c.b[i:]
+	if neg {
+		return -int64(u - 1) - 1, true
+	}
+	return int64(u), true
+}
+
+// decodeResponseJSON reads any JSON rendering of an answer.
+func decodeResponseJSON(body []byte, want int, resp *CheckResponse) error {
 	if !gjson.ValidBytes(body) {
 		return errors.New("check response: not valid JSON")
 	}

@@ -301,3 +301,46 @@ func TestAppendCheckRequest_UTF8(t *testing.T) {
 		}
 	}
 }
+
+// The bridge's answers take the one-pass reader, and whatever it accepts
+// it reads as the general JSON reader does.
+func FuzzDecodeCheckResponse_Canonical(f *testing.F) {
+	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0}]}`), 1)
+	f.Add([]byte(`{"allowed":false,"now_ms":-9223372036854775808,"decisions":[{"allowed":false,"limit":9223372036854775807,"remaining":-1,"reset_ms":0,"retry_after_ms":-0}]}`), 1)
+	f.Add([]byte(`{"allowed":true,"now_ms":0,"decisions":[]}`), 0)
+	f.Add([]byte(`{"allowed":true,"now_ms":01,"decisions":[]}`), 0)
+	f.Fuzz(func(t *testing.T, body []byte, want int) {
+		if want < 0 || want > MaxLimitsPerCheck {
+			return
+		}
+		var fast, general CheckResponse
+		if !decodeCanonicalResponse(body, want, &fast) {
+			return
+		}
+		if err := decodeResponseJSON(body, want, &general); err != nil {
+			t.Fatalf("the one-pass reader accepted what the JSON reader refuses (%v): %q", err, body)
+		}
+		if !reflect.DeepEqual(fast, general) {
+			t.Fatalf("%q:\n one-pass %+v\n JSON     %+v", body, fast, general)
+		}
+	})
+}
+
+func TestDecodeCheckResponse_CanonicalTakesEncoderOutput(t *testing.T) {
+	for _, resp := range []CheckResponse{
+		{Allowed: true, NowMS: 1_700_000_000_123, Decisions: []Decision{{Allowed: true, Limit: 10, Remaining: 9, ResetMS: 1_700_000_060_000}}},
+		{Allowed: false, NowMS: -1, Decisions: []Decision{{Limit: 1 << 62, Remaining: -5, RetryAfterMS: 999}, {Allowed: true, Limit: 0}}},
+		{Allowed: true},
+	} {
+		var got CheckResponse
+		if !decodeCanonicalResponse(AppendCheckResponse(nil, &resp), len(resp.Decisions), &got) {
+			t.Fatalf("the one-pass reader refused the encoder's %+v", resp)
+		}
+		if len(resp.Decisions) == 0 {
+			resp.Decisions = got.Decisions // nil and empty alike
+		}
+		if !reflect.DeepEqual(got, resp) {
+			t.Errorf("got %+v, want %+v", got, resp)
+		}
+	}
+}
