@@ -188,7 +188,7 @@ func (p *parser) strings(v gjson.Result, path string, each func(s, path string) 
 func (p *parser) config(root gjson.Result) *Config {
 	c := &Config{}
 	if !p.object(root, "", "enabled", "failure_mode", "bridge", "identity", "tiers", "categories",
-		"rules", "exemptions", "penalty", "headers", "deny", "local_cache") {
+		"rules", "rules_from", "exemptions", "penalty", "headers", "deny", "local_cache") {
 		return nil
 	}
 	c.Enabled = p.boolean(root.Get("enabled"), "enabled", true)
@@ -201,6 +201,7 @@ func (p *parser) config(root gjson.Result) *Config {
 		p.fail("failure_mode", `must be "fail_open" or "fail_closed", got %q`, fm)
 	}
 	c.Bridge = p.bridge(root.Get("bridge"), "bridge")
+	c.RulesFrom = p.rulesFrom(root.Get("rules_from"), "rules_from", c.Bridge)
 	c.Identity = p.identity(root.Get("identity"), "identity")
 	c.Penalty = p.penalty(root.Get("penalty"), "penalty", nil)
 	var defPenalty *Penalty
