@@ -42,13 +42,15 @@ demo-upstream:
 	$(GO) build -trimpath -o $(BUILD)/demo-upstream ./cmd/demo-upstream
 
 # Debian packages the tests and `make run` need; installed when missing (we are root in CI).
-# prometheus ships promtool, which checks deploy/prometheus/alerts.yaml.
+# prometheus ships promtool, which checks deploy/prometheus/alerts.yaml;
+# postgresql ships initdb and postgres (not on PATH) for the policy store's tests.
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || missing="$$missing redis-tools"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	ls /usr/lib/postgresql/*/bin/initdb /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "run as root, or: sudo apt-get install -y$$missing"; exit 1; fi; \
