@@ -399,7 +399,7 @@ func (s *Server) handlePutConfig(w http.ResponseWriter, r *http.Request, who str
 	if c.BurstCapacity != nil {
 		o.Burst = *c.BurstCapacity
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.set.RedisTimeout)
+	ctx, cancel := s.changeContext(r, who)
 	defer cancel()
 	prev, had, err := s.overrides.Put(ctx, o)
 	if err != nil {

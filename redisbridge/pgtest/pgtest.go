@@ -61,8 +61,9 @@ type Server struct {
 	cred *syscall.Credential // nil when not root
 	seq  atomic.Int64
 
-	mu  sync.Mutex // guards cmd: fault tests stop the server from other goroutines
-	cmd *exec.Cmd
+	mu     sync.Mutex // guards cmd: fault tests stop the server from other goroutines
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd exits
 }
 
 // Start starts a server of its own for t, stopped when t ends.
@@ -163,9 +164,48 @@ func start() (*Server, error) {
 // survives; synchronous_commit stays on, so an acknowledged commit is
 // never lost to a killed server.
 func (s *Server) launch() error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		exited, err := s.startOnce()
+		if err != nil {
+			return err
+		}
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			c, err := pgx.Connect(ctx, s.URL("postgres"))
+			if err == nil {
+				c.Close(ctx)
+				cancel()
+				return nil
+			}
+			cancel()
+			if time.Now().After(deadline) {
+				s.Kill()
+				log, _ := os.ReadFile(filepath.Join(s.dir, "postgres.log"))
+				return fmt.Errorf("pgtest: postgres on %s not ready: %v\n%s", s.Addr, err, log)
+			}
+			select {
+			case <-exited:
+				// After a kill, backends of the killed server may still
+				// hold its shared memory for a moment; postgres refuses to
+				// start until they are gone. Try again.
+				s.mu.Lock()
+				s.cmd = nil
+				s.mu.Unlock()
+			case <-time.After(20 * time.Millisecond):
+				continue
+			}
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// startOnce starts postgres; exited is closed when it exits.
+func (s *Server) startOnce() (exited chan struct{}, err error) {
 	logf, err := os.OpenFile(filepath.Join(s.dir, "postgres.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer logf.Close()
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.data, "-p", strconv.Itoa(s.Port),
@@ -178,28 +218,18 @@ func (s *Server) launch() error {
 	// postmaster; and killed with the test process if that dies first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("pgtest: start postgres: %w", err)
+		return nil, fmt.Errorf("pgtest: start postgres: %w", err)
 	}
+	exited = make(chan struct{})
 	s.mu.Lock()
 	s.cmd = cmd
+	s.exited = exited
 	s.mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := pgx.Connect(ctx, s.URL("postgres"))
-		if err == nil {
-			c.Close(ctx)
-			cancel()
-			return nil
-		}
-		cancel()
-		if time.Now().After(deadline) {
-			s.Kill()
-			log, _ := os.ReadFile(filepath.Join(s.dir, "postgres.log"))
-			return fmt.Errorf("pgtest: postgres on %s not ready: %v\n%s", s.Addr, err, log)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	return exited, nil
 }
 
 // URL is the connection URL of database db.
@@ -240,7 +270,7 @@ func (s *Server) Kill() {
 		return
 	}
 	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	_ = s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
