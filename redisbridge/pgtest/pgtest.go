@@ -97,10 +97,16 @@ func Shared(t testing.TB) *Server {
 // Main runs the tests and then removes the shared server, if one started.
 func Main(m *testing.M) {
 	code := m.Run()
+	RemoveShared()
+	os.Exit(code)
+}
+
+// RemoveShared removes the shared server, if one started: for a TestMain
+// that does more than Main.
+func RemoveShared() {
 	if shared.s != nil {
 		shared.s.Remove()
 	}
-	os.Exit(code)
 }
 
 func start() (*Server, error) {
