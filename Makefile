@@ -85,6 +85,7 @@ bench: deps wasm
 	$(GO) test -run='^$$' -bench='Memory_Check|Server_Check|Server_ServeCheck|DecodeCheckRequest' -benchmem -benchtime=100000x ./redisbridge
 	$(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/h1fast
 	$(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/store
+	$(GO) test -run='^$$' -bench=Policy_ReachesProxies -benchtime=20x ./e2e
 	$(MAKE) bench-bridge
 
 # The bridge as its own process under 50 keep-alive connections, 10,000

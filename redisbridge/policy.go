@@ -94,11 +94,13 @@ func (s *Server) handlePolicy(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(snap.Doc)
 }
 
-func (s *Server) handleListRules(w http.ResponseWriter, r *http.Request, _ string) {
+func (s *Server) handleListRules(w http.ResponseWriter, r *http.Request, who string) {
 	snap := s.snapshot(w, r)
 	if snap == nil {
 		return
 	}
+	s.audit.Info("admin", "who", who, "remote", r.RemoteAddr, "action", "rule.list", "target", "*",
+		"found", len(snap.Rules) > 0, "request_id", requestID(r))
 	entries := make([]policy.Entry, len(snap.Rules))
 	for i := range snap.Rules {
 		entries[i] = policy.Entry{Rule: snap.Rules[i]}
@@ -106,19 +108,20 @@ func (s *Server) handleListRules(w http.ResponseWriter, r *http.Request, _ strin
 	writeJSON(w, map[string]any{"store": snap.Store, "version": snap.Version, "rules": entries})
 }
 
-func (s *Server) handleGetRule(w http.ResponseWriter, r *http.Request, _ string) {
+func (s *Server) handleGetRule(w http.ResponseWriter, r *http.Request, who string) {
 	snap := s.snapshot(w, r)
 	if snap == nil {
 		return
 	}
 	name := r.PathValue("name")
-	for i := range snap.Rules {
-		if snap.Rules[i].Name == name {
-			writeJSON(w, policy.Entry{Rule: snap.Rules[i]})
-			return
-		}
+	i := slices.IndexFunc(snap.Rules, func(x policy.Rule) bool { return x.Name == name })
+	s.audit.Info("admin", "who", who, "remote", r.RemoteAddr, "action", "rule.get", "target", name,
+		"found", i >= 0, "request_id", requestID(r))
+	if i < 0 {
+		writeError(w, r, noRule(name))
+		return
 	}
-	writeError(w, r, noRule(name))
+	writeJSON(w, policy.Entry{Rule: snap.Rules[i]})
 }
 
 func noRule(name string) *apiError {
@@ -233,7 +236,8 @@ func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request, who string)
 		writeError(w, r, e)
 		return
 	}
-	s.audit.Info("admin", "who", who, "remote", r.RemoteAddr, "action", "audit.get", "target", r.URL.RawQuery, "request_id", requestID(r))
+	s.audit.Info("admin", "who", who, "remote", r.RemoteAddr, "action", "audit.get", "target", r.URL.RawQuery,
+		"found", true, "request_id", requestID(r))
 	ctx, cancel := context.WithTimeout(r.Context(), adminWriteTimeout)
 	defer cancel()
 	recs, err := s.policy.Audit(ctx, q)
