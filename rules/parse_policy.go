@@ -42,15 +42,7 @@ func (p *parser) rulesFrom(v gjson.Result, path string, b Bridge) *RulesFrom {
 	if !p.object(v, path, "cluster", "authority", "path", "interval", "timeout") {
 		return rf
 	}
-	rf.Cluster = p.str(v.Get("cluster"), join(path, "cluster"), rf.Cluster)
-	if rf.Cluster == "" {
-		p.fail(join(path, "cluster"), "must not be empty")
-	}
-	rf.Authority = p.str(v.Get("authority"), join(path, "authority"), rf.Authority)
-	rf.Path = p.str(v.Get("path"), join(path, "path"), rf.Path)
-	if len(rf.Path) == 0 || rf.Path[0] != '/' {
-		p.fail(join(path, "path"), `must start with "/"`)
-	}
+	p.callTarget(v, path, &rf.Cluster, &rf.Authority, &rf.Path)
 	rf.IntervalMS = uint32(p.duration(v.Get("interval"), join(path, "interval"), int64(rf.IntervalMS), MinPolicyIntervalMS, MaxPolicyIntervalMS))
 	rf.TimeoutMS = uint32(p.duration(v.Get("timeout"), join(path, "timeout"), int64(rf.TimeoutMS), 1, 60_000))
 	return rf
