@@ -253,7 +253,11 @@ func TestPolicy_SurvivesRedisAndBridgeRestart(t *testing.T) {
 // ready with the policy store's state in its detail, changes fail with
 // 503 while it is down, and every change that was acknowledged is there
 // afterwards, in the database and in the bridge.
-func TestPolicy_PostgresKilledUnderLoad(t *testing.T) {
+func TestPolicy_PostgresKilledUnderLoad(t *testing.T) { postgresKilledUnderLoad(t, 1) }
+
+// postgresKilledUnderLoad kills and restarts PostgreSQL cycles times
+// under checks and changes.
+func postgresKilledUnderLoad(t *testing.T, cycles int) {
 	srv := pgtest.Start(t)
 	url := srv.NewDatabase(t)
 	ts := startPolicyBridge(t, testSettings(), url)
@@ -299,29 +303,34 @@ func TestPolicy_PostgresKilledUnderLoad(t *testing.T) {
 			}
 		}
 	}
-	writer(0, 20)
-	srv.Kill()
-	deadline := time.Now().Add(10 * time.Second)
-	for ts.policy.Status().State != "unreachable" && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	next := 0
+	for c := 0; c < cycles; c++ {
+		writer(next, next+20)
+		srv.Kill()
+		deadline := time.Now().Add(10 * time.Second)
+		for ts.policy.Status().State != "unreachable" && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		r := do(t, nil, "GET", ts.URL+"/readyz", "")
+		if r.status != 200 || !strings.Contains(string(r.body), `"state":"unreachable"`) {
+			t.Errorf("readyz while PostgreSQL is down: %d %s", r.status, r.body)
+		}
+		if m := do(t, nil, "GET", ts.URL+"/metrics", ""); !strings.Contains(string(m.body), "sluice_bridge_policy_store_up 0") {
+			t.Errorf("metrics while down: %s", grep(m.body, "sluice_bridge_policy"))
+		}
+		before := refused.Load()
+		writer(next+20, next+30)
+		if refused.Load() == before {
+			t.Error("no change refused while PostgreSQL was down")
+		}
+		srv.Restart(t)
+		deadline = time.Now().Add(20 * time.Second)
+		for ts.policy.Status().State != "current" && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		next += 30
 	}
-	r := do(t, nil, "GET", ts.URL+"/readyz", "")
-	if r.status != 200 || !strings.Contains(string(r.body), `"state":"unreachable"`) {
-		t.Errorf("readyz while PostgreSQL is down: %d %s", r.status, r.body)
-	}
-	if m := do(t, nil, "GET", ts.URL+"/metrics", ""); !strings.Contains(string(m.body), "sluice_bridge_policy_store_up 0") {
-		t.Errorf("metrics while down: %s", grep(m.body, "sluice_bridge_policy"))
-	}
-	writer(20, 30)
-	if refused.Load() == 0 {
-		t.Error("no change refused while PostgreSQL was down")
-	}
-	srv.Restart(t)
-	deadline = time.Now().Add(20 * time.Second)
-	for ts.policy.Status().State != "current" && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	writer(30, 40)
+	writer(next, next+10)
 	close(stop)
 	wg.Wait()
 	if checks.Load() == 0 || badChecks.Load() != 0 {
@@ -335,7 +344,7 @@ func TestPolicy_PostgresKilledUnderLoad(t *testing.T) {
 			t.Errorf("acknowledged override of %s not in force", user)
 		}
 	}
-	if len(acked) < 30 {
+	if len(acked) < 20*cycles+10 {
 		t.Errorf("only %d changes acknowledged", len(acked))
 	}
 	t.Logf("%d checks, %d changes acknowledged, %d refused while down", checks.Load(), len(acked), refused.Load())
