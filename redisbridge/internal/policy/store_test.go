@@ -490,3 +490,39 @@ func TestStore_KilledAndRestarted(t *testing.T) {
 		t.Fatalf("%d rules after the restart, want 6", len(snap.Rules))
 	}
 }
+
+// FuzzParseRule_RoundTrip: whatever rule the plugin accepts, the store's
+// form written back (what the policy document serves) parses to the same
+// rule, repeated and escaped fields included.
+func FuzzParseRule_RoundTrip(f *testing.F) {
+	for _, seed := range []string{
+		`{"name":"a","limit":1,"window":"1m"}`,
+		`{"name":"b","limit":600,"window":"1m30s","algorithm":"token_bucket","burst":50,"cost":2,"scope":"endpoint+user","action":"log_only","priority":-5,"enabled":false}`,
+		`{"name":"c","limit":10,"window":"1h","match":{"paths":["/api/**","prefix:/x"],"methods":["get"],"hosts":["*.Example.com"],"headers":[{"name":"X-Key","present":false},{"name":"x","equals":"b","invert":true}]}}`,
+		`{"name":"d","limit":10,"window":"1m","penalty":{"violation_threshold":5,"multipliers":[1,2],"violation\u005fthreshold":9}}`,
+		`{"name":"e","limit":10,"limit":3,"window":"1m","penalty":{"enabled":false,"enabled":true}}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		want, err := rules.ParseRule(body)
+		if err != nil {
+			return
+		}
+		r, err := ParseRule(body)
+		if err != nil {
+			t.Fatalf("rules.ParseRule accepts %s, ParseRule: %v", body, err)
+		}
+		doc, err := r.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := rules.ParseRule(doc)
+		if err != nil {
+			t.Fatalf("%s → %s: %v", body, doc, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s\n  → %s\n got %+v\nwant %+v", body, doc, got, want)
+		}
+	})
+}
