@@ -223,6 +223,66 @@ func TestPolicy_WithoutStore(t *testing.T) {
 	}
 }
 
+// Two bridges on one policy store take changes at once: each is
+// acknowledged with a version of its own, audited once, and both bridges
+// end with every change.
+func TestPolicy_ConcurrentWritersOnTwoBridges(t *testing.T) {
+	url := pgtest.Shared(t).NewDatabase(t)
+	bridges := []*testServer{startPolicyBridge(t, testSettings(), url), startPolicyBridge(t, testSettings(), url)}
+	const writers, each = 3, 8
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	versions := map[float64]bool{}
+	for bi, br := range bridges {
+		for w := 0; w < writers; w++ {
+			wg.Go(func() {
+				for i := 0; i < each; i++ {
+					var r reply
+					if i%2 == 0 {
+						name := fmt.Sprintf("r-%d-%d-%d", bi, w, i)
+						r = do(t, nil, "PUT", br.URL+"/v1/rate-limit/rules/"+name, `{"name":"`+name+`","limit":3,"window":"1m"}`, adminHdr...)
+					} else {
+						r = do(t, nil, "PUT", br.URL+"/v1/rate-limit/config", fmt.Sprintf(`{"user_id":"u-%d-%d-%d","endpoint":"*","limit":3,"window_seconds":60,"algorithm":"fixed_window"}`, bi, w, i), adminHdr...)
+					}
+					if r.status != 200 {
+						t.Errorf("bridge %d: %d %s", bi, r.status, r.body)
+						continue
+					}
+					if v, ok := r.json(t)["version"].(float64); ok {
+						mu.Lock()
+						if versions[v] {
+							t.Errorf("version %v acknowledged twice", v)
+						}
+						versions[v] = true
+						mu.Unlock()
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	const total = 2 * writers * each
+	if n := pgCount(t, url, "SELECT count(DISTINCT version) FROM sluice_audit"); n != total {
+		t.Errorf("%d audited versions, want %d", n, total)
+	}
+	for bi, br := range bridges {
+		deadline := time.Now().Add(5 * time.Second)
+		for br.policy.Snapshot().Version < total && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		r := do(t, nil, "GET", br.URL+"/v1/rate-limit/rules", "", adminHdr...)
+		if got := len(r.json(t)["rules"].([]any)); got != total/2 {
+			t.Errorf("bridge %d lists %d rules, want %d", bi, got, total/2)
+		}
+		for deadline := time.Now().Add(5 * time.Second); len(br.overrides.All()) < total/2 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if got := len(br.overrides.All()); got != total/2 {
+			t.Errorf("bridge %d applies %d overrides, want %d", bi, got, total/2)
+		}
+	}
+}
+
 // An acknowledged override survives a Redis restart (Redis holds only
 // counters now) and a bridge restart.
 func TestPolicy_SurvivesRedisAndBridgeRestart(t *testing.T) {

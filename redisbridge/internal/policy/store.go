@@ -284,7 +284,7 @@ func (s *Store) changedChan() <-chan struct{} {
 func (s *Store) reachable() {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	if s.state.State == "unreachable" {
+	if s.state.Error != "" {
 		s.log.Info("policy store: reachable again", "unreachable_since", s.state.Since)
 	}
 	s.state = Status{State: "current"}
@@ -292,21 +292,25 @@ func (s *Store) reachable() {
 }
 
 // unreachable records a failed session: logged when it starts, counted
-// every time.
+// every time. Before the first snapshot the state stays "loading".
 func (s *Store) unreachable(err error) {
 	s.m.errors.WithLabelValues("follow").Inc()
 	s.m.up.Set(0)
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	if s.state.State != "unreachable" {
+	snap := s.snap.Load()
+	if s.state.Error == "" {
 		v := int64(-1)
-		if snap := s.snap.Load(); snap != nil {
+		if snap != nil {
 			v = snap.Version
 		}
 		s.log.Error("policy store: unreachable; the last policy read stays in force", "version", v, "err", err.Error())
 		s.state.Since = time.Now().UTC().Format(time.RFC3339)
 	}
 	s.state.State = "unreachable"
+	if snap == nil {
+		s.state.State = "loading"
+	}
 	s.state.Error = err.Error()
 }
 

@@ -526,3 +526,32 @@ func FuzzParseRule_RoundTrip(f *testing.F) {
 		}
 	})
 }
+
+// A bridge that starts while PostgreSQL is down has no policy: it says
+// so, and reads it once PostgreSQL is up.
+func TestStore_StartsWhilePostgresIsDown(t *testing.T) {
+	srv := pgtest.Start(t)
+	url := srv.NewDatabase(t)
+	srv.Kill()
+	s, err := Open(Options{URL: url, Retry: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Status().Error == "" && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := s.Status(); st.State != "loading" || st.Error == "" || s.Snapshot() != nil {
+		t.Fatalf("status %+v, snapshot %v", st, s.Snapshot())
+	}
+	srv.Restart(t)
+	select {
+	case <-s.Loaded():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("not loaded after the restart: %+v", s.Status())
+	}
+	if st := s.Status(); st.State != "current" || st.Error != "" {
+		t.Fatalf("status %+v", st)
+	}
+}
