@@ -10,6 +10,7 @@ package rules
 import (
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/tidwall/gjson"
 )
@@ -79,7 +80,9 @@ type PolicyVersion struct {
 }
 
 // ETag is the entity tag a bridge gives this version of its policy.
-func (v PolicyVersion) ETag() string { return `"` + v.Store + ":" + fmt.Sprint(v.Version) + `"` }
+func (v PolicyVersion) ETag() string {
+	return `"` + v.Store + ":" + strconv.FormatInt(v.Version, 10) + `"`
+}
 
 // Newer reports whether v should replace cur: a version of another store
 // (its database was replaced) or a later one of the same. A bridge that
