@@ -43,7 +43,8 @@ demo-upstream:
 
 # Debian packages the tests and `make run` need; installed when missing (we are root in CI).
 # prometheus ships promtool, which checks deploy/prometheus/alerts.yaml; nodejs
-# is V8, Envoy's default Wasm engine, which the plugin's tests also run it on.
+# is V8, Envoy's default Wasm engine, which the plugin's tests also run it on;
+# postgresql ships initdb and postgres (not on PATH) for the policy store's tests.
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
@@ -51,6 +52,7 @@ deps:
 	command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || missing="$$missing redis-tools"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	ls /usr/lib/postgresql/*/bin/initdb /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "run as root, or: sudo apt-get install -y$$missing"; exit 1; fi; \
@@ -88,6 +90,7 @@ bench: deps wasm
 	$(GO) test -run='^$$' -bench='Memory_Check|Server_Check|Server_ServeCheck|DecodeCheckRequest' -benchmem -benchtime=100000x ./redisbridge
 	$(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/h1fast
 	$(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/store
+	$(GO) test -run='^$$' -bench=Policy_ReachesProxies -benchtime=20x ./e2e
 	$(MAKE) bench-bridge
 
 # The bridge as its own process under 50 keep-alive connections, 10,000

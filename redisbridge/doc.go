@@ -12,5 +12,7 @@
 // (net/http here, the HTTP/1.1 fast path in internal/h1fast, through the
 // contract of internal/checkio); the REST API (rest.go); overrides
 // (internal/overrides), applied before the counter store
-// (internal/store) decides.
+// (internal/store) decides; and, with --policy-store, the policy store
+// in PostgreSQL (internal/policy, its API in policy.go): rules served to
+// plugins, overrides and the audit trail.
 package redisbridge

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
+	"github.com/sluicehq/sluice/redisbridge/internal/policy"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -22,6 +23,7 @@ const (
 	codeUnauthorized       = "UNAUTHORIZED"
 	codeForbidden          = "FORBIDDEN"
 	codeNotFound           = "NOT_FOUND"
+	codeConflict           = "CONFLICT"
 	codeTooLarge           = "PAYLOAD_TOO_LARGE"
 	codeInternal           = "INTERNAL_ERROR"
 	codeServiceUnavailable = "SERVICE_UNAVAILABLE"
@@ -55,6 +57,9 @@ var bodyTooLarge = &apiError{http.StatusRequestEntityTooLarge, codeTooLarge, "bo
 // storeError is the answer to a failed store call: 503 when the store
 // could not be reached (the plugin applies its failure mode), 500 otherwise.
 func storeError(err error) *apiError {
+	if errors.Is(err, policy.ErrUnavailable) {
+		return &apiError{http.StatusServiceUnavailable, codeServiceUnavailable, "", "policy store unavailable"}
+	}
 	if errors.Is(err, store.ErrUnavailable) {
 		return &apiError{http.StatusServiceUnavailable, codeServiceUnavailable, "", "counter store unavailable"}
 	}

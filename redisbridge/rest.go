@@ -362,17 +362,6 @@ type configBody struct {
 	BurstCapacity *int64 `json:"burst_capacity,omitempty"`
 }
 
-func overrideView(o overrides.Override) map[string]any {
-	v := map[string]any{
-		"user_id": o.User, "endpoint": o.Endpoint, "limit": o.Limit, "window_seconds": o.WindowMS / 1000,
-		"algorithm": o.Algorithm.String(), "updated_at": time.UnixMilli(o.UpdatedMS).UTC().Format(time.RFC3339),
-	}
-	if o.Burst > 0 {
-		v["burst_capacity"] = o.Burst
-	}
-	return v
-}
-
 func (s *Server) handlePutConfig(w http.ResponseWriter, r *http.Request, who string) {
 	body, e := readBody(w, r, nil)
 	if e != nil {
@@ -410,7 +399,7 @@ func (s *Server) handlePutConfig(w http.ResponseWriter, r *http.Request, who str
 	if c.BurstCapacity != nil {
 		o.Burst = *c.BurstCapacity
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.set.RedisTimeout)
+	ctx, cancel := s.changeContext(r, who)
 	defer cancel()
 	prev, had, err := s.overrides.Put(ctx, o)
 	if err != nil {
@@ -420,9 +409,9 @@ func (s *Server) handlePutConfig(w http.ResponseWriter, r *http.Request, who str
 	}
 	var before any
 	if had {
-		before = overrideView(prev)
+		before = prev
 	}
-	after := overrideView(o)
+	after := o
 	s.audit.Info("admin", "who", who, "remote", r.RemoteAddr, "action", "config.put",
 		"target", c.UserID+" "+c.Endpoint, "before", before, "after", after, "request_id", requestID(r))
 	writeJSON(w, after)
@@ -442,7 +431,7 @@ func (s *Server) handleGetConfig(w http.ResponseWriter, r *http.Request, who str
 		writeError(w, r, &apiError{http.StatusNotFound, codeNotFound, "path", "no override for user " + strconv.Quote(user) + " on endpoint " + strconv.Quote(endpoint)})
 		return
 	}
-	writeJSON(w, overrideView(o))
+	writeJSON(w, o)
 }
 
 // handleReset answers POST /v1/rate-limit/reset: {user_id, endpoint} for a

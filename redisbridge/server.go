@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 	"github.com/sluicehq/sluice/redisbridge/internal/h1fast"
 	"github.com/sluicehq/sluice/redisbridge/internal/overrides"
+	"github.com/sluicehq/sluice/redisbridge/internal/policy"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -30,6 +31,7 @@ type Server struct {
 	set       Settings
 	store     store.Store
 	overrides *overrides.Set
+	policy    *policy.Store // nil without --policy-store
 	log       *slog.Logger
 	audit     *slog.Logger
 	auditOut  io.Closer
@@ -76,6 +78,7 @@ func New(set Settings) (*Server, error) {
 	if set.CheckToken != "" {
 		s.checkSum = sha256.Sum256([]byte(set.CheckToken))
 	}
+	var ob overrides.Backend
 	switch set.Store {
 	case "redis":
 		ro := store.RedisOptions{
@@ -92,11 +95,22 @@ func New(set Settings) (*Server, error) {
 			return nil, fmt.Errorf("--redis-url: %w", err)
 		}
 		s.store = r
-		s.overrides = overrides.New(r.Overrides(time.Second), s.log)
+		ob = r.Overrides(time.Second)
 	default:
 		s.store = store.NewMemory(store.MemoryOptions{MaxKeys: set.MemoryMaxKeys, Now: set.Now})
-		s.overrides = overrides.New(overrides.NewMemory(), s.log)
+		ob = overrides.NewMemory()
 	}
+	if set.PolicyStore != "" {
+		ps, err := policy.Open(policy.Options{URL: set.PolicyStore, Logger: s.log, Registerer: s.m.reg})
+		if err != nil {
+			s.store.Close()
+			s.closeAudit()
+			return nil, fmt.Errorf("--policy-store: %w", err)
+		}
+		s.policy = ps
+		ob = ps.Overrides()
+	}
+	s.overrides = overrides.New(ob, s.log)
 	s.handler = s.routes()
 	return s, nil
 }
@@ -109,6 +123,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("PUT /v1/rate-limit/config", s.admin("config.put", s.handlePutConfig))
 	mux.HandleFunc("GET /v1/rate-limit/config/{user_id}/{endpoint...}", s.admin("config.get", s.handleGetConfig))
 	mux.HandleFunc("POST /v1/rate-limit/reset", s.admin("reset", s.handleReset))
+	s.policyRoutes(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, map[string]string{"status": "ok"})
@@ -209,6 +224,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // Close releases the store and the audit log. Call after Shutdown.
 func (s *Server) Close() error {
 	s.overrides.Close()
+	if s.policy != nil {
+		s.policy.Close()
+	}
 	err := s.store.Close()
 	s.closeAudit()
 	return err
@@ -226,7 +244,13 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, storeError(err))
 		return
 	}
-	writeJSON(w, map[string]string{"status": "ready", "store": s.set.Store})
+	ready := map[string]any{"status": "ready", "store": s.set.Store}
+	if s.policy != nil {
+		// Detail only: a policy store that is down leaves the last policy
+		// in force and never fails a check, so the bridge stays ready.
+		ready["policy"] = s.policy.Status()
+	}
+	writeJSON(w, ready)
 }
 
 // storeFailed counts a store error and logs it, at most once a second so an

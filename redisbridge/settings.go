@@ -38,6 +38,10 @@ type Settings struct {
 	// DebugListen serves net/http/pprof on its own address ("" disables it,
 	// the default). cmd/redisbridge serves it; keep it on loopback.
 	DebugListen string
+	// PolicyStore is a postgres:// URL: rules, overrides and the audit
+	// trail are kept there ("": overrides in the counter store's backend,
+	// no rules API).
+	PolicyStore string
 
 	// Not settable from flags: tests and embedders.
 	Logger *slog.Logger // default: JSON to stderr at LogLevel
@@ -123,6 +127,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.TLSKey, "tls-key", s.TLSKey, "TLS key file")
 	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
 	fs.StringVar(&s.DebugListen, "debug-listen", s.DebugListen, "address for /debug/pprof/ (empty: off)")
+	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
 	return fs
 }
 
@@ -166,6 +171,9 @@ func (s *Settings) Validate() error {
 	}
 	if (s.TLSCert == "") != (s.TLSKey == "") {
 		return errors.New("--tls-cert, --tls-key: set both or neither")
+	}
+	if s.PolicyStore != "" && !strings.HasPrefix(s.PolicyStore, "postgres://") && !strings.HasPrefix(s.PolicyStore, "postgresql://") {
+		return errors.New("--policy-store: must be a postgres:// or postgresql:// URL")
 	}
 	if s.ShutdownGrace < 0 {
 		return errors.New("--shutdown-grace: must not be negative")

@@ -113,6 +113,7 @@ type Config struct {
 	Tiers       TierConfig
 	Categories  []Category
 	Rules       []Rule
+	RulesFrom   *RulesFrom // nil: rules from the configuration only
 	Exemptions  Exemptions
 	Penalty     Penalty // defaults for every limit; a rule may override
 	Headers     HeaderConfig

@@ -188,7 +188,7 @@ func (p *parser) strings(v gjson.Result, path string, each func(s, path string) 
 func (p *parser) config(root gjson.Result) *Config {
 	c := &Config{}
 	if !p.object(root, "", "enabled", "failure_mode", "bridge", "identity", "tiers", "categories",
-		"rules", "exemptions", "penalty", "headers", "deny", "local_cache") {
+		"rules", "rules_from", "exemptions", "penalty", "headers", "deny", "local_cache") {
 		return nil
 	}
 	c.Enabled = p.boolean(root.Get("enabled"), "enabled", true)
@@ -201,6 +201,7 @@ func (p *parser) config(root gjson.Result) *Config {
 		p.fail("failure_mode", `must be "fail_open" or "fail_closed", got %q`, fm)
 	}
 	c.Bridge = p.bridge(root.Get("bridge"), "bridge")
+	c.RulesFrom = p.rulesFrom(root.Get("rules_from"), "rules_from", c.Bridge)
 	c.Identity = p.identity(root.Get("identity"), "identity")
 	c.Penalty = p.penalty(root.Get("penalty"), "penalty", nil)
 	var defPenalty *Penalty
@@ -260,18 +261,24 @@ func (p *parser) bridge(v gjson.Result, path string) Bridge {
 	if !p.object(v, path, "cluster", "authority", "path", "timeout", "token") {
 		return b
 	}
-	b.Cluster = p.str(v.Get("cluster"), join(path, "cluster"), b.Cluster)
-	if b.Cluster == "" {
-		p.fail(join(path, "cluster"), "must not be empty")
-	}
-	b.Authority = p.str(v.Get("authority"), join(path, "authority"), b.Authority)
-	b.Path = p.str(v.Get("path"), join(path, "path"), b.Path)
-	if !strings.HasPrefix(b.Path, "/") {
-		p.fail(join(path, "path"), `must start with "/"`)
-	}
+	p.callTarget(v, path, &b.Cluster, &b.Authority, &b.Path)
 	b.TimeoutMS = uint32(p.duration(v.Get("timeout"), join(path, "timeout"), int64(b.TimeoutMS), 1, 60_000))
 	b.Token = p.str(v.Get("token"), join(path, "token"), "")
 	return b
+}
+
+// callTarget reads where a call-out goes: cluster, authority and path,
+// each keeping its default when absent.
+func (p *parser) callTarget(v gjson.Result, path string, cluster, authority, callPath *string) {
+	*cluster = p.str(v.Get("cluster"), join(path, "cluster"), *cluster)
+	if *cluster == "" {
+		p.fail(join(path, "cluster"), "must not be empty")
+	}
+	*authority = p.str(v.Get("authority"), join(path, "authority"), *authority)
+	*callPath = p.str(v.Get("path"), join(path, "path"), *callPath)
+	if !strings.HasPrefix(*callPath, "/") {
+		p.fail(join(path, "path"), `must start with "/"`)
+	}
 }
 
 func (p *parser) localCache(v gjson.Result, path string) LocalCacheConfig {

@@ -19,21 +19,12 @@ func (p *parser) rules(v gjson.Result, path string, defPenalty *Penalty) []Rule 
 		return nil
 	}
 	var out []Rule
-	fields := append([]string{"name", "match", "scope", "action", "priority", "enabled"}, limitFields...)
 	for i, e := range v.Array() {
 		rp := index(path, i)
-		if !p.object(e, rp, fields...) {
+		r := p.rule(e, rp, defPenalty)
+		if p.err != nil {
 			return nil
 		}
-		r := Rule{
-			Name:     p.name(e.Get("name"), join(rp, "name")),
-			Match:    p.match(e.Get("match"), join(rp, "match")),
-			Scope:    p.scope(e.Get("scope"), join(rp, "scope"), "user"),
-			Action:   p.action(e.Get("action"), join(rp, "action")),
-			Priority: int(p.integer(e.Get("priority"), join(rp, "priority"), 100, -1_000_000, 1_000_000)),
-			Enabled:  p.boolean(e.Get("enabled"), join(rp, "enabled"), true),
-		}
-		r.Spec = p.limitSpec(e, rp, LimitSpec{}, defPenalty)
 		for j := range out {
 			if out[j].Name == r.Name && p.err == nil {
 				p.fail(join(rp, "name"), "%q is already the name of %s", r.Name, index(path, j))
@@ -41,9 +32,38 @@ func (p *parser) rules(v gjson.Result, path string, defPenalty *Penalty) []Rule 
 		}
 		out = append(out, r)
 	}
-	// Lower priority first; config order breaks ties.
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Priority < out[j].Priority })
+	sortRules(out)
 	return out
+}
+
+// sortRules orders rules by priority, lower first; the order they came in
+// breaks ties.
+func sortRules(rs []Rule) {
+	sort.SliceStable(rs, func(i, j int) bool { return rs[i].Priority < rs[j].Priority })
+}
+
+// ruleFields are the fields of a rule object.
+var ruleFields = append([]string{"name", "match", "scope", "action", "priority", "enabled"}, limitFields...)
+
+// rule validates one rule object at path. It is the one validation of a
+// rule: for the rules of a configuration, for a rule on its own
+// (ParseRule, the bridge's rules API) and for the rules a bridge serves
+// (Config.WithPolicy). What it cannot see, names shared with other rules
+// and categories and how many there are, the caller checks.
+func (p *parser) rule(e gjson.Result, rp string, defPenalty *Penalty) Rule {
+	if !p.object(e, rp, ruleFields...) {
+		return Rule{}
+	}
+	r := Rule{
+		Name:     p.name(e.Get("name"), join(rp, "name")),
+		Match:    p.match(e.Get("match"), join(rp, "match")),
+		Scope:    p.scope(e.Get("scope"), join(rp, "scope"), "user"),
+		Action:   p.action(e.Get("action"), join(rp, "action")),
+		Priority: int(p.integer(e.Get("priority"), join(rp, "priority"), 100, -1_000_000, 1_000_000)),
+		Enabled:  p.boolean(e.Get("enabled"), join(rp, "enabled"), true),
+	}
+	r.Spec = p.limitSpec(e, rp, LimitSpec{}, defPenalty)
+	return r
 }
 
 func (p *parser) match(v gjson.Result, path string) Match {

@@ -538,7 +538,7 @@ func (c *canonical) integer() (int64, bool) {
 	}
 	c.b = c.b[i:]
 	if neg {
-		return -int64(u - 1) - 1, true
+		return -int64(u-1) - 1, true
 	}
 	return int64(u), true
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/redisbridge"
+	"github.com/sluicehq/sluice/redisbridge/pgtest"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/wasmhost"
 )
@@ -56,6 +57,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(scratch)
+	pgtest.RemoveShared()
 	os.Exit(code)
 }
 
@@ -70,7 +72,7 @@ var (
 // series appear.
 func metricCatalog(t *testing.T) *catalog {
 	t.Helper()
-	catalogOnce.Do(func() { catalogVal, catalogErr = buildCatalog() })
+	catalogOnce.Do(func() { catalogVal, catalogErr = buildCatalog(pgtest.Shared(t).NewDatabase(t)) })
 	if catalogErr != nil {
 		t.Fatal(catalogErr)
 	}
@@ -91,7 +93,9 @@ const pluginConfig = `{
 
 const adminKey = "deploycheck-admin-key"
 
-func buildCatalog() (*catalog, error) {
+// buildCatalog runs the bridge with a policy store at policyURL, so its
+// metrics are served too.
+func buildCatalog(policyURL string) (*catalog, error) {
 	if _, err := rules.ParseConfig([]byte(pluginConfig)); err != nil {
 		return nil, fmt.Errorf("test plugin configuration: %w", err)
 	}
@@ -99,6 +103,7 @@ func buildCatalog() (*catalog, error) {
 	set.AdminKey = adminKey
 	set.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	set.AuditLog = filepath.Join(scratch, "audit.log")
+	set.PolicyStore = policyURL
 	br, err := redisbridge.New(set)
 	if err != nil {
 		return nil, err

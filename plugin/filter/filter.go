@@ -58,6 +58,9 @@ const (
 	MetricCacheHits     = "sluice_local_cache_hits_total"
 	MetricExempt        = "sluice_exempt_total"
 	MetricConfigRefused = "sluice_config_refused_total"
+	MetricPolicyApplied = "sluice_policy_applied_total"
+	MetricPolicyRefused = "sluice_policy_refused_total"
+	MetricPolicyErrors  = "sluice_policy_fetch_errors_total"
 )
 
 // tokenCacheSlots bounds the verified-token cache of one VM (at most 2 KiB
@@ -66,6 +69,7 @@ const tokenCacheSlots = 256
 
 type metrics struct {
 	requests, allowed, denied, logOnlyDenied, bridgeErrors, failOpen, failClosed, cacheHits, exempt, configRefused, panics uint32
+	policyApplied, policyRefused, policyErrors                                                                             uint32
 }
 
 // Plugin is the root context of one VM.
@@ -82,6 +86,7 @@ type Plugin struct {
 	// debug: the host logs debug messages, so allowed requests get an
 	// event too. Refreshed every tick rather than asked per request.
 	debug   bool
+	policy  policyState        // rules from the bridge (policy.go)
 	pending map[uint32]*Stream // call-out id → waiting stream
 	free    []*Stream          // recycled streams: no allocation per request
 	// answering is the stream whose bridge answer is being handled, so
@@ -104,7 +109,9 @@ func NewPlugin(host Host, contextID uint32) *Plugin {
 		bridgeErrors: host.DefineCounter(MetricBridgeErrors), failOpen: host.DefineCounter(MetricFailOpen),
 		failClosed: host.DefineCounter(MetricFailClosed), cacheHits: host.DefineCounter(MetricCacheHits),
 		exempt: host.DefineCounter(MetricExempt), configRefused: host.DefineCounter(MetricConfigRefused),
-		panics: host.DefineCounter(MetricPanics),
+		panics:        host.DefineCounter(MetricPanics),
+		policyApplied: host.DefineCounter(MetricPolicyApplied), policyRefused: host.DefineCounter(MetricPolicyRefused),
+		policyErrors: host.DefineCounter(MetricPolicyErrors),
 	}
 	return p
 }
@@ -136,8 +143,9 @@ func (p *Plugin) OnPluginStart(int) bool {
 		p.bridgeAuth = "Bearer " + cfg.Bridge.Token
 	}
 	p.logf(proxywasm.LogLevelInfo, "sluice: configuration loaded, failure mode ", cfg.FailureMode.String())
-	p.OnTick()
-	p.host.SetTickPeriod(1000)
+	p.followLogLevel()
+	p.startPolicy(cfg)
+	p.host.SetTickPeriod(tickPeriod(cfg))
 	return true
 }
 
@@ -187,12 +195,16 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 	return proxywasm.Continue
 }
 
-// OnTick follows the host's log level and reports the refusals from the
-// over-limit cache that no later refusal has reported.
+// OnTick follows the host's log level, reports the refusals from the
+// over-limit cache that no later refusal has reported, and asks the bridge
+// for its policy (rules_from).
 func (p *Plugin) OnTick() {
-	p.debug = p.host.LogLevel() <= proxywasm.LogLevelDebug
+	p.followLogLevel()
 	p.reportAllRefusals(p.host.NowNanos() / 1e6)
+	p.policyTick()
 }
+
+func (p *Plugin) followLogLevel() { p.debug = p.host.LogLevel() <= proxywasm.LogLevelDebug }
 
 // NewHTTPContext returns a recycled stream when one is free.
 func (p *Plugin) NewHTTPContext(contextID uint32) proxywasm.HTTPContext {

@@ -156,6 +156,10 @@ func (s *Stream) keepIdentity() {
 
 // OnHTTPCallResponse delivers the bridge's answer to the waiting stream.
 func (p *Plugin) OnHTTPCallResponse(calloutID uint32, numHeaders, bodySize, _ int) {
+	if p.policy.inFlight && calloutID == p.policy.callID {
+		p.onPolicyResponse(numHeaders, bodySize)
+		return
+	}
 	s, ok := p.pending[calloutID]
 	if !ok {
 		return // the stream ended before the answer came

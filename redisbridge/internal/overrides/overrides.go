@@ -11,6 +11,7 @@ package overrides
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,23 @@ func (o *Override) Apply(spec rules.LimitSpec) rules.LimitSpec {
 	return spec
 }
 
+// MarshalJSON writes o as the config API shows it: user_id, endpoint,
+// limit, window_seconds, algorithm, burst_capacity (when set) and
+// updated_at (RFC 3339). The API's answers and the audit trail use it.
+func (o Override) MarshalJSON() ([]byte, error) {
+	v := struct {
+		User      string `json:"user_id"`
+		Endpoint  string `json:"endpoint"`
+		Limit     int64  `json:"limit"`
+		Window    int64  `json:"window_seconds"`
+		Algorithm string `json:"algorithm"`
+		Burst     int64  `json:"burst_capacity,omitempty"`
+		Updated   string `json:"updated_at"`
+	}{o.User, o.Endpoint, o.Limit, o.WindowMS / 1000, o.Algorithm.String(), o.Burst,
+		time.UnixMilli(o.UpdatedMS).UTC().Format(time.RFC3339)}
+	return json.Marshal(v)
+}
+
 // Valid reports whether o can be applied: a backend skips stored
 // overrides that are not (written by hand, or by a newer bridge).
 func (o *Override) Valid() bool {
@@ -64,6 +82,9 @@ type Backend interface {
 	// and returns the replaced one (had false: none) and the version the
 	// write made.
 	Put(ctx context.Context, o Override) (prev Override, had bool, version int64, err error)
+	// Delete removes the override of user and endpoint and returns it
+	// (had false: there was none, and nothing changed).
+	Delete(ctx context.Context, user, endpoint string) (prev Override, had bool, version int64, err error)
 	// Wait returns once the stored overrides may be at another version
 	// than version (another bridge wrote), or with ctx's error.
 	Wait(ctx context.Context, version int64) error
@@ -169,13 +190,31 @@ func (s *Set) Put(ctx context.Context, o Override) (prev Override, had bool, err
 	if err != nil {
 		return Override{}, false, err
 	}
+	s.update(v, func(t table) { t[key{o.User, o.Endpoint}] = o })
+	return prev, had, nil
+}
+
+// Delete removes the override of user and endpoint through the backend
+// and in this bridge at once; other bridges follow as for Put.
+func (s *Set) Delete(ctx context.Context, user, endpoint string) (prev Override, had bool, err error) {
+	prev, had, v, err := s.b.Delete(ctx, user, endpoint)
+	if err != nil || !had {
+		return Override{}, false, err
+	}
+	s.update(v, func(t table) { delete(t, key{user, endpoint}) })
+	return prev, true, nil
+}
+
+// update applies this bridge's own write, which made backend version v,
+// to a copy of the table.
+func (s *Set) update(v int64, change func(table)) {
 	for {
 		old := s.table.Load()
 		t := make(table, len(*old)+1)
 		for k, x := range *old {
 			t[k] = x
 		}
-		t[key{o.User, o.Endpoint}] = o
+		change(t)
 		if s.table.CompareAndSwap(old, &t) {
 			break
 		}
@@ -183,7 +222,6 @@ func (s *Set) Put(ctx context.Context, o Override) (prev Override, had bool, err
 	// Only a reload sees writes of other bridges: the version may move on
 	// here only when this write is the one step after what was read.
 	s.version.CompareAndSwap(v-1, v)
-	return prev, had, nil
 }
 
 // Get returns the override stored for exactly (user, endpoint).
@@ -204,6 +242,16 @@ func (s *Set) Lookup(user, endpoint string) (Override, bool) {
 	}
 	o, ok := t[key{user, AllEndpoints}]
 	return o, ok
+}
+
+// All returns every override in force in this bridge.
+func (s *Set) All() []Override {
+	t := *s.table.Load()
+	out := make([]Override, 0, len(t))
+	for _, o := range t {
+		out = append(out, o)
+	}
+	return out
 }
 
 // Apply replaces the spec of every per-user limit of req with the override
@@ -250,6 +298,19 @@ func (m *Memory) Put(_ context.Context, o Override) (Override, bool, int64, erro
 	m.m[key{o.User, o.Endpoint}] = o
 	m.version++
 	return prev, had, m.version, nil
+}
+
+// Delete implements Backend.
+func (m *Memory) Delete(_ context.Context, user, endpoint string) (Override, bool, int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	prev, had := m.m[key{user, endpoint}]
+	if !had {
+		return Override{}, false, m.version, nil
+	}
+	delete(m.m, key{user, endpoint})
+	m.version++
+	return prev, true, m.version, nil
 }
 
 // Wait implements Backend: only this bridge writes, and its Set applies

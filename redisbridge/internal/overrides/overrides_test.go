@@ -83,6 +83,27 @@ func TestSet_PutGet(t *testing.T) {
 	}
 }
 
+func TestSet_Delete(t *testing.T) {
+	s := New(NewMemory(), nil)
+	defer s.Close()
+	ctx := context.Background()
+	o := Override{User: "u", Endpoint: "/e", Algorithm: rules.TokenBucket, Limit: 1, WindowMS: hour}
+	s.Put(ctx, o)
+	prev, had, err := s.Delete(ctx, "u", "/e")
+	if err != nil || !had || prev != o {
+		t.Fatalf("Delete: prev=%+v had=%v err=%v", prev, had, err)
+	}
+	if _, ok := s.Lookup("u", "/e"); ok {
+		t.Fatal("still applied after Delete")
+	}
+	if _, had, err := s.Delete(ctx, "u", "/e"); err != nil || had {
+		t.Fatalf("second Delete: had=%v err=%v", had, err)
+	}
+	if n := len(s.All()); n != 0 {
+		t.Fatalf("All: %d overrides", n)
+	}
+}
+
 // stepBackend is a Backend whose reads a test hands out one at a time.
 type stepBackend struct {
 	mu      sync.Mutex
@@ -103,6 +124,13 @@ func (b *stepBackend) Load(context.Context) (int64, []Override, error) {
 }
 
 func (b *stepBackend) Put(_ context.Context, o Override) (Override, bool, int64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.version++
+	return Override{}, false, b.version, nil
+}
+
+func (b *stepBackend) Delete(context.Context, string, string) (Override, bool, int64, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.version++

@@ -135,6 +135,31 @@ func (r *redisOverrides) Put(ctx context.Context, o overrides.Override) (overrid
 	return prev, had, verCmd.Val(), nil
 }
 
+// Delete implements overrides.Backend: the field and the version bump go
+// in one MULTI, as for Put.
+func (r *redisOverrides) Delete(ctx context.Context, user, endpoint string) (overrides.Override, bool, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	field := overrideField(user, endpoint)
+	var prevCmd *redis.StringCmd
+	var verCmd *redis.IntCmd
+	_, err := r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		prevCmd = p.HGet(ctx, overridesKey, field)
+		p.HDel(ctx, overridesKey, field)
+		verCmd = p.HIncrBy(ctx, overridesKey, "version", 1)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return overrides.Override{}, false, 0, storeErr(err)
+	}
+	raw, err := prevCmd.Bytes()
+	if err != nil {
+		return overrides.Override{}, false, verCmd.Val(), nil
+	}
+	prev, had := decodeOverride(raw)
+	return prev, had, verCmd.Val(), nil
+}
+
 // Wait implements overrides.Backend: it reads the version every poll
 // until it differs.
 func (r *redisOverrides) Wait(ctx context.Context, version int64) error {

@@ -58,4 +58,15 @@ func TestRedisOverrides_ReachOtherBridges(t *testing.T) {
 	if got, ok := c.Get("u1", "/e"); !ok || got != o {
 		t.Fatalf("a bridge started later: %+v %v", got, ok)
 	}
+	// A delete reaches the other bridges the same way.
+	if prev, had, err := c.Delete(context.Background(), "u1", "/e"); err != nil || !had || prev != o {
+		t.Fatalf("Delete: %+v %v %v", prev, had, err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for _, ok := a.Get("u1", "/e"); ok; _, ok = a.Get("u1", "/e") {
+		if time.Now().After(deadline) {
+			t.Fatal("the other bridge still applies the deleted override")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -1,0 +1,179 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/sluicehq/sluice/rules"
+)
+
+// Rule is a rule of the policy store: a rule object of the plugin's
+// configuration, one column per field (migrations/0002_rules.sql). Fields
+// whose default does not depend on the rest of a configuration are stored
+// with it filled in; penalty, which a rule without one inherits from the
+// plugin's top-level penalty, is stored as written, or not at all.
+type Rule struct {
+	Name      string
+	Scope     string // "user+endpoint"
+	Algorithm string
+	Limit     int64
+	WindowMS  int64
+	Burst     int64 // token bucket capacity; 0: the limit
+	Cost      int64
+	Paths     []string // match.paths as written
+	Methods   []string // match.methods, upper-case
+	Hosts     []string // match.hosts, lower-case
+	Headers   json.RawMessage
+	Penalty   json.RawMessage
+	Action    string
+	Priority  int
+	Enabled   bool
+
+	CreatedAt, UpdatedAt time.Time
+	UpdatedBy            string
+}
+
+// ParseRule validates a rule object with the plugin's own validation
+// (rules.ParseRule: a rule the plugin would refuse is refused, with the
+// same field path) and returns it in the store's form.
+func ParseRule(body []byte) (Rule, error) {
+	pr, err := rules.ParseRule(body)
+	if err != nil {
+		return Rule{}, err
+	}
+	// The rule is valid JSON of known fields; read what the parsed form
+	// does not keep as written with the parser's reading (gjson: the
+	// first of a repeated field counts).
+	root := gjson.ParseBytes(body)
+	r := Rule{
+		Name: pr.Name, Scope: pr.Scope.String(), Algorithm: pr.Spec.Algorithm.String(),
+		Limit: pr.Spec.Limit, WindowMS: pr.Spec.WindowMS, Cost: pr.Spec.Cost,
+		Methods: pr.Match.Methods, Hosts: pr.Match.Hosts,
+		Action: pr.Action.String(), Priority: pr.Priority, Enabled: pr.Enabled,
+	}
+	if root.Get("burst").Exists() {
+		r.Burst = pr.Spec.Burst
+	}
+	for _, p := range pr.Match.Paths {
+		r.Paths = append(r.Paths, p.Raw)
+	}
+	if len(pr.Match.Headers) > 0 {
+		hs := make([]headerDoc, len(pr.Match.Headers))
+		for i, h := range pr.Match.Headers {
+			hs[i] = headerDoc{Name: h.Name, Invert: h.Invert}
+			if h.Present {
+				hs[i].Present = &h.Present
+			} else {
+				hs[i].Equals = &h.Value
+			}
+		}
+		r.Headers, _ = json.Marshal(hs)
+	}
+	if p := root.Get("penalty"); p.Exists() {
+		r.Penalty = canonical(nil, p)
+	}
+	return r, nil
+}
+
+type headerDoc struct {
+	Name    string  `json:"name"`
+	Present *bool   `json:"present,omitempty"`
+	Equals  *string `json:"equals,omitempty"`
+	Invert  bool    `json:"invert,omitempty"`
+}
+
+// canonical appends v as JSON with every object's repeated fields
+// dropped, the first kept as the plugin's parser reads them; PostgreSQL's
+// jsonb would keep the last.
+func canonical(dst []byte, v gjson.Result) []byte {
+	switch {
+	case v.IsObject():
+		dst = append(dst, '{')
+		seen := map[string]bool{}
+		v.ForEach(func(k, e gjson.Result) bool {
+			if seen[k.Str] {
+				return true
+			}
+			seen[k.Str] = true
+			if len(seen) > 1 {
+				dst = append(dst, ',')
+			}
+			dst = append(append(dst, k.Raw...), ':')
+			dst = canonical(dst, e)
+			return true
+		})
+		return append(dst, '}')
+	case v.IsArray():
+		dst = append(dst, '[')
+		for i, e := range v.Array() {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = canonical(dst, e)
+		}
+		return append(dst, ']')
+	}
+	return append(dst, v.Raw...)
+}
+
+// ruleDoc is a rule object as the plugin's configuration writes it.
+type ruleDoc struct {
+	Name      string          `json:"name"`
+	Match     *matchDoc       `json:"match,omitempty"`
+	Scope     string          `json:"scope"`
+	Action    string          `json:"action"`
+	Priority  int             `json:"priority"`
+	Enabled   bool            `json:"enabled"`
+	Algorithm string          `json:"algorithm"`
+	Limit     int64           `json:"limit"`
+	Window    string          `json:"window"`
+	Burst     int64           `json:"burst,omitempty"`
+	Cost      int64           `json:"cost"`
+	Penalty   json.RawMessage `json:"penalty,omitempty"`
+}
+
+type matchDoc struct {
+	Paths   []string        `json:"paths,omitempty"`
+	Methods []string        `json:"methods,omitempty"`
+	Hosts   []string        `json:"hosts,omitempty"`
+	Headers json.RawMessage `json:"headers,omitempty"`
+}
+
+// MarshalJSON writes r as a rule object of the plugin's configuration,
+// which ParseRule reads back to the same rule.
+func (r Rule) MarshalJSON() ([]byte, error) {
+	d := ruleDoc{
+		Name: r.Name, Scope: r.Scope, Action: r.Action, Priority: r.Priority, Enabled: r.Enabled,
+		Algorithm: r.Algorithm, Limit: r.Limit, Window: rules.FormatDurationMS(r.WindowMS),
+		Burst: r.Burst, Cost: r.Cost, Penalty: r.Penalty,
+	}
+	if len(r.Paths)+len(r.Methods)+len(r.Hosts)+len(r.Headers) > 0 {
+		d.Match = &matchDoc{Paths: r.Paths, Methods: r.Methods, Hosts: r.Hosts, Headers: r.Headers}
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // paths and names as written
+	if err := enc.Encode(d); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// Entry is a rule with what the store knows about it, as the rules API
+// shows it: {"rule": {...}, "created_at", "updated_at", "updated_by"}.
+type Entry struct {
+	Rule Rule
+}
+
+// MarshalJSON implements json.Marshaler.
+func (e Entry) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Rule      Rule   `json:"rule"`
+		CreatedAt string `json:"created_at"`
+		UpdatedAt string `json:"updated_at"`
+		UpdatedBy string `json:"updated_by"`
+	}{e.Rule, e.Rule.CreatedAt.UTC().Format(time.RFC3339Nano), e.Rule.UpdatedAt.UTC().Format(time.RFC3339Nano), e.Rule.UpdatedBy})
+}
