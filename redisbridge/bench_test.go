@@ -120,26 +120,11 @@ func pct(l []time.Duration, p float64) float64 {
 // commandStats returns calls per command from INFO commandstats, and the
 // microseconds Redis spent in them under "<name>.usec".
 func commandStats(b *testing.B, c *redis.Client) map[string]int64 {
-	info, err := c.Info(context.Background(), "commandstats").Result()
+	st, err := redistest.CommandStats(c.Options().Addr)
 	if err != nil {
 		b.Fatal(err)
 	}
-	out := map[string]int64{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok {
-			continue
-		}
-		name = strings.TrimPrefix(name, "cmdstat_")
-		f := strings.Split(rest, ",")
-		n, _ := strconv.ParseInt(f[0], 10, 64)
-		out[name] = n
-		if len(f) > 1 {
-			usec, _ := strconv.ParseInt(strings.TrimPrefix(f[1], "usec="), 10, 64)
-			out[name+".usec"] = usec
-		}
-	}
-	return out
+	return st
 }
 
 func redisCPU(b *testing.B, c *redis.Client) float64 {
@@ -397,17 +382,16 @@ func BenchmarkRedisBenchmark_EvalSHA(b *testing.B) {
 	rs := redistest.Start(b)
 	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rc.Close()
-	sha, err := rc.ScriptLoad(context.Background(), store.CheckScript()).Result()
-	if err != nil {
+	if err := rc.ScriptLoad(context.Background(), store.CheckScript()).Err(); err != nil {
 		b.Fatal(err)
 	}
 	_, port, _ := net.SplitHostPort(rs.Addr)
 	n := max(b.N, 200_000)
 	// One token bucket limit, like the bridge's benchmark; __rand_int__
-	// spreads 10,000 users. Arguments as store/script.go lays them out.
-	args := []string{"-h", "127.0.0.1", "-p", port, "-n", strconv.Itoa(n), "-c", "50", "-P", "1", "-r", "10000", "--csv",
-		"EVALSHA", sha, "1", "rl:{u:__rand_int__}:bench:tb", "c", strconv.Itoa(rules.MaxViolations), "1",
-		"1", "1073741824", "60000", "1073741824", "1", "0", "0"}
+	// spreads 10,000 users. The command is the bridge's for one check.
+	cmd := store.CheckCommand([]rules.LimitRequest{{Key: "rl:{u:__rand_int__}:bench",
+		Spec: rules.LimitSpec{Algorithm: rules.TokenBucket, Limit: 1 << 30, WindowMS: 60_000, Burst: 1 << 30, Cost: 1}}})
+	args := append([]string{"-h", "127.0.0.1", "-p", port, "-n", strconv.Itoa(n), "-c", "50", "-P", "1", "-r", "10000", "--csv"}, cmd...)
 	before, rcpu := commandStats(b, rc), redisCPU(b, rc)
 	b.ResetTimer()
 	out, err := exec.Command("redis-benchmark", args...).CombinedOutput()

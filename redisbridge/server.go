@@ -83,7 +83,7 @@ func New(set Settings) (*Server, error) {
 	case "redis":
 		ro := store.RedisOptions{
 			URL: set.RedisURL, PoolSize: set.RedisPoolSize, Timeout: set.RedisTimeout,
-			Pipelines: set.RedisPipelines, Logger: s.log,
+			Pipelines: set.RedisPipelines, CallChecks: set.RedisBatch, Logger: s.log,
 		}
 		if err := loadRedisTLS(&set, &ro); err != nil {
 			s.closeAudit()

@@ -21,6 +21,7 @@ type Settings struct {
 	RedisPoolSize    int           // connections per Redis node (0: go-redis default)
 	RedisTimeout     time.Duration // dial/read/write timeout and bound on a check, default 150ms
 	RedisPipelines   int           // pipelines in flight at once, default 4
+	RedisBatch       int           // checks decided in one script call at most, default 128; 1: a call per check
 	AdminKey         string        // required by config and reset endpoints; "" disables them
 	CheckToken       string        // when set, check endpoints require "Authorization: Bearer <token>"
 	AuditLog         string        // file for admin audit records (JSON lines); "" or "-" is stderr
@@ -55,7 +56,7 @@ func DefaultSettings() Settings {
 		// bridge answers 503 before the plugin gives up on it; otherwise the
 		// plugin applies its failure mode while the bridge may still count
 		// the request in Redis.
-		Listen: ":8081", Store: "memory", RedisTimeout: 150 * time.Millisecond, RedisPipelines: 4,
+		Listen: ":8081", Store: "memory", RedisTimeout: 150 * time.Millisecond, RedisPipelines: 4, RedisBatch: 128,
 		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window",
 		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second,
 	}
@@ -112,6 +113,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.IntVar(&s.RedisPoolSize, "redis-pool-size", s.RedisPoolSize, "connections per Redis node")
 	fs.DurationVar(&s.RedisTimeout, "redis-timeout", s.RedisTimeout, "Redis dial/read/write timeout")
 	fs.IntVar(&s.RedisPipelines, "redis-pipelines", s.RedisPipelines, "Redis pipelines in flight")
+	fs.IntVar(&s.RedisBatch, "redis-batch", s.RedisBatch, "checks decided in one Redis script call at most (1: a call per check)")
 	fs.StringVar(&s.AdminKey, "admin-key", s.AdminKey, "key for the admin endpoints")
 	fs.StringVar(&s.CheckToken, "check-token", s.CheckToken, "bearer token required on check endpoints")
 	fs.StringVar(&s.AuditLog, "audit-log", s.AuditLog, "audit log file (default stderr)")
@@ -150,6 +152,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.RedisPoolSize < 0 || s.RedisPipelines < 0 || s.MemoryMaxKeys < 0 {
 		return errors.New("--redis-pool-size, --redis-pipelines, --memory-max-keys: must not be negative")
+	}
+	if s.RedisBatch < 1 || s.RedisBatch > 1024 {
+		return errors.New("--redis-batch: must be from 1 to 1024")
 	}
 	if s.DefaultLimit < 1 || s.DefaultLimit > rules.MaxLimitValue {
 		return fmt.Errorf("--default-limit: must be from 1 to %d", int64(rules.MaxLimitValue))

@@ -92,3 +92,30 @@ func readReply(r *bufio.Reader) (any, error) {
 	}
 	return nil, fmt.Errorf("unknown reply %q", line)
 }
+
+// CommandStats reads INFO commandstats of the Redis at addr: calls per
+// command (lower case, subcommands as "config|resetstat"), and the
+// microseconds spent in each under "<name>.usec". A script's own
+// commands are counted too.
+func CommandStats(addr string) (map[string]int64, error) {
+	info, err := DoString(addr, 5*time.Second, "INFO", "commandstats")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		name = strings.TrimPrefix(name, "cmdstat_")
+		f := strings.Split(rest, ",")
+		n, _ := strconv.ParseInt(f[0], 10, 64)
+		out[name] = n
+		if len(f) > 1 {
+			usec, _ := strconv.ParseInt(strings.TrimPrefix(f[1], "usec="), 10, 64)
+			out[name+".usec"] = usec
+		}
+	}
+	return out, nil
+}

@@ -18,8 +18,10 @@ import (
 // TestStore_MemoryEqualsScript drives the memory store and check.lua on
 // one clock with the same random checks (every algorithm, costs above the
 // limit, log-only limits, penalties, keys repeated within a check, specs
-// that change under a key, peeks) and requires identical answers: every
-// decision, remaining count, reset and retry time.
+// that change under a key, peeks, and batches of these decided in one
+// script call) and requires identical answers: every decision, remaining
+// count, reset and retry time. The memory store decides a batch's checks
+// one after the other at the batch's time.
 func TestStore_MemoryEqualsScript(t *testing.T) {
 	srv := redistest.Start(t)
 	for seed := range uint64(6) {
@@ -31,9 +33,10 @@ func TestStore_MemoryEqualsScript(t *testing.T) {
 
 // diffStep is one step of a comparison, kept to explain a difference.
 type diffStep struct {
-	now  int64
-	req  rules.CheckRequest
-	peek bool
+	now   int64
+	req   rules.CheckRequest
+	peek  bool
+	batch int // the step's place in a batch (1, 2, ...), 0 outside one
 }
 
 func (s diffStep) String() string {
@@ -41,6 +44,9 @@ func (s diffStep) String() string {
 	verb := "check"
 	if s.peek {
 		verb = "peek"
+	}
+	if s.batch > 0 {
+		verb = fmt.Sprintf("batch #%d: %s", s.batch, verb)
 	}
 	fmt.Fprintf(&b, "now %d %s", s.now, verb)
 	for _, l := range s.req.Limits {
@@ -86,11 +92,7 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 	var history []diffStep
 	ctx := context.Background()
 	last := time.Now()
-	for step := range steps {
-		elapsed := time.Since(last)
-		last = time.Now()
-		now.Add(int64(elapsed/time.Millisecond) + 1 + randomStep(rng))
-		syncExpiry(t, mem, rc, now.Load())
+	newStep := func(batch int) diffStep {
 		n := 1 + rng.IntN(3)
 		req := rules.CheckRequest{Limits: make([]rules.LimitRequest, n)}
 		for i := range req.Limits {
@@ -100,10 +102,30 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 			}
 			req.Limits[i] = l
 		}
-		st := diffStep{now: now.Load(), req: req, peek: rng.IntN(8) == 0}
+		return diffStep{now: now.Load(), req: req, peek: rng.IntN(8) == 0, batch: batch}
+	}
+	for step := 0; step < steps; {
+		elapsed := time.Since(last)
+		last = time.Now()
+		now.Add(int64(elapsed/time.Millisecond) + 1 + randomStep(rng))
+		syncExpiry(t, mem, rc, now.Load())
+		if rng.IntN(3) == 0 {
+			// A batch: what a pipeline sends when checks queued while it
+			// was busy, the same keys again and again.
+			batch := make([]diffStep, 2+rng.IntN(7))
+			for i := range batch {
+				batch[i] = newStep(i + 1)
+			}
+			history = append(history, batch...)
+			compareBatch(t, step, mem, rs, batch, history)
+			step += len(batch)
+			continue
+		}
+		st := newStep(0)
 		history = append(history, st)
+		step++
 		if st.peek {
-			l := req.Limits[0]
+			l := st.req.Limits[0]
 			dm, errM := mem.Peek(ctx, time.Time{}, &l)
 			dr, errR := rs.Peek(ctx, time.Time{}, &l)
 			if errM != nil || errR != nil {
@@ -115,8 +137,8 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 			continue
 		}
 		var rm, rr rules.CheckResponse
-		reqM, reqR := req, req
-		reqM.Limits, reqR.Limits = slices.Clone(req.Limits), slices.Clone(req.Limits)
+		reqM, reqR := st.req, st.req
+		reqM.Limits, reqR.Limits = slices.Clone(st.req.Limits), slices.Clone(st.req.Limits)
 		if err := mem.Check(ctx, time.Time{}, &reqM, &rm); err != nil {
 			t.Fatalf("step %d: memory: %v", step, err)
 		}
@@ -127,6 +149,58 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 			t.Fatalf("step %d: answers differ:\nmemory %+v\nscript %+v\n%s", step, rm, rr, explain(history))
 		}
 	}
+}
+
+// compareBatch has rs decide the steps of batch in one script call, in
+// order, and mem one after the other, and requires the same answers.
+func compareBatch(t *testing.T, step int, mem *Memory, rs *Redis, batch, history []diffStep) {
+	t.Helper()
+	ctx := context.Background()
+	cs := make([]*call, len(batch))
+	for i, st := range batch {
+		cs[i] = &call{done: make(chan struct{}, 1)}
+		if st.peek {
+			cs[i].scriptCall = peekCall(&st.req.Limits[0])
+		} else {
+			cs[i].scriptCall = scriptCall{mode: modeCheck, ls: slices.Clone(st.req.Limits)}
+		}
+	}
+	decideInOneCall(rs, cs)
+	for i, st := range batch {
+		if st.peek {
+			l := st.req.Limits[0]
+			dm, errM := mem.Peek(ctx, time.Time{}, &l)
+			dr, errR := cs[i].peekResult()
+			if errM != nil || errR != nil {
+				t.Fatalf("step %d: peek: memory %v, redis %v", step+i, errM, errR)
+			}
+			if dm != dr {
+				t.Fatalf("step %d: peeks differ:\nmemory %+v\nscript %+v\n%s", step+i, dm, dr, explain(history))
+			}
+			continue
+		}
+		var rm, rr rules.CheckResponse
+		req := st.req
+		req.Limits = slices.Clone(st.req.Limits)
+		if err := mem.Check(ctx, time.Time{}, &req, &rm); err != nil {
+			t.Fatalf("step %d: memory: %v", step+i, err)
+		}
+		rr.Decisions = make([]rules.Decision, len(req.Limits))
+		if _, err := cs[i].result(&rr); err != nil {
+			t.Fatalf("step %d: redis: %v", step+i, err)
+		}
+		if rm.Allowed != rr.Allowed || rm.NowMS != rr.NowMS || !slices.Equal(rm.Decisions, rr.Decisions) {
+			t.Fatalf("step %d: answers differ:\nmemory %+v\nscript %+v\n%s", step+i, rm, rr, explain(history))
+		}
+	}
+}
+
+// decideInOneCall has rs decide cs in one script call, in order, as a
+// pipeline does with the checks that queued while it was busy.
+func decideInOneCall(rs *Redis, cs []*call) {
+	d := &directConn{opt: rs.direct, timeout: rs.timeout, idleCheck: rs.idleCheck, script: rs.script}
+	defer d.close()
+	d.exec([][]*call{cs}, time.Now().Add(rs.timeout))
 }
 
 // syncExpiry deletes from Redis the keys the memory store has expired on

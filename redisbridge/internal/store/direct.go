@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"time"
@@ -31,6 +32,8 @@ type directConn struct {
 	rw      respWriter // the batch being written
 	used    time.Time  // end of the last batch
 	script  *luaScript
+	again   [][]*call // exec's calls to send again as EVAL
+	specs   specTable
 	// idleCheck: a connection idle this long is probed before use (one
 	// system call), as go-redis probes every pooled connection: Redis may
 	// have restarted meanwhile (the first check on each stale connection
@@ -158,17 +161,20 @@ func (r *respWriter) int(n int64) {
 	r.w = append(r.w, "\r\n"...)
 }
 
-// exec sends batch in one write and reads the answers in order. Calls that
-// Redis answers NOSCRIPT (restart, SCRIPT FLUSH) are sent again as EVAL.
-// An I/O or protocol error closes the connection, since where the stream
-// stands is then unknown, and fails the calls not yet answered; the next
-// batch dials again. Scripts are never retried after an I/O error: one that
-// was sent may have run.
-func (d *directConn) exec(batch []*call, deadline time.Time) {
-	fail := func(cs []*call, err error) {
+// exec sends the script calls of groups (each group's checks decided in
+// one call) in one write and reads the answers in order. Calls that Redis
+// answers NOSCRIPT (restart, SCRIPT FLUSH) are sent again as EVAL. An I/O
+// or protocol error closes the connection, since where the stream stands
+// is then unknown, and fails the checks not yet answered; the next batch
+// dials again. Scripts are never retried after an I/O error: one that was
+// sent may have run.
+func (d *directConn) exec(groups [][]*call, deadline time.Time) {
+	fail := func(gs [][]*call, err error) {
 		d.close()
-		for _, c := range cs {
-			c.vals, c.err = c.vals[:0], fmt.Errorf("%w: %w", ErrUnavailable, err)
+		for _, g := range gs {
+			for _, c := range g {
+				c.vals, c.err = c.vals[:0], fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
 		}
 	}
 	if d.c != nil && time.Since(d.used) >= d.idleCheck && !connAlive(d.c) {
@@ -176,90 +182,106 @@ func (d *directConn) exec(batch []*call, deadline time.Time) {
 	}
 	if d.c == nil {
 		if err := d.connect(deadline); err != nil {
-			fail(batch, err)
+			fail(groups, err)
 			return
 		}
 	}
 	defer func() { d.used = time.Now() }()
 	_ = d.c.SetDeadline(deadline)
 	d.rw.w = d.rw.w[:0]
-	for _, c := range batch {
-		writeCheck(&d.rw, d.script, &c.scriptCall, false)
+	for _, g := range groups {
+		writeCheck(&d.rw, d.script, g, false, &d.specs)
 	}
 	if _, err := d.c.Write(d.rw.w); err != nil {
-		fail(batch, err)
+		fail(groups, err)
 		return
 	}
-	var again []*call
-	for i, c := range batch {
-		if err := d.readInts(c); err != nil {
-			fail(batch[i:], err)
+	again := d.again[:0]
+	for i, g := range groups {
+		if err := readCheckReply(d, g); err != nil {
+			fail(groups[i:], err)
 			return
 		}
-		if redis.HasErrorPrefix(c.err, "NOSCRIPT") {
-			again = append(again, c)
+		if redis.HasErrorPrefix(g[0].err, "NOSCRIPT") {
+			again = append(again, g)
 		}
 	}
+	d.again = again[:0]
 	if len(again) == 0 {
 		return
 	}
 	d.rw.w = d.rw.w[:0]
-	for _, c := range again {
-		writeCheck(&d.rw, d.script, &c.scriptCall, true)
+	for _, g := range again {
+		writeCheck(&d.rw, d.script, g, true, &d.specs)
 	}
 	if _, err := d.c.Write(d.rw.w); err != nil {
 		fail(again, err)
 		return
 	}
-	for i, c := range again {
-		if err := d.readInts(c); err != nil {
+	for i, g := range again {
+		if err := readCheckReply(d, g); err != nil {
 			fail(again[i:], err)
 			return
 		}
 	}
 }
 
-// readInts reads one reply into c: an array of integers into c.vals, an
-// error reply into c.err. It returns an error only when the stream is
-// unusable.
-func (d *directConn) readInts(c *call) error {
-	c.vals, c.err = c.vals[:0], nil
+// array implements replyReader: an array head, or an error reply.
+func (d *directConn) array() (int, error) {
 	line, err := d.r.ReadSlice('\n')
 	if err != nil {
-		return err
+		return 0, err
 	}
 	line = trimCRLF(line)
 	if len(line) == 0 {
-		return errProtocol
+		return 0, errProtocol
 	}
 	switch line[0] {
 	case '-':
-		c.err = storeErr(replyError(line[1:]))
-		return nil
+		return 0, replyError(line[1:])
 	case '*':
 	default:
-		return errProtocol
+		return 0, errProtocol
 	}
 	n, ok := parseInt(line[1:])
-	if !ok || n < 0 || n > maxCheckReply {
-		return errProtocol
+	if !ok || n < 0 {
+		return 0, errProtocol
 	}
-	for range n {
-		line, err := d.r.ReadSlice('\n')
-		if err != nil {
-			return err
-		}
-		line = trimCRLF(line)
-		if len(line) == 0 || line[0] != ':' {
-			return errProtocol
-		}
+	return int(n), nil
+}
+
+// elem implements replyReader: an integer, or a bulk string as text.
+func (d *directConn) elem() (int64, string, bool, error) {
+	line, err := d.r.ReadSlice('\n')
+	if err != nil {
+		return 0, "", false, err
+	}
+	line = trimCRLF(line)
+	if len(line) == 0 {
+		return 0, "", false, errProtocol
+	}
+	switch line[0] {
+	case ':':
 		v, ok := parseInt(line[1:])
 		if !ok {
-			return errProtocol
+			return 0, "", false, errProtocol
 		}
-		c.vals = append(c.vals, v)
+		return v, "", false, nil
+	case '$':
+		n, ok := parseInt(line[1:])
+		if !ok || n < 0 || n > maxTextReply {
+			return 0, "", false, errProtocol
+		}
+		b := make([]byte, n+2)
+		if _, err := io.ReadFull(d.r, b); err != nil {
+			return 0, "", false, err
+		}
+		if b[n] != '\r' || b[n+1] != '\n' {
+			return 0, "", false, errProtocol
+		}
+		return 0, string(b[:n]), true, nil
 	}
-	return nil
+	return 0, "", false, errProtocol
 }
 
 func trimCRLF(b []byte) []byte {

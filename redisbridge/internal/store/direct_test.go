@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -63,23 +66,27 @@ func TestRedis_DirectAuthAndDB(t *testing.T) {
 
 // TestWriteCheck_TransportsAgree: the RESP the direct path writes carries
 // exactly the arguments go-redis is given, for EVALSHA and EVAL, with and
-// without the test clock.
+// without the test clock, for one check and for batches.
 func TestWriteCheck_TransportsAgree(t *testing.T) {
 	pen := spec(rules.SlidingLog, 3, hour)
 	pen.Penalty = &rules.Penalty{Enabled: true, DetectionWindowMS: 60_000, ViolationThreshold: 2, Multipliers: []int64{2, 4}}
 	ls := []rules.LimitRequest{lim("rl:{u:a}:x", spec(rules.TokenBucket, 10, 1000)), lim("rl:{u:a}:y", pen), lim("rl:{g}:z", spec(rules.FixedWindow, 1, 1))}
 	ls[2].LogOnly = true
 	for _, sc := range []*luaScript{checkScript, clockScript(t, func() int64 { return 42 })} {
-		for _, idx := range [][]int{nil, {1, 2}} {
+		for _, batch := range [][]*call{
+			{{scriptCall: scriptCall{mode: modeCheck, ls: ls}}},
+			{{scriptCall: scriptCall{mode: modeCheck, ls: ls, idx: []int{1, 2}}}},
+			{{scriptCall: scriptCall{mode: modePeek, ls: ls[:1]}}, {scriptCall: scriptCall{mode: modeCheck, ls: ls}},
+				{scriptCall: scriptCall{mode: modeCheck, ls: ls, idx: []int{1}}}},
+		} {
 			for _, eval := range []bool{false, true} {
-				c := &scriptCall{mode: modeCheck, ls: ls, idx: idx}
 				var rw respWriter
-				writeCheck(&rw, sc, c, eval)
+				writeCheck(&rw, sc, batch, eval, &specTable{})
 				var args goRedisArgs
-				writeCheck(&args, sc, c, eval)
+				writeCheck(&args, sc, batch, eval, &specTable{})
 				exp := appendCommand(nil, goRedisStrings(t, args)...)
 				if !bytes.Equal(rw.w, exp) {
-					t.Fatalf("idx %v eval %v:\n got %q\nwant %q", idx, eval, rw.w, exp)
+					t.Fatalf("%d checks, eval %v:\n got %q\nwant %q", len(batch), eval, rw.w, exp)
 				}
 			}
 		}
@@ -101,31 +108,60 @@ func goRedisStrings(t *testing.T, args []any) []string {
 	return out
 }
 
-// FuzzDirect_ReadInts: any bytes from the connection give an answer, an
-// error reply, or an error, never a panic; a well-formed array reads back.
-func FuzzDirect_ReadInts(f *testing.F) {
-	for _, s := range []string{"*3\r\n:1\r\n:-2\r\n:3\r\n", "-NOSCRIPT No matching script\r\n", "*1\r\n$1\r\nx\r\n", "*-1\r\n", ":5\r\n", "*2\r\n:1\r\n"} {
+// FuzzDirect_ReadCheckReply: any bytes from the connection give each
+// check of a batch an answer or an error, or fail the stream, never
+// panic; what is read, written back as Redis would, reads back the same.
+func FuzzDirect_ReadCheckReply(f *testing.F) {
+	for _, s := range []string{
+		"*13\r\n:7\r\n:1\r\n:1\r\n:2\r\n:3\r\n:4\r\n:5\r\n$9\r\nWRONGTYPE\r\n:0\r\n:0\r\n:0\r\n:0\r\n:0\r\n",
+		"-NOSCRIPT No matching script\r\n", "*1\r\n$1\r\nx\r\n", "*-1\r\n", ":5\r\n", "*2\r\n:1\r\n",
+	} {
 		f.Add([]byte(s))
 	}
+	one := rules.LimitRequest{Key: "k", Spec: spec(rules.FixedWindow, 1, 1)}
+	batch := func() []*call {
+		return []*call{{scriptCall: scriptCall{ls: []rules.LimitRequest{one}}}, {scriptCall: scriptCall{ls: []rules.LimitRequest{one}}}}
+	}
+	read := func(b []byte) ([]*call, error) {
+		cs := batch()
+		return cs, readCheckReply(&directConn{r: bufio.NewReader(bytes.NewReader(b))}, cs)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		d := &directConn{r: bufio.NewReader(bytes.NewReader(b))}
-		c := &call{}
-		if err := d.readInts(c); err != nil {
+		cs, err := read(b)
+		if err != nil {
 			return
 		}
-		if c.err == nil {
-			var w []byte
-			w = append(w, '*')
-			w = strconv.AppendInt(w, int64(len(c.vals)), 10)
-			w = append(w, "\r\n"...)
-			for _, v := range c.vals {
-				w = append(w, ':')
-				w = strconv.AppendInt(w, v, 10)
-				w = append(w, "\r\n"...)
+		var w []byte
+		text := func(err error) string { // as Redis sent it
+			var re replyError
+			if !errors.As(err, &re) {
+				t.Fatalf("%v: not an error reply", err)
 			}
-			c2 := &call{}
-			if err := (&directConn{r: bufio.NewReader(bytes.NewReader(w))}).readInts(c2); err != nil || c2.err != nil || len(c2.vals) != len(c.vals) {
-				t.Fatalf("%v read back as %v (%v %v)", c.vals, c2.vals, err, c2.err)
+			return string(re)
+		}
+		if len(cs[0].vals) == 0 { // an error reply for the whole call
+			w = fmt.Appendf(w, "-%s\r\n", text(cs[0].err))
+		} else {
+			w = fmt.Appendf(w, "*%d\r\n:%d\r\n", 1+len(cs)*(1+replyPerLimit), cs[0].vals[0])
+			for _, c := range cs {
+				if c.err != nil {
+					msg := text(c.err)
+					w = fmt.Appendf(w, "$%d\r\n%s\r\n", len(msg), msg)
+				} else {
+					w = fmt.Appendf(w, ":%d\r\n", c.vals[1])
+				}
+				for _, v := range c.vals[2:] {
+					w = fmt.Appendf(w, ":%d\r\n", v)
+				}
+			}
+		}
+		again, err := read(w)
+		if err != nil {
+			t.Fatalf("%q read back: %v", w, err)
+		}
+		for i := range cs {
+			if !slices.Equal(cs[i].vals, again[i].vals) || fmt.Sprint(cs[i].err) != fmt.Sprint(again[i].err) {
+				t.Fatalf("check %d: %v %v, read back as %v %v", i, cs[i].vals, cs[i].err, again[i].vals, again[i].err)
 			}
 		}
 	})

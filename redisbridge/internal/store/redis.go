@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
@@ -26,8 +27,12 @@ type RedisOptions struct {
 	// Pipelines is how many pipelines may be in flight at once; requests that
 	// arrive meanwhile wait and go out together in the next one. Default 4.
 	Pipelines int
-	MaxBatch  int // commands per pipeline, default 128
-	Logger    *slog.Logger
+	MaxBatch  int // checks per pipeline, default 128
+	// CallChecks is how many of a pipeline's checks one script call
+	// decides at most (default 128): each check is still decided
+	// all-or-nothing, in arrival order. 1 sends a script call per check.
+	CallChecks int
+	Logger     *slog.Logger
 	// RootCAs verify Redis's certificate on rediss:// URLs (nil: system
 	// roots); Certificates are presented to it (mutual TLS).
 	RootCAs      *x509.CertPool
@@ -40,22 +45,25 @@ type RedisOptions struct {
 	viaGoRedis bool
 	idleCheck  time.Duration // direct connections: probe after this idle time (tests)
 	script     *luaScript    // the check script (tests: a variant on a test clock)
+	beforeExec func([]*call) // tests: called with each batch before it is sent
 }
 
 // Redis keeps counters in Redis (single, Sentinel or Cluster).
 type Redis struct {
-	c         redis.UniversalClient
-	cluster   bool
-	split     bool
-	timeout   time.Duration
-	log       *slog.Logger
-	script    *luaScript
-	in        chan *call
-	direct    *redis.Options // single Redis: pipelines use connections of their own (direct.go)
-	idleCheck time.Duration  // see directConn.idleCheck
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	closeOnce sync.Once
+	c          redis.UniversalClient
+	cluster    bool
+	split      bool
+	timeout    time.Duration
+	log        *slog.Logger
+	script     *luaScript
+	callMax    int // checks per script call
+	in         chan *call
+	direct     *redis.Options // single Redis: pipelines use connections of their own (direct.go)
+	idleCheck  time.Duration  // see directConn.idleCheck
+	beforeExec func([]*call)
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
 }
 
 // NewRedis connects lazily: a Redis that is down at start makes checks fail
@@ -71,6 +79,10 @@ func NewRedis(o RedisOptions) (*Redis, error) {
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 128
 	}
+	if o.CallChecks <= 0 {
+		o.CallChecks = 128
+	}
+	o.MaxBatch = max(o.MaxBatch, o.CallChecks)
 	if o.Timeout <= 0 {
 		o.Timeout = time.Second
 	}
@@ -82,7 +94,8 @@ func NewRedis(o RedisOptions) (*Redis, error) {
 	}
 	s := &Redis{
 		c: c, cluster: cluster, split: cluster || o.splitSlots, timeout: o.Timeout, log: o.Logger,
-		script: o.script, in: make(chan *call, 4096), stop: make(chan struct{}),
+		script: o.script, callMax: o.CallChecks, in: make(chan *call, 4096), stop: make(chan struct{}),
+		beforeExec: o.beforeExec,
 	}
 	if single != nil && !o.viaGoRedis {
 		s.direct = single
@@ -99,7 +112,7 @@ func NewRedis(o RedisOptions) (*Redis, error) {
 	return s, nil
 }
 
-// call is one check.lua call waiting for a pipeline.
+// call is one check waiting for a pipeline.
 type call struct {
 	scriptCall
 	deadline time.Time // the pipeline drops the call once it is past
@@ -111,9 +124,10 @@ type call struct {
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-// pipeline sends queued script calls: it takes one, adds whatever else is
-// waiting (up to max), and sends them all in one round trip. With several
-// of these running, a pipeline fills while the others wait for Redis.
+// pipeline sends queued checks: it takes one, adds whatever else is
+// waiting (up to max), and sends them all in one round trip, in as few
+// script calls as it may (see groups). With several of these running, a
+// pipeline fills while the others wait for Redis.
 func (s *Redis) pipeline(maxBatch int) {
 	defer s.wg.Done()
 	var d *directConn
@@ -122,6 +136,7 @@ func (s *Redis) pipeline(maxBatch int) {
 		defer d.close()
 	}
 	batch := make([]*call, 0, maxBatch)
+	var gb groupBuf
 	for {
 		select {
 		case <-s.stop:
@@ -149,10 +164,14 @@ func (s *Redis) pipeline(maxBatch int) {
 			if len(batch) == 0 {
 				continue
 			}
+			if s.beforeExec != nil {
+				s.beforeExec(batch)
+			}
+			groups := s.groups(batch, &gb)
 			if d != nil {
-				d.exec(batch, batchDeadline(batch))
+				d.exec(groups, batchDeadline(batch))
 			} else {
-				s.exec(batch)
+				s.exec(groups, batchDeadline(batch))
 			}
 			for i, c := range batch {
 				c.done <- struct{}{}
@@ -160,6 +179,56 @@ func (s *Redis) pipeline(maxBatch int) {
 			}
 		}
 	}
+}
+
+// groupBuf is the storage groups reuses from one batch to the next.
+type groupBuf struct {
+	groups [][]*call
+	calls  []*call
+	slots  []int
+}
+
+// groups splits a batch, in arrival order, into the checks each script
+// call decides: at most callMax, and on Redis Cluster all of one slot
+// (a script's keys must share one; every check's do, see Check). The
+// checks of a group keep their arrival order.
+func (s *Redis) groups(batch []*call, gb *groupBuf) [][]*call {
+	gb.groups, gb.slots = gb.groups[:0], gb.slots[:0]
+	if !s.split {
+		for len(batch) > 0 {
+			n := min(len(batch), s.callMax)
+			gb.groups = append(gb.groups, batch[:n:n])
+			batch = batch[n:]
+		}
+		return gb.groups
+	}
+	// Stable by slot: a group's checks stay in arrival order.
+	gb.calls = append(gb.calls[:0], batch...)
+	for _, c := range gb.calls {
+		gb.slots = append(gb.slots, Slot(c.limit(0).Key))
+	}
+	sort.Stable(bySlot{gb.calls, gb.slots})
+	for i := 0; i < len(gb.calls); {
+		j := i + 1
+		for j < len(gb.calls) && gb.slots[j] == gb.slots[i] && j-i < s.callMax {
+			j++
+		}
+		gb.groups = append(gb.groups, gb.calls[i:j:j])
+		i = j
+	}
+	return gb.groups
+}
+
+type bySlot struct {
+	calls []*call
+	slots []int
+}
+
+func (b bySlot) Len() int           { return len(b.calls) }
+func (b bySlot) Less(i, j int) bool { return b.slots[i] < b.slots[j] }
+func (b bySlot) Swap(i, j int) {
+	b.calls[i], b.calls[j] = b.calls[j], b.calls[i]
+	b.slots[i], b.slots[j] = b.slots[j], b.slots[i]
 }
 
 // batchDeadline is how long a batch may take: as long as its most patient
@@ -174,21 +243,22 @@ func batchDeadline(batch []*call) time.Time {
 	return deadline
 }
 
-// checkCmd is the go-redis command of a check.lua call.
-func (s *Redis) checkCmd(ctx context.Context, c *scriptCall, eval bool) *redis.Cmd {
+// checkCmd is the go-redis command of a check.lua call deciding cs.
+func (s *Redis) checkCmd(ctx context.Context, cs []*call, eval bool) *redis.Cmd {
 	var args goRedisArgs
-	writeCheck(&args, s.script, c, eval)
+	writeCheck(&args, s.script, cs, eval, &specTable{})
 	return redis.NewCmd(ctx, args...)
 }
 
-// exec sends a batch through go-redis (Cluster, Sentinel).
-func (s *Redis) exec(batch []*call) {
-	ctx, cancel := context.WithDeadline(context.Background(), batchDeadline(batch))
+// exec sends the script calls of groups through go-redis (Cluster,
+// Sentinel), which splits the pipeline per node.
+func (s *Redis) exec(groups [][]*call, deadline time.Time) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	cmds := make([]*redis.Cmd, len(batch))
+	cmds := make([]*redis.Cmd, len(groups))
 	p := s.c.Pipeline()
-	for i, c := range batch {
-		cmds[i] = s.checkCmd(ctx, &c.scriptCall, false)
+	for i, g := range groups {
+		cmds[i] = s.checkCmd(ctx, g, false)
 		_ = p.Process(ctx, cmds[i])
 	}
 	_, _ = p.Exec(ctx) // errors are read per command
@@ -207,21 +277,64 @@ func (s *Redis) exec(batch []*call) {
 	if len(again) > 0 {
 		p = s.c.Pipeline()
 		for _, i := range again {
-			cmds[i] = s.checkCmd(ctx, &batch[i].scriptCall, true)
+			cmds[i] = s.checkCmd(ctx, groups[i], true)
 			_ = p.Process(ctx, cmds[i])
 		}
 		_, _ = p.Exec(ctx)
 	}
-	for i, c := range batch {
-		c.vals, c.err = c.vals[:0], nil
-		if err := cmds[i].Err(); err != nil {
-			c.err = storeErr(err)
-		} else if v, err := cmds[i].Int64Slice(); err != nil {
-			c.err = fmt.Errorf("redis script: unexpected answer (%v)", err)
+	for i, g := range groups {
+		err := cmds[i].Err()
+		if err == nil || isRedisError(err) {
+			if err = readCheckReply(&goRedisReply{v: cmds[i].Val(), err: err}, g); err != nil {
+				err = fmt.Errorf("redis script: unexpected answer (%w)", err)
+			}
 		} else {
-			c.vals = append(c.vals, v...)
+			err = storeErr(err)
+		}
+		if err != nil {
+			for _, c := range g {
+				c.vals, c.err = c.vals[:0], err
+			}
 		}
 	}
+}
+
+func isRedisError(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr)
+}
+
+// goRedisReply is a reply go-redis read, as a replyReader.
+type goRedisReply struct {
+	v   any
+	err error // the error reply instead
+	i   int
+}
+
+func (g *goRedisReply) array() (int, error) {
+	if g.err != nil {
+		return 0, g.err
+	}
+	a, ok := g.v.([]any)
+	if !ok {
+		return 0, fmt.Errorf("%w: %T", errProtocol, g.v)
+	}
+	return len(a), nil
+}
+
+func (g *goRedisReply) elem() (int64, string, bool, error) {
+	a := g.v.([]any)
+	if g.i >= len(a) {
+		return 0, "", false, errProtocol
+	}
+	g.i++
+	switch v := a[g.i-1].(type) {
+	case int64:
+		return v, "", false, nil
+	case string:
+		return 0, v, true, nil
+	}
+	return 0, "", false, fmt.Errorf("%w: %T", errProtocol, a[g.i-1])
 }
 
 // reloadOnNodeError asks the cluster client to reload the slot map when a
@@ -423,14 +536,25 @@ func Slot(key string) int {
 
 // Peek implements Store.
 func (s *Redis) Peek(ctx context.Context, deadline time.Time, l *rules.LimitRequest) (rules.Decision, error) {
+	c, err := s.run(ctx, deadline, peekCall(l))
+	if err != nil {
+		return rules.Decision{}, err
+	}
+	return c.peekResult()
+}
+
+// peekCall is the script's check that peeks at l: l at cost 0.
+func peekCall(l *rules.LimitRequest) scriptCall {
 	ls := []rules.LimitRequest{*l}
 	ls[0].Spec.Cost = 0
+	return scriptCall{mode: modePeek, ls: ls}
+}
+
+// peekResult reads the answer of a peekCall and releases c. Allowed says
+// whether one more unit would pass.
+func (c *call) peekResult() (rules.Decision, error) {
 	resp := rules.CheckResponse{Decisions: make([]rules.Decision, 1)}
-	c, err := s.run(ctx, deadline, scriptCall{mode: modePeek, ls: ls})
-	if err == nil {
-		_, err = c.result(&resp)
-	}
-	if err != nil {
+	if _, err := c.result(&resp); err != nil {
 		return rules.Decision{}, err
 	}
 	d := resp.Decisions[0]

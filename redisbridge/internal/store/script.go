@@ -4,7 +4,12 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/rules"
 )
@@ -15,16 +20,24 @@ import (
 // only serialize what writeCheck lays out, and both read the reply through
 // scriptCall.readReply.
 //
-// check.lua
+// check.lua decides a batch of checks in one call, one after the other in
+// the order given, each all-or-nothing and seeing what the checks before
+// it wrote (exactly as separate calls would, at one Redis TIME):
 //
-//	KEYS  per limit: its counter key (base key + algorithm suffix), then,
-//	      with a penalty, its violations and block keys
-//	ARGV  mode, violations cap, number of limits, then per limit:
-//	      algorithm id, limit, window_ms, burst, cost, log_only (0/1),
-//	      penalty window_ms (0: no penalty)
-//	      [, threshold, number of multipliers, multipliers...]
-//	reply now_ms, allowed (0/1), then per limit:
-//	      allowed, limit, remaining, reset_ms, retry_after_ms
+//	KEYS  per check, per limit: its counter key (base key + algorithm
+//	      suffix), then, with a penalty, its violations and block keys
+//	ARGV  violations cap, number of specs, then per spec: algorithm id,
+//	      limit, window_ms, burst, cost, log_only (0/1), penalty
+//	      window_ms (0: no penalty) [, threshold, number of multipliers,
+//	      multipliers...]; then the number of checks, then per check: its
+//	      number of limits (negative: a peek, which writes nothing), then
+//	      per limit: its spec's number (from 1)
+//	reply now_ms, then per check: allowed (0/1; or, for a check that
+//	      failed, its error as text), then per limit: allowed, limit,
+//	      remaining, reset_ms, retry_after_ms
+//
+// A spec is what limits share (the same rule for many clients): sent and
+// parsed once per call, it leaves one argument per limit.
 //
 // refund.lua
 //
@@ -57,15 +70,30 @@ func newLuaScript(src string) *luaScript {
 }
 
 // CheckScript returns the check script's source, for benchmarks with
-// redis-benchmark (ARGV as writeCheck lays them out).
+// redis-benchmark.
 func CheckScript() string { return checkLua }
 
-// scriptMode is what a check.lua call does.
-type scriptMode string
+// CheckCommand returns the EVALSHA deciding one check of the limits ls,
+// as the bridge sends it: for benchmarks with redis-benchmark.
+func CheckCommand(ls []rules.LimitRequest) []string {
+	var w stringArgs
+	writeCheck(&w, checkScript, []*call{{scriptCall: scriptCall{mode: modeCheck, ls: ls}}}, false, &specTable{})
+	return w
+}
+
+// stringArgs collects a script command as strings.
+type stringArgs []string
+
+func (a *stringArgs) begin(parts int)  { *a = make([]string, 0, parts) }
+func (a *stringArgs) bulk(x, y string) { *a = append(*a, x+y) }
+func (a *stringArgs) int(n int64)      { *a = append(*a, strconv.FormatInt(n, 10)) }
+
+// scriptMode is what a check does in check.lua.
+type scriptMode byte
 
 const (
-	modeCheck scriptMode = "c" // decide and consume
-	modePeek  scriptMode = "p" // decide, write nothing
+	modeCheck scriptMode = iota // decide and consume
+	modePeek                    // decide, write nothing
 )
 
 // Algorithm ids the scripts switch on.
@@ -90,18 +118,23 @@ func scriptAlgorithm(a rules.Algorithm) int64 {
 
 // ARGV and reply layout of check.lua.
 const (
-	checkHeadArgs  = 3 // mode, violations cap, number of limits
-	limitArgs      = 7 // algorithm .. penalty window_ms
+	checkHeadArgs  = 3 // violations cap, number of specs, number of checks
+	specArgs       = 7 // algorithm .. penalty window_ms
 	penaltyArgs    = 2 // threshold, number of multipliers (then the multipliers)
-	replyHead      = 2 // now_ms, allowed
+	checkArgs      = 1 // per check: number of limits (negative: a peek)
+	limitArgs      = 1 // per limit: its spec's number
+	replyHead      = 1 // now_ms
+	replyPerCheck  = 1 // allowed, or the check's error
 	replyPerLimit  = 5 // allowed, limit, remaining, reset_ms, retry_after_ms
-	maxCheckReply  = replyHead + replyPerLimit*rules.MaxLimitsPerCheck
 	refundHeadArgs = 1 // number of limits
 	refundArgs     = 3 // algorithm, burst, cost
 )
 
-// scriptCall is one call of check.lua: the limits idx of ls (all when idx
-// is nil) in mode.
+// maxTextReply bounds the error text of a failed check in a reply.
+const maxTextReply = 64 << 10
+
+// scriptCall is one check in a call of check.lua: the limits idx of ls
+// (all when idx is nil) in mode.
 type scriptCall struct {
 	mode scriptMode
 	ls   []rules.LimitRequest
@@ -137,15 +170,72 @@ func penalized(l *rules.LimitRequest) (*rules.Penalty, bool) {
 	return p, p != nil && p.Enabled
 }
 
-// writeCheck writes the EVALSHA of sc for c, or with eval its EVAL.
-func writeCheck(w argWriter, sc *luaScript, c *scriptCall, eval bool) {
-	n := c.limits()
-	keys, args := 0, checkHeadArgs
-	for j := range n {
-		keys++
-		args += limitArgs
-		if p, ok := penalized(c.limit(j)); ok {
-			keys += 2
+// specTable numbers the distinct specs of a call's limits. Kept by a
+// transport and reused from one call to the next.
+type specTable struct {
+	uniq []*rules.LimitRequest // a limit of each spec, by number - 1
+	ref  []int64               // the spec number of each limit of the call, in order
+}
+
+// specSearch is how many of the latest specs a limit's is looked up
+// among: a batch rarely has more, and the search stays short when it
+// does (a spec missed is sent twice, which is harmless).
+const specSearch = 16
+
+// number fills t for cs.
+func (t *specTable) number(cs []*call) {
+	t.uniq, t.ref = t.uniq[:0], t.ref[:0]
+	for _, c := range cs {
+		for j := range c.limits() {
+			l := c.limit(j)
+			n := 0
+			for i := len(t.uniq) - 1; i >= max(0, len(t.uniq)-specSearch); i-- {
+				if sameSpec(t.uniq[i], l) {
+					n = i + 1
+					break
+				}
+			}
+			if n == 0 {
+				t.uniq = append(t.uniq, l)
+				n = len(t.uniq)
+			}
+			t.ref = append(t.ref, int64(n))
+		}
+	}
+}
+
+// sameSpec tells whether a and b send the same spec arguments.
+func sameSpec(a, b *rules.LimitRequest) bool {
+	sa, sb := &a.Spec, &b.Spec
+	if a.LogOnly != b.LogOnly || scriptAlgorithm(sa.Algorithm) != scriptAlgorithm(sb.Algorithm) ||
+		sa.Limit != sb.Limit || sa.WindowMS != sb.WindowMS || sa.Burst != sb.Burst || sa.Cost != sb.Cost {
+		return false
+	}
+	pa, okA := penalized(a)
+	pb, okB := penalized(b)
+	if okA != okB {
+		return false
+	}
+	return !okA || pa.DetectionWindowMS == pb.DetectionWindowMS && pa.ViolationThreshold == pb.ViolationThreshold &&
+		slices.Equal(pa.Multipliers, pb.Multipliers)
+}
+
+// writeCheck writes the EVALSHA of sc (with eval, its EVAL) deciding the
+// checks of cs in order. t is scratch space.
+func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable) {
+	t.number(cs)
+	keys, args := 0, checkHeadArgs+checkArgs*len(cs)+limitArgs*len(t.ref)
+	for _, c := range cs {
+		for j := range c.limits() {
+			keys++
+			if _, ok := penalized(c.limit(j)); ok {
+				keys += 2
+			}
+		}
+	}
+	for _, l := range t.uniq {
+		args += specArgs
+		if p, ok := penalized(l); ok {
 			args += penaltyArgs + len(p.Multipliers)
 		}
 	}
@@ -161,19 +251,19 @@ func writeCheck(w argWriter, sc *luaScript, c *scriptCall, eval bool) {
 		w.bulk(sc.sha, "")
 	}
 	w.int(int64(keys))
-	for j := range n {
-		l := c.limit(j)
-		w.bulk(l.Key, algSuffix(l.Spec.Algorithm))
-		if _, ok := penalized(l); ok {
-			w.bulk(l.Key, suffixViolations)
-			w.bulk(l.Key, suffixBlock)
+	for _, c := range cs {
+		for j := range c.limits() {
+			l := c.limit(j)
+			w.bulk(l.Key, algSuffix(l.Spec.Algorithm))
+			if _, ok := penalized(l); ok {
+				w.bulk(l.Key, suffixViolations)
+				w.bulk(l.Key, suffixBlock)
+			}
 		}
 	}
-	w.bulk(string(c.mode), "")
 	w.int(rules.MaxViolations)
-	w.int(int64(n))
-	for j := range n {
-		l := c.limit(j)
+	w.int(int64(len(t.uniq)))
+	for _, l := range t.uniq {
 		sp := &l.Spec
 		w.int(scriptAlgorithm(sp.Algorithm))
 		w.int(sp.Limit)
@@ -192,9 +282,91 @@ func writeCheck(w argWriter, sc *luaScript, c *scriptCall, eval bool) {
 			w.int(0)
 		}
 	}
+	w.int(int64(len(cs)))
+	ref := t.ref
+	for _, c := range cs {
+		n := c.limits()
+		if c.mode == modePeek {
+			w.int(int64(-n))
+		} else {
+			w.int(int64(n))
+		}
+		for _, r := range ref[:n] {
+			w.int(r)
+		}
+		ref = ref[n:]
+	}
 	if sc.clock != nil {
 		w.int(sc.clock())
 	}
+}
+
+// replyReader yields a check.lua reply as a transport reads it.
+type replyReader interface {
+	// array reads the reply's head: its number of elements, or the
+	// error reply Redis gave instead (the whole call failed: NOSCRIPT,
+	// BUSY, ...).
+	array() (int, error)
+	// elem reads the next element: an integer, or text.
+	elem() (n int64, text string, isText bool, err error)
+}
+
+// readCheckReply reads the reply of the call deciding cs into each
+// check's vals (now_ms, allowed, then per limit its five values, as
+// scriptCall.readReply reads them) or err: the error reply of the whole
+// call, or the check's own error. It returns an error only when the
+// reply is malformed or could not be read; the transport's stream is
+// then unusable.
+func readCheckReply(r replyReader, cs []*call) error {
+	for _, c := range cs {
+		c.vals, c.err = c.vals[:0], nil
+	}
+	n, err := r.array()
+	if err != nil {
+		var rerr redis.Error
+		if !errors.As(err, &rerr) {
+			return err
+		}
+		for _, c := range cs {
+			c.err = storeErr(err)
+		}
+		return nil
+	}
+	want := replyHead
+	for _, c := range cs {
+		want += replyPerCheck + replyPerLimit*c.limits()
+	}
+	if n != want {
+		return fmt.Errorf("%w: %d values for %d checks", errProtocol, n, len(cs))
+	}
+	now, _, isText, err := r.elem()
+	if err != nil {
+		return err
+	}
+	if isText {
+		return errProtocol
+	}
+	for _, c := range cs {
+		allowed, text, isText, err := r.elem()
+		if err != nil {
+			return err
+		}
+		if isText {
+			c.err = storeErr(replyError(text))
+		}
+		c.vals = append(c.vals, now, allowed)
+		for range replyPerLimit * c.limits() {
+			v, _, isText, err := r.elem()
+			if err != nil {
+				return err
+			}
+			if isText {
+				return errProtocol
+			}
+			c.vals = append(c.vals, v)
+		}
+	}
+	return nil
 }
 
 func boolArg(b bool) int64 {
@@ -204,12 +376,14 @@ func boolArg(b bool) int64 {
 	return 0
 }
 
-// readReply copies a check.lua reply into resp.Decisions (at c.idx when
-// set) and returns the script's allowed flag; with c.idx nil it sets
-// resp.Allowed too. resp.NowMS becomes the latest time seen.
+// readReply copies the check's part of a check.lua reply (now_ms,
+// allowed, then per limit five values: vals as readCheckReply leaves
+// them) into resp.Decisions (at c.idx when set) and returns the check's
+// allowed flag; with c.idx nil it sets resp.Allowed too. resp.NowMS
+// becomes the latest time seen.
 func (c *scriptCall) readReply(v []int64, resp *rules.CheckResponse) (bool, error) {
 	n := c.limits()
-	if len(v) != replyHead+replyPerLimit*n {
+	if len(v) != replyHead+replyPerCheck+replyPerLimit*n {
 		return false, fmt.Errorf("redis script: unexpected answer (%d values for %d limits)", len(v), n)
 	}
 	resp.NowMS = max(resp.NowMS, v[0])
@@ -218,7 +392,7 @@ func (c *scriptCall) readReply(v []int64, resp *rules.CheckResponse) (bool, erro
 		if c.idx != nil {
 			i = c.idx[j]
 		}
-		r := v[replyHead+replyPerLimit*j:]
+		r := v[replyHead+replyPerCheck+replyPerLimit*j:]
 		resp.Decisions[i] = rules.Decision{Allowed: r[0] == 1, Limit: r[1], Remaining: r[2], ResetMS: r[3], RetryAfterMS: r[4]}
 	}
 	allowed := v[1] == 1
