@@ -37,91 +37,82 @@ local vcap = tonumber(ARGV[1])
 -- batch. No time passes and no key expires within a script, so the cached
 -- fields are what Redis would hold.
 local cache, dirty, nd = {}, {}, 0
-local function fields(key, alg)
-  local s = cache[key]
-  if not s then
-    if alg == 2 then s = call('HMGET', key, 'w', 'c', 'p')
-    elseif alg == 1 then s = call('HMGET', key, 'tokens', 'ts')
-    else s = call('HMGET', key, 'w', 'c') end
-    s[4], s[5] = alg, false -- the algorithm; the expiry in ms, once written
-    cache[key] = s
-  end
-  return s
-end
 
--- Each algorithm decides one limit without writing. It returns ok,
--- remaining, reset, retry, cap (the limit reported), and the state to
--- write when the check is allowed: after, idx, prev (sliding window),
--- count (sliding log).
-local function tokenBucket(key, limit, W, cap, cost)
-  local s = fields(key, 1)
-  local tokens = cap
-  if s[1] then
-    tokens = min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W)
+-- decideLimit decides one limit without writing. It returns ok, remaining,
+-- reset, retry, cap (the limit reported), and the state to write when the
+-- check is allowed: after, idx, prev (sliding window), count (sliding
+-- log). One function for the four algorithms: a script call builds each
+-- of its functions anew, which a batch of one check notices.
+local function decideLimit(alg, key, limit, W, cap, cost)
+  local s
+  if alg ~= 3 then
+    s = cache[key]
+    if not s then
+      if alg == 2 then s = call('HMGET', key, 'w', 'c', 'p')
+      elseif alg == 1 then s = call('HMGET', key, 'tokens', 'ts')
+      else s = call('HMGET', key, 'w', 'c') end
+      s[4], s[5] = alg, false -- the algorithm; the expiry in ms, once written
+      cache[key] = s
+    end
   end
-  local ok = tokens >= cost
-  local after, retry = tokens, 0
-  if ok then after = tokens - cost
-  elseif cost > cap then retry = W
-  else retry = ceil((cost - tokens) * W / limit) end
-  return ok, floor(after), now + ceil((cap - after) * W / limit), retry, cap, after, 0, 0, 0
-end
-
--- sliding window, weighted: HASH w (window index), c (count), p (previous count)
-local function slidingWindow(key, limit, W, cost)
-  local idx = floor(now / W)
-  local s = fields(key, 2)
-  local cur, prev, w = 0, 0, tonumber(s[1])
-  if w == idx then cur, prev = tonumber(s[2]), tonumber(s[3])
-  elseif w == idx - 1 then prev = tonumber(s[2]) end
-  local elapsed = now - idx * W
-  local est = prev * ((W - elapsed) / W) + cur
-  local ok = est + cost <= limit
-  local after, rem = cur, limit - est
-  if ok then after, rem = cur + cost, rem - cost end
-  local reset, retry = now, 0
-  if after > 0 then reset = (idx + 2) * W
-  elseif prev > 0 then reset = (idx + 1) * W end
-  if not ok then
-    if cost > limit then retry = W
-    else
-      local room = limit - cost - cur
-      if room >= 0 then
-        retry = ceil(W - room * W / prev - elapsed)
+  if alg == 1 then -- token bucket: HASH tokens, ts
+    local tokens = cap
+    if s[1] then
+      tokens = min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W)
+    end
+    local ok = tokens >= cost
+    local after, retry = tokens, 0
+    if ok then after = tokens - cost
+    elseif cost > cap then retry = W
+    else retry = ceil((cost - tokens) * W / limit) end
+    return ok, floor(after), now + ceil((cap - after) * W / limit), retry, cap, after, 0, 0, 0
+  elseif alg == 2 then -- sliding window, weighted: HASH w (window index), c (count), p (previous count)
+    local idx = floor(now / W)
+    local cur, prev, w = 0, 0, tonumber(s[1])
+    if w == idx then cur, prev = tonumber(s[2]), tonumber(s[3])
+    elseif w == idx - 1 then prev = tonumber(s[2]) end
+    local elapsed = now - idx * W
+    local est = prev * ((W - elapsed) / W) + cur
+    local ok = est + cost <= limit
+    local after, rem = cur, limit - est
+    if ok then after, rem = cur + cost, rem - cost end
+    local reset, retry = now, 0
+    if after > 0 then reset = (idx + 2) * W
+    elseif prev > 0 then reset = (idx + 1) * W end
+    if not ok then
+      if cost > limit then retry = W
       else
-        retry = (idx + 1) * W - now + ceil(W - (limit - cost) * W / cur)
+        local room = limit - cost - cur
+        if room >= 0 then
+          retry = ceil(W - room * W / prev - elapsed)
+        else
+          retry = (idx + 1) * W - now + ceil(W - (limit - cost) * W / cur)
+        end
+        retry = max(1, retry)
       end
-      retry = max(1, retry)
     end
-  end
-  return ok, max(0, floor(rem)), reset, retry, limit, after, idx, prev, 0
-end
-
--- sliding log: ZSET of admitted units, score = ms
-local function slidingLog(key, limit, W, cost)
-  local from = '(' .. format('%d', now - W)
-  local count = call('ZCOUNT', key, from, '+inf')
-  local ok = count + cost <= limit
-  local after = count
-  if ok then after = count + cost end
-  local reset, retry = now, 0
-  if after == 0 then reset = now
-  elseif ok and cost > 0 then reset = now + W
-  else reset = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) + W end
-  if not ok then
-    if cost > limit then retry = W
-    else
-      local r = call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
-      retry = max(1, tonumber(r[2]) + W - now)
+    return ok, max(0, floor(rem)), reset, retry, limit, after, idx, prev, 0
+  elseif alg == 3 then -- sliding log: ZSET of admitted units, score = ms
+    local from = '(' .. format('%d', now - W)
+    local count = call('ZCOUNT', key, from, '+inf')
+    local ok = count + cost <= limit
+    local after = count
+    if ok then after = count + cost end
+    local reset, retry = now, 0
+    if after == 0 then reset = now
+    elseif ok and cost > 0 then reset = now + W
+    else reset = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) + W end
+    if not ok then
+      if cost > limit then retry = W
+      else
+        local r = call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
+        retry = max(1, tonumber(r[2]) + W - now)
+      end
     end
+    return ok, limit - after, reset, retry, limit, after, 0, 0, count
   end
-  return ok, limit - after, reset, retry, limit, after, 0, 0, count
-end
-
--- fixed window: HASH w (window index), c (count)
-local function fixedWindow(key, limit, W, cost)
+  -- fixed window: HASH w (window index), c (count)
   local idx = floor(now / W)
-  local s = fields(key, 4)
   local cur = 0
   if tonumber(s[1]) == idx then cur = tonumber(s[2]) end
   local ok = cur + cost <= limit
@@ -132,13 +123,6 @@ local function fixedWindow(key, limit, W, cost)
     if cost > limit then retry = W else retry = (idx + 1) * W - now end
   end
   return ok, limit - after, reset, retry, limit, after, idx, 0, 0
-end
-
-local function decideLimit(alg, key, limit, W, burst, cost)
-  if alg == 1 then return tokenBucket(key, limit, W, burst, cost)
-  elseif alg == 2 then return slidingWindow(key, limit, W, cost)
-  elseif alg == 3 then return slidingLog(key, limit, W, cost) end
-  return fixedWindow(key, limit, W, cost)
 end
 
 -- consume writes what an allowed limit takes. i is the limit's place in
@@ -188,13 +172,6 @@ local function violate(vkey, bkey, pw, threshold, mult, W, retry, reset)
   return retry, reset
 end
 
--- blockedUntil is when the block of a limit with a penalty ends, or nil.
-local function blockedUntil(bkey)
-  local b = tonumber(call('GET', bkey))
-  if b and b > now then return b end
-  return nil
-end
-
 local out, o = {now}, 2
 
 -- The specs the batch's limits refer to, each sent once per call:
@@ -219,8 +196,8 @@ local function checkOne(sp, key, vkey, bkey, write)
   local ok, remaining, reset, retry, cap, after, idx, prev, count = decideLimit(alg, key, limit, W, sp[4], cost)
   local blocked = false
   if pw > 0 then
-    local b = blockedUntil(bkey)
-    if b then ok, blocked, remaining, retry, reset = false, true, 0, b - now, max(reset, b) end
+    local b = tonumber(call('GET', bkey))
+    if b and b > now then ok, blocked, remaining, retry, reset = false, true, 0, b - now, max(reset, b) end
   end
   local allowed = ok or logOnly
   if write then
@@ -245,8 +222,8 @@ local function checkMany(n, write)
       decideLimit(sp[1], l.key, sp[2], sp[3], sp[4], sp[5])
     l.blocked = false
     if l.bkey then
-      local b = blockedUntil(l.bkey)
-      if b then l.ok, l.blocked, l.remaining, l.retry, l.reset = false, true, 0, b - now, max(l.reset, b) end
+      local b = tonumber(call('GET', l.bkey))
+      if b and b > now then l.ok, l.blocked, l.remaining, l.retry, l.reset = false, true, 0, b - now, max(l.reset, b) end
     end
     if not l.ok and not sp[6] then allowed = false end
   end
