@@ -24,9 +24,9 @@ import (
 func (s *Server) serveCheck(ctx context.Context, in *checkio.Request, out *checkio.Response) {
 	start := time.Now()
 	var id string
-	if in.RequestID != nil {
+	if len(in.RequestID) > 0 {
 		id = string(in.RequestID)
-	} else {
+	} else { // none, or empty: net/http's handler makes one up then
 		id = newRequestID()
 	}
 	out.Set("X-Request-Id", id)
