@@ -25,6 +25,9 @@ local call, tonumber, format, pcall, type, tostring = redis.call, tonumber, stri
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+-- Integers go to Redis formatted with %d: a Lua number Redis converts
+-- itself is printed as a float, several times slower.
+local nowStr = format('%d', now)
 
 local vcap = tonumber(ARGV[1])
 
@@ -145,9 +148,9 @@ local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count
     local tag = ''
     if i > 1 then tag = '.' .. i end
     for j = 1, cost do
-      call('ZADD', key, now, format('%d-%06d', now, count + j) .. tag)
+      call('ZADD', key, nowStr, format('%d-%06d', now, count + j) .. tag)
     end
-    call('PEXPIRE', key, W)
+    call('PEXPIRE', key, format('%d', W))
   else
     local s = cache[key]
     if not s[5] then nd = nd + 1; dirty[nd] = key end
@@ -160,9 +163,9 @@ end
 local function violate(vkey, bkey, pw, threshold, mult, W, retry, reset)
   call('ZREMRANGEBYSCORE', vkey, '-inf', format('%d', now - pw))
   local v = call('ZCARD', vkey) + 1
-  call('ZADD', vkey, now, format('%d-%06d', now, v))
-  call('ZREMRANGEBYRANK', vkey, 0, -vcap - 1)
-  call('PEXPIRE', vkey, pw)
+  call('ZADD', vkey, nowStr, format('%d-%06d', now, v))
+  call('ZREMRANGEBYRANK', vkey, 0, format('%d', -vcap - 1))
+  call('PEXPIRE', vkey, format('%d', pw))
   v = min(v, vcap)
   if v >= threshold then
     local block = W * mult[min(v - threshold, #mult - 1) + 1]
@@ -302,13 +305,14 @@ for i = 1, nd do
   local s = cache[key]
   local alg = s[4]
   if alg == 1 then
-    -- %.17g: the tokens read back are exactly the float written.
-    call('HSET', key, 'tokens', format('%.17g', s[1]), 'ts', s[2])
+    -- %.17g: the tokens read back are exactly the float written; ts is
+    -- always now.
+    call('HSET', key, 'tokens', format('%.17g', s[1]), 'ts', nowStr)
   elseif alg == 2 then
-    call('HSET', key, 'w', s[1], 'c', s[2], 'p', s[3])
+    call('HSET', key, 'w', format('%d', s[1]), 'c', format('%d', s[2]), 'p', format('%d', s[3]))
   else
-    call('HSET', key, 'w', s[1], 'c', s[2])
+    call('HSET', key, 'w', format('%d', s[1]), 'c', format('%d', s[2]))
   end
-  call('PEXPIRE', key, s[5])
+  call('PEXPIRE', key, format('%d', s[5]))
 end
 return out
