@@ -738,3 +738,87 @@ func fuzzHead(next func() byte) []hpack.HeaderField {
 	}
 	return fs
 }
+
+// TestServer_H2CShutdown: a bridge shutting down sends its h2c clients a
+// GOAWAY, finishes the check and the relayed request in flight on the
+// connection, then closes it, and Serve returns.
+func TestServer_H2CShutdown(t *testing.T) {
+	set := testSettings()
+	set.Logger = discardLogger()
+	s, err := New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	fr := http2.NewFramer(c, c)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	head := func(id uint32, fs []hpack.HeaderField) {
+		hb.Reset()
+		for _, f := range fs {
+			enc.WriteField(f)
+		}
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+	}
+	c.Write([]byte(http2.ClientPreface))
+	fr.WriteSettings()
+	head(1, checkHead())
+	// Expect: net/http's 100 Continue says it has the stream.
+	head(3, fields(":method", "POST", ":scheme", "http", ":path", "/v1/rate-limit/batch-check", ":authority", "b", "expect", "100-continue"))
+	read := func(until func(http2.Frame) bool) {
+		t.Helper()
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if until(f) {
+				return
+			}
+		}
+	}
+	read(func(f http2.Frame) bool {
+		h, ok := f.(*http2.MetaHeadersFrame)
+		return ok && h.StreamID == 3 && h.PseudoValue("status") == "100"
+	})
+	shut := make(chan error, 1)
+	go func() { shut <- s.Shutdown(context.Background()) }()
+	read(func(f http2.Frame) bool {
+		g, ok := f.(*http2.GoAwayFrame)
+		return ok && g.ErrCode == http2.ErrCodeNo && g.LastStreamID == 3
+	})
+	fr.WriteData(1, true, wireCheck("shutdown"))
+	fr.WriteData(3, true, []byte(`{"checks":[{"user_id":"u","endpoint":"/e"}]}`))
+	status := map[uint32]string{}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			break // closed once both are answered
+		}
+		if h, ok := f.(*http2.MetaHeadersFrame); ok {
+			status[h.StreamID] = h.PseudoValue("status")
+		}
+	}
+	if status[1] != "200" || status[3] != "200" {
+		t.Fatalf("answers during shutdown: %v", status)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+}

@@ -23,7 +23,10 @@ import (
 //
 // A leg is made for the first relayed stream and ends when net/http ends
 // it (its idle timeout, a shutdown: a GOAWAY); the next relayed stream
-// gets a new one.
+// gets a new one. Streams net/http's GOAWAY leaves out (it had not read
+// them yet) are reset with REFUSED_STREAM, which tells the client it may
+// send them again elsewhere; a leg made as the bridge shuts down may
+// refuse all of its streams that way.
 
 // relayState is a relayed stream's side toward net/http.
 type relayState struct {
