@@ -25,6 +25,7 @@ local call, tonumber, format, pcall, type, tostring = redis.call, tonumber, stri
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+local stamp = t[1] .. format('%06d', tonumber(t[2])) -- TIME in us: the members this call adds
 -- Integers go to Redis formatted with %d: a Lua number Redis converts
 -- itself is printed as a float, several times slower.
 local nowStr = format('%d', now)
@@ -40,6 +41,7 @@ local vcap = tonumber(ARGV[1])
 -- batch. No time passes and no key expires within a script, so the cached
 -- fields are what Redis would hold.
 local cache, dirty, nd = {}, {}, 0
+local seq = 0 -- members added by this call (sliding logs, violations)
 
 -- decideLimit decides one limit without writing. It returns ok, remaining,
 -- reset, retry, cap (the limit reported), and the state to write when the
@@ -128,9 +130,8 @@ local function decideLimit(alg, key, limit, W, cap, cost)
   return ok, limit - after, reset, retry, limit, after, idx, 0, 0
 end
 
--- consume writes what an allowed limit takes. i is the limit's place in
--- its check.
-local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count)
+-- consume writes what an allowed limit takes.
+local function consume(alg, key, limit, W, cap, cost, after, idx, prev, count)
   if alg == 1 then
     local s = cache[key]
     if not s[5] then nd = nd + 1; dirty[nd] = key end
@@ -141,14 +142,13 @@ local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count
     s[1], s[2], s[3], s[5] = idx, after, prev, 2 * W + 1000
   elseif alg == 3 then
     call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - W))
-    -- Unique per ms: within one ms (a batch has one) the in-window count
-    -- only grows. A key listed twice in one check is written twice (each
-    -- limit adds its cost, as in memory.go): the limit's index keeps the
-    -- second's members apart from the first's.
-    local tag = ''
-    if i > 1 then tag = '.' .. i end
+    -- Every admitted unit a member of its own (a key listed twice in one
+    -- check is written twice, as in memory.go): named by the call's TIME
+    -- in us, and within the call by a sequence, whatever window the
+    -- checks of a batch count the key's members in.
     for j = 1, cost do
-      call('ZADD', key, nowStr, format('%d-%06d', now, count + j) .. tag)
+      seq = seq + 1
+      call('ZADD', key, nowStr, format('%s-%06d.%d', stamp, count + j, seq))
     end
     call('PEXPIRE', key, format('%d', W))
   else
@@ -163,7 +163,8 @@ end
 local function violate(vkey, bkey, pw, threshold, mult, W, retry, reset)
   call('ZREMRANGEBYSCORE', vkey, '-inf', format('%d', now - pw))
   local v = call('ZCARD', vkey) + 1
-  call('ZADD', vkey, nowStr, format('%d-%06d', now, v))
+  seq = seq + 1
+  call('ZADD', vkey, nowStr, format('%s-%06d.%d', stamp, v, seq))
   call('ZREMRANGEBYRANK', vkey, 0, format('%d', -vcap - 1))
   call('PEXPIRE', vkey, format('%d', pw))
   v = min(v, vcap)
@@ -205,7 +206,7 @@ local function checkOne(sp, key, vkey, bkey, write)
   local allowed = ok or logOnly
   if write then
     if ok and allowed then
-      consume(1, alg, key, limit, W, cap, cost, after, idx, prev, count)
+      consume(alg, key, limit, W, cap, cost, after, idx, prev, count)
     elseif not allowed and pw > 0 and not blocked then
       retry, reset = violate(vkey, bkey, pw, sp[8], sp[9], W, retry, reset)
     end
@@ -236,7 +237,7 @@ local function checkMany(n, write)
       local sp = l.sp
       if allowed then
         if l.ok then
-          consume(i, sp[1], l.key, sp[2], sp[3], l.cap, sp[5], l.after, l.idx, l.prev, l.count)
+          consume(sp[1], l.key, sp[2], sp[3], l.cap, sp[5], l.after, l.idx, l.prev, l.count)
         end
       elseif not l.ok and not sp[6] and l.vkey and not l.blocked then
         l.retry, l.reset = violate(l.vkey, l.bkey, sp[7], sp[8], sp[9], sp[3], l.retry, l.reset)
