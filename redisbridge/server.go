@@ -147,7 +147,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	fast := h1fast.New(ln, checkio.HandlerFunc(s.serveCheck))
 	s.h2 = h2fast.New(h2fast.Options{Handler: checkio.HandlerFunc(s.serveCheck), Handoff: fast.Give,
-		MaxBody: maxBody, IdleTimeout: srv.IdleTimeout, Logger: s.log})
+		MaxBody: maxBody, IdleTimeout: srv.IdleTimeout})
 	fast.ServeH2(s.h2.ServeConn)
 	s.fast = fast
 	s.mu.Unlock()

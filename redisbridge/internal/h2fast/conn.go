@@ -10,13 +10,12 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
-
-	"sync"
 )
 
 // streamState is where a stream stands, as net/http's server tracks it.
@@ -82,7 +81,7 @@ func (c *conn) serve() {
 	defer c.finish()
 	// The preface and the first SETTINGS must come within settingsTimeout.
 	_ = c.nc.SetReadDeadline(time.Now().Add(settingsTimeout))
-	var preface [PrefaceLen]byte
+	var preface [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(c.br, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
 		close(c.writerDone)
 		return

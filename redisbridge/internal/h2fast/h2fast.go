@@ -30,13 +30,9 @@ package h2fast
 import (
 	"bufio"
 	"context"
-	"errors"
-	"log/slog"
 	"net"
 	"sync"
 	"time"
-
-	"golang.org/x/net/http2"
 
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 )
@@ -80,7 +76,6 @@ type Options struct {
 	// IdleTimeout closes connections without streams, as net/http's
 	// IdleTimeout does (default 2 minutes).
 	IdleTimeout time.Duration
-	Logger      *slog.Logger
 }
 
 // Server serves h2c connections handed to it by ServeConn.
@@ -97,9 +92,6 @@ type Server struct {
 func New(o Options) *Server {
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = defaultIdleTimeout
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Server{o: o, conns: map[*conn]struct{}{}, work: make(chan *stream)}
 }
@@ -151,16 +143,3 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
-
-// IsPreface reports whether b, the first bytes of a connection, may be
-// (or are, once len(b) >= len(http2.ClientPreface)) the HTTP/2 client
-// preface.
-func IsPreface(b []byte) bool {
-	n := min(len(b), len(http2.ClientPreface))
-	return string(b[:n]) == http2.ClientPreface[:n]
-}
-
-// PrefaceLen is the length of the HTTP/2 client preface.
-const PrefaceLen = len(http2.ClientPreface)
-
-var errClientGone = errors.New("h2fast: client gone")
