@@ -80,7 +80,7 @@ test-fuzz:
 # Benchmarks that measure paths against each other append rows to
 # $(BENCH_TABLE) (internal/benchtable); the table is printed at the end.
 BENCH_TABLE := $(BUILD)/bench-table.jsonl
-BENCH_ROUNDS ?= 3
+BENCH_ROUNDS ?= 5
 BENCH_ENV := SLUICE_BENCH_TABLE=$(abspath $(BENCH_TABLE))
 
 bench: deps wasm
@@ -102,7 +102,7 @@ bench-bridge: deps
 	@$(GO) run ./internal/benchtable/cmd/benchtable $(BENCH_TABLE)
 
 bench-bridge-rows:
-	$(BENCH_ENV) $(GO) test -run='^$$' -bench='BridgeTable' -benchtime=200000x -timeout 30m ./redisbridge -args -bench.rounds $(BENCH_ROUNDS)
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench='BridgeTable' -benchtime=120000x -timeout 30m ./redisbridge -args -bench.rounds $(BENCH_ROUNDS)
 
 # Starts the bridge (memory store, or Redis when REDIS_URL is set), a demo
 # upstream and the gateway; Ctrl-C stops them all.

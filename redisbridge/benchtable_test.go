@@ -19,7 +19,7 @@ import (
 	"github.com/sluicehq/sluice/rules"
 )
 
-var tableRounds = flag.Int("bench.rounds", 3, "BenchmarkBridgeTable: rounds of every row, interleaved; the table has their medians")
+var tableRounds = flag.Int("bench.rounds", 5, "BenchmarkBridgeTable: rounds of every row, interleaved; the table has their medians")
 
 // tableRow is one way of deciding checks that BenchmarkBridgeTable
 // measures.
