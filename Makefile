@@ -9,7 +9,7 @@ WASM := $(BUILD)/plugin.wasm
 # fixed in Go 1.27); a count has no deadline to race.
 FUZZTIME ?= 2000x
 
-.PHONY: all wasm oci bridge gateway demo-upstream test test-fuzz test-long bench bench-bridge run lint check deps clean
+.PHONY: all wasm oci bridge gateway demo-upstream test test-fuzz test-long bench bench-bridge bench-bridge-rows run lint check deps clean
 
 all: wasm bridge gateway demo-upstream
 
@@ -84,20 +84,33 @@ test-fuzz:
 # -bench=Wasm in ./plugin prints the plugin's cost per request on V8
 # (BenchmarkWasmV8, through Node) beside wazero's (BenchmarkWasm): same
 # configuration, same requests, guest-ns/op measured the same way.
-bench: deps wasm
-	$(GO) test -run='^$$' -bench=. -benchmem ./rules ./plugin/filter ./wasmhost ./internal/envoycheck
-	$(GO) test -run='^$$' -bench=Wasm -benchmem -benchtime=50000x ./plugin
-	$(GO) test -run='^$$' -bench='Memory_Check|Server_Check|Server_ServeCheck|DecodeCheckRequest' -benchmem -benchtime=100000x ./redisbridge
-	$(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/h1fast
-	$(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/store
-	$(GO) test -run='^$$' -bench=Policy_ReachesProxies -benchtime=20x ./e2e
-	$(MAKE) bench-bridge
+# Benchmarks that measure paths against each other append rows to
+# $(BENCH_TABLE) (internal/benchtable); the table is printed at the end.
+BENCH_TABLE := $(BUILD)/bench-table.jsonl
+BENCH_ROUNDS ?= 5
+BENCH_ENV := SLUICE_BENCH_TABLE=$(abspath $(BENCH_TABLE))
 
-# The bridge as its own process under 50 keep-alive connections, 10,000
-# users, against a local redis-server, and redis-benchmark's EVALSHA of the
-# same script for comparison (docs/bridge.md, "Measuring").
+bench: deps wasm
+	@mkdir -p $(BUILD); rm -f $(BENCH_TABLE)
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench=. -benchmem ./rules ./plugin/filter ./wasmhost ./internal/envoycheck
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench=Wasm -benchmem -benchtime=50000x ./plugin
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench='Memory_Check|Server_Check|Server_ServeCheck|DecodeCheckRequest' -benchmem -benchtime=100000x ./redisbridge
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/h1fast ./redisbridge/internal/h2fast
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/store
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench=Policy_ReachesProxies -benchtime=20x ./e2e
+	$(MAKE) bench-bridge-rows
+	@$(GO) run ./internal/benchtable/cmd/benchtable $(BENCH_TABLE)
+
+# The bridge as its own process against a local redis-server, next to
+# redis-benchmark calling the check script directly, all in one run
+# (docs/bridge.md, "Measuring"); prints its part of the table.
 bench-bridge: deps
-	$(GO) test -run='^$$' -bench='BridgeProcess|RedisBenchmark' -benchtime=300000x ./redisbridge
+	@mkdir -p $(BUILD); rm -f $(BENCH_TABLE)
+	$(MAKE) bench-bridge-rows
+	@$(GO) run ./internal/benchtable/cmd/benchtable $(BENCH_TABLE)
+
+bench-bridge-rows:
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench='BridgeTable' -benchtime=120000x -timeout 30m ./redisbridge -args -bench.rounds $(BENCH_ROUNDS)
 
 # Starts the bridge (memory store, or Redis when REDIS_URL is set), a demo
 # upstream and the gateway; Ctrl-C stops them all.

@@ -35,6 +35,10 @@ import (
 const (
 	benchClients = 50
 	benchUsers   = 10_000
+	// Over h2c the 50 requests in flight share 2 connections, as with a
+	// proxy of 2 worker threads (Envoy opens an HTTP/2 connection per
+	// worker and upstream host).
+	benchH2Conns = 2
 )
 
 var benchAlgs = []rules.Algorithm{rules.TokenBucket, rules.SlidingWindow, rules.SlidingLog, rules.FixedWindow}
@@ -234,7 +238,6 @@ func BenchmarkBridgeProcess_Check(b *testing.B) {
 		args = append(args, "--debug-listen", debug)
 	}
 	addr, pid := startBridgeProcess(b, rs.URL, args...)
-	url := "http://" + addr + "/v1/rate-limit/check"
 	for _, tc := range []struct {
 		alg rules.Algorithm
 		h2c bool
@@ -247,12 +250,11 @@ func BenchmarkBridgeProcess_Check(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			n := max(b.N, benchClients)
 			run := func(n int) []time.Duration {
+				o := loadgen.Options{Addr: addr, Path: "/v1/rate-limit/check", Bodies: bodies, Conns: benchClients, N: n, Check: allowedAnswer}
 				if tc.h2c {
-					return loadWith(b, url, bodies, n, true)
+					o.H2C, o.Conns, o.Streams = true, benchH2Conns, benchClients/benchH2Conns
 				}
-				res, err := loadgen.Run(context.Background(), loadgen.Options{
-					Addr: addr, Path: "/v1/rate-limit/check", Bodies: bodies, Conns: benchClients, N: n, Check: allowedAnswer,
-				})
+				res, err := loadgen.Run(context.Background(), o)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -376,31 +378,43 @@ func childCPU(b *testing.B, pid int) time.Duration {
 // script, 50 clients, one command at a time (-P 1), on 10,000 keys: the
 // ceiling Redis itself sets for the bridge on this machine.
 func BenchmarkRedisBenchmark_EvalSHA(b *testing.B) {
-	if _, err := exec.LookPath("redis-benchmark"); err != nil {
-		b.Fatalf("redis-benchmark not installed (Debian package redis-tools): %v", err)
-	}
 	rs := redistest.Start(b)
 	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rc.Close()
 	if err := rc.ScriptLoad(context.Background(), store.CheckScript()).Err(); err != nil {
 		b.Fatal(err)
 	}
-	_, port, _ := net.SplitHostPort(rs.Addr)
 	n := max(b.N, 200_000)
-	// One token bucket limit, like the bridge's benchmark; __rand_int__
-	// spreads 10,000 users. The command is the bridge's for one check.
-	cmd := store.CheckCommand([]rules.LimitRequest{{Key: "rl:{u:__rand_int__}:bench",
-		Spec: rules.LimitSpec{Algorithm: rules.TokenBucket, Limit: 1 << 30, WindowMS: 60_000, Burst: 1 << 30, Cost: 1}}})
-	args := append([]string{"-h", "127.0.0.1", "-p", port, "-n", strconv.Itoa(n), "-c", "50", "-P", "1", "-r", "10000", "--csv"}, cmd...)
 	before, rcpu := commandStats(b, rc), redisCPU(b, rc)
 	b.ResetTimer()
-	out, err := exec.Command("redis-benchmark", args...).CombinedOutput()
+	rps := redisBenchmark(b, rs.Addr, n, false)
 	b.StopTimer()
 	after := commandStats(b, rc)
 	if calls := after["evalsha"] - before["evalsha"]; calls > 0 {
 		b.ReportMetric(float64(after["evalsha.usec"]-before["evalsha.usec"])/float64(calls), "redis-µs/evalsha")
 		b.ReportMetric((redisCPU(b, rc)-rcpu)*1e6/float64(calls), "redis-cpu-µs/evalsha")
 	}
+	b.ReportMetric(rps, "evalsha/s")
+}
+
+// redisBenchmark runs redis-benchmark against the Redis at addr: 50
+// clients, one command at a time (-P 1), n EVALSHAs of the check script
+// deciding one token bucket limit, as the bridge sends it, of 10,000 users
+// (one user when hot). It returns the EVALSHAs per second. The script
+// must be loaded.
+func redisBenchmark(b *testing.B, addr string, n int, hot bool) float64 {
+	if _, err := exec.LookPath("redis-benchmark"); err != nil {
+		b.Fatalf("redis-benchmark not installed (Debian package redis-tools): %v", err)
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	key := "rl:{u:__rand_int__}:bench"
+	args := []string{"-h", "127.0.0.1", "-p", port, "-n", strconv.Itoa(n), "-c", "50", "-P", "1", "-r", "10000", "--csv"}
+	if hot {
+		key = "rl:{u:hot}:bench"
+	}
+	cmd := store.CheckCommand([]rules.LimitRequest{{Key: key,
+		Spec: rules.LimitSpec{Algorithm: rules.TokenBucket, Limit: 1 << 30, WindowMS: 60_000, Burst: 1 << 30, Cost: 1}}})
+	out, err := exec.Command("redis-benchmark", append(args, cmd...)...).CombinedOutput()
 	if err != nil {
 		b.Fatalf("redis-benchmark: %v\n%s", err, out)
 	}
@@ -409,11 +423,11 @@ func BenchmarkRedisBenchmark_EvalSHA(b *testing.B) {
 		f := strings.Split(line, ",")
 		if len(f) > 1 && strings.Contains(f[0], "EVALSHA") {
 			rps, _ := strconv.ParseFloat(strings.Trim(f[1], `"`), 64)
-			b.ReportMetric(rps, "evalsha/s")
-			return
+			return rps
 		}
 	}
 	b.Fatalf("no EVALSHA line in redis-benchmark output:\n%s", out)
+	return 0
 }
 
 // BenchmarkMemory_Check is the memory store's hot path, no HTTP.

@@ -24,12 +24,17 @@ import (
 func (s *Server) serveCheck(ctx context.Context, in *checkio.Request, out *checkio.Response) {
 	start := time.Now()
 	var id string
-	if in.RequestID != nil {
+	if len(in.RequestID) > 0 {
 		id = string(in.RequestID)
-	} else {
+	} else { // none, or empty: net/http's handler makes one up then
 		id = newRequestID()
 	}
 	out.Set("X-Request-Id", id)
+	if in.BodyErr != nil {
+		s.m.checkInvalid.Inc()
+		bodyError(in.BodyErr).writeTo(out, id)
+		return
+	}
 	if e := s.authorizeCheck(in.Authorization); e != nil {
 		e.writeTo(out, id)
 		return
@@ -157,6 +162,16 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b 
 
 // readBody reads the body into buf, refusing more than maxBody bytes.
 func readBody(w http.ResponseWriter, r *http.Request, buf []byte) ([]byte, *apiError) {
+	body, err := readAll(w, r, buf)
+	if err != nil {
+		return nil, bodyError(err)
+	}
+	return body, nil
+}
+
+// readAll reads the body into buf; past maxBody bytes it fails with an
+// *http.MaxBytesError.
+func readAll(w http.ResponseWriter, r *http.Request, buf []byte) ([]byte, error) {
 	body := http.MaxBytesReader(w, r.Body, maxBody)
 	for {
 		if len(buf) == cap(buf) {
@@ -168,27 +183,27 @@ func readBody(w http.ResponseWriter, r *http.Request, buf []byte) ([]byte, *apiE
 			return buf, nil
 		}
 		if err != nil {
-			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
-				return nil, bodyTooLarge
-			}
-			return nil, invalid(codeInvalidInput, "body", "reading it failed: "+err.Error())
+			return buf, err
 		}
 	}
+}
+
+// bodyError is the answer to a body that could not be read whole.
+func bodyError(err error) *apiError {
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return bodyTooLarge
+	}
+	return invalid(codeInvalidInput, "body", "reading it failed: "+err.Error())
 }
 
 // handleCheck is the check core's net/http transport.
 func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
-	body, e := readBody(w, r, (*bp)[:0])
-	if e != nil {
-		s.m.checkInvalid.Inc()
-		writeError(w, r, e)
-		return
-	}
+	body, err := readAll(w, r, (*bp)[:0])
 	*bp = body
-	in := checkio.Request{Authorization: headerBytes(r, "Authorization"), RequestID: []byte(requestID(r)), Body: body}
+	in := checkio.Request{Authorization: headerBytes(r, "Authorization"), RequestID: []byte(requestID(r)), Body: body, BodyErr: err}
 	out := outPool.Get().(*checkio.Response)
 	defer outPool.Put(out)
 	out.Reset()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 	"github.com/sluicehq/sluice/redisbridge/internal/h1fast"
+	"github.com/sluicehq/sluice/redisbridge/internal/h2fast"
 	"github.com/sluicehq/sluice/redisbridge/internal/overrides"
 	"github.com/sluicehq/sluice/redisbridge/internal/policy"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
@@ -48,6 +49,7 @@ type Server struct {
 	mu   sync.Mutex
 	srv  *http.Server
 	fast *h1fast.Server // cleartext only: the fast check path in front of srv
+	h2   *h2fast.Server // cleartext only: h2c connections, relaying to srv what is not a check
 }
 
 // New builds a bridge from validated settings. It does not listen yet.
@@ -147,6 +149,38 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Serve answers HTTP/1.1 and h2c (or, with TLS settings, HTTPS with h2) on
 // ln until Shutdown. It returns nil after a Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
+	srv := s.httpServer()
+	s.mu.Lock()
+	if s.srv != nil {
+		s.mu.Unlock()
+		return errors.New("redisbridge: Serve called twice")
+	}
+	s.srv = srv
+	if s.set.TLSCert != "" {
+		s.mu.Unlock()
+		return serverClosed(srv.ServeTLS(ln, s.set.TLSCert, s.set.TLSKey))
+	}
+	fast := h1fast.New(ln, checkio.HandlerFunc(s.serveCheck))
+	s.h2 = h2fast.New(h2fast.Options{Handler: checkio.HandlerFunc(s.serveCheck), Handoff: fast.Give,
+		MaxBody: maxBody, IdleTimeout: srv.IdleTimeout})
+	fast.ServeH2(s.h2.ServeConn)
+	s.fast = fast
+	s.mu.Unlock()
+	httpDone := make(chan error, 1)
+	go func() {
+		err := srv.Serve(fast.Handoff())
+		fast.Handoff().Close() // connections handed over from now on are closed
+		httpDone <- err
+	}()
+	if err := fast.Serve(); err != nil {
+		return err
+	}
+	return serverClosed(<-httpDone)
+}
+
+// httpServer is net/http's server of the bridge: what the fast paths
+// hand over, TLS, and, in tests, all of it.
+func (s *Server) httpServer() *http.Server {
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -160,29 +194,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	} else {
 		srv.Protocols.SetUnencryptedHTTP2(true)
 	}
-	s.mu.Lock()
-	if s.srv != nil {
-		s.mu.Unlock()
-		return errors.New("redisbridge: Serve called twice")
-	}
-	s.srv = srv
-	if s.set.TLSCert != "" {
-		s.mu.Unlock()
-		return serverClosed(srv.ServeTLS(ln, s.set.TLSCert, s.set.TLSKey))
-	}
-	fast := h1fast.New(ln, checkio.HandlerFunc(s.serveCheck))
-	s.fast = fast
-	s.mu.Unlock()
-	httpDone := make(chan error, 1)
-	go func() {
-		err := srv.Serve(fast.Handoff())
-		fast.Handoff().Close() // connections handed over from now on are closed
-		httpDone <- err
-	}()
-	if err := fast.Serve(); err != nil {
-		return err
-	}
-	return serverClosed(<-httpDone)
+	return srv
 }
 
 func serverClosed(err error) error {
@@ -206,17 +218,27 @@ func (s *Server) ListenAndServe() error {
 // Shutdown stops accepting requests and waits for those in flight.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	srv, fast := s.srv, s.fast
+	srv, fast, h2 := s.srv, s.fast, s.h2
 	s.mu.Unlock()
 	if srv == nil {
 		return nil
 	}
-	var err error
+	// At once: the fast paths' connections and net/http's each drain on
+	// their own, and h2c streams that are not checks need net/http.
+	errs := make(chan error, 3)
+	var wg sync.WaitGroup
 	if fast != nil {
-		err = fast.Shutdown(ctx)
+		wg.Go(func() { errs <- fast.Shutdown(ctx) })
+		wg.Go(func() { errs <- h2.Shutdown(ctx) })
 	}
-	if e := srv.Shutdown(ctx); err == nil {
-		err = e
+	wg.Go(func() { errs <- srv.Shutdown(ctx) })
+	wg.Wait()
+	close(errs)
+	var err error
+	for e := range errs {
+		if err == nil {
+			err = e
+		}
 	}
 	return err
 }

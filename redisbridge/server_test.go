@@ -27,13 +27,13 @@ type testServer struct {
 	URL string
 }
 
-func startServer(t *testing.T, set Settings) *testServer {
+func startServer(t testing.TB, set Settings) *testServer {
 	t.Helper()
 	return startServerWith(t, set, nil)
 }
 
 // startServerWith runs a bridge after tweak changed it.
-func startServerWith(t *testing.T, set Settings, tweak func(*Server)) *testServer {
+func startServerWith(t testing.TB, set Settings, tweak func(*Server)) *testServer {
 	t.Helper()
 	if set.Logger == nil {
 		set.Logger = discardLogger()

@@ -20,7 +20,7 @@ type Settings struct {
 	RedisURL         string        // redis://, rediss://, redis+sentinel://, redis+cluster://
 	RedisPoolSize    int           // connections per Redis node (0: go-redis default)
 	RedisTimeout     time.Duration // dial/read/write timeout and bound on a check, default 150ms
-	RedisPipelines   int           // pipelines in flight at once, default 4
+	RedisPipelines   int           // pipelines in flight at once, default 2
 	RedisBatch       int           // checks decided in one script call at most, default 128; 1: a call per check
 	AdminKey         string        // required by config and reset endpoints; "" disables them
 	CheckToken       string        // when set, check endpoints require "Authorization: Bearer <token>"
@@ -56,7 +56,7 @@ func DefaultSettings() Settings {
 		// bridge answers 503 before the plugin gives up on it; otherwise the
 		// plugin applies its failure mode while the bridge may still count
 		// the request in Redis.
-		Listen: ":8081", Store: "memory", RedisTimeout: 150 * time.Millisecond, RedisPipelines: 4, RedisBatch: 128,
+		Listen: ":8081", Store: "memory", RedisTimeout: 150 * time.Millisecond, RedisPipelines: 2, RedisBatch: 128,
 		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window",
 		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second,
 	}

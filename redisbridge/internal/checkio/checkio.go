@@ -10,14 +10,21 @@ package checkio
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
+	"time"
 )
 
 // Request is one check request. Its slices belong to the transport and are
 // valid only during Handler.ServeCheck.
 type Request struct {
 	Authorization []byte // the Authorization header's value; nil when absent
-	RequestID     []byte // the X-Request-Id header's value; nil when absent
+	RequestID     []byte // the X-Request-Id header's value; nil when absent or empty
 	Body          []byte
+	// BodyErr is why the body could not be read whole, as net/http's
+	// handler would have met it (an *http.MaxBytesError past the bridge's
+	// limit, a Content-Length the body does not match); the handler
+	// answers it.
+	BodyErr error
 }
 
 // Header is one response header. Names are in canonical form
@@ -84,3 +91,22 @@ type HandlerFunc func(ctx context.Context, req *Request, resp *Response)
 
 // ServeCheck calls f.
 func (f HandlerFunc) ServeCheck(ctx context.Context, req *Request, resp *Response) { f(ctx, req, resp) }
+
+// Date is the value of a Date header for now (http.TimeFormat), made once
+// a second, for every transport.
+func Date() string {
+	now := time.Now()
+	if e := dateCache.Load(); e != nil && e.sec == now.Unix() {
+		return e.val
+	}
+	e := &dateEntry{sec: now.Unix(), val: now.UTC().Format("Mon, 02 Jan 2006 15:04:05 GMT")}
+	dateCache.Store(e)
+	return e.val
+}
+
+var dateCache atomic.Pointer[dateEntry]
+
+type dateEntry struct {
+	sec int64
+	val string
+}

@@ -12,9 +12,10 @@
 // by calling the bridge's check core (a checkio.Handler, the same one its
 // net/http handler calls), and hands the connection to net/http, bytes not
 // yet consumed included, the moment it sees anything else: another method
-// or path, HTTP/1.0 or h2c, chunked bodies, Expect, Upgrade, a head or
-// body larger than the read buffer. A connection once handed over stays
-// there.
+// or path, HTTP/1.0, chunked bodies, Expect, Upgrade, a head or body
+// larger than the read buffer. A connection once handed over stays there.
+// A connection that opens with the HTTP/2 client preface (h2c with prior
+// knowledge) goes to the HTTP/2 server set with ServeH2, when there is one.
 package h1fast
 
 import (
@@ -28,6 +29,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http2"
 
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 )
@@ -46,6 +49,7 @@ const checkLine = "POST /v1/rate-limit/check HTTP/1.1\r\n"
 // Server is the fast path in front of net/http on one listener.
 type Server struct {
 	h  checkio.Handler
+	h2 func(net.Conn, *bufio.Reader)
 	ln net.Listener
 	// handoff feeds connections to net/http's Serve.
 	handoff *chanListener
@@ -61,6 +65,15 @@ type Server struct {
 func New(ln net.Listener, h checkio.Handler) *Server {
 	return &Server{h: h, ln: ln, handoff: newChanListener(ln.Addr()), conns: map[*conn]struct{}{}}
 }
+
+// ServeH2 has h2 serve the connections that open with the HTTP/2 client
+// preface: c, and r reading it, the preface not consumed. Call it before
+// Serve. Shutdown does not end those connections: h2's server does.
+func (s *Server) ServeH2(h2 func(c net.Conn, r *bufio.Reader)) { s.h2 = h2 }
+
+// Give hands c to net/http (through Handoff) as if accepted; false once
+// Handoff is closed.
+func (s *Server) Give(c net.Conn) bool { return s.handoff.put(c) }
 
 // Handoff is the listener of the connections the fast path hands over.
 // Close it once net/http's Serve on it returned: connections handed over
@@ -161,7 +174,7 @@ func (s *Server) serveConn(fc *conn) {
 	defer s.forget(fc)
 	fc.r = readerPool.Get().(*bufio.Reader)
 	fc.r.Reset(fc.c)
-	for {
+	for first := true; ; first = false {
 		// In this order: a shutdown that finds the connection idle sets a
 		// deadline in the past after ours, or we see closing here.
 		fc.idle.Store(true)
@@ -173,6 +186,15 @@ func (s *Server) serveConn(fc *conn) {
 			break
 		}
 		fc.idle.Store(false)
+		if first && s.h2 != nil {
+			if h2, err := peekPreface(fc); err != nil {
+				break
+			} else if h2 {
+				_ = fc.c.SetReadDeadline(time.Time{})
+				s.h2(fc.c, fc.r)
+				break
+			}
+		}
 		head, ok, err := peekHead(fc)
 		if err != nil {
 			break
@@ -193,6 +215,29 @@ func (s *Server) serveConn(fc *conn) {
 	fc.c.Close()
 	fc.r.Reset(nil)
 	readerPool.Put(fc.r)
+}
+
+// peekPreface reports whether the connection opens with the HTTP/2
+// client preface, without consuming it.
+func peekPreface(fc *conn) (bool, error) {
+	deadline := false
+	for {
+		buf, _ := fc.r.Peek(fc.r.Buffered())
+		n := min(len(buf), len(http2.ClientPreface))
+		if string(buf[:n]) != http2.ClientPreface[:n] {
+			return false, nil
+		}
+		if n == len(http2.ClientPreface) {
+			return true, nil
+		}
+		if !deadline {
+			_ = fc.c.SetReadDeadline(time.Now().Add(readHeadTimeout))
+			deadline = true
+		}
+		if _, err := fc.r.Peek(len(buf) + 1); err != nil {
+			return false, err
+		}
+	}
 }
 
 // handOver gives the connection, with whatever is buffered, to net/http.
@@ -380,7 +425,7 @@ func appendResponse(b []byte, r *checkio.Response, close bool) []byte {
 		b = append(b, "\r\n"...)
 	}
 	b = append(b, "Date: "...)
-	b = append(b, httpDate()...)
+	b = append(b, checkio.Date()...)
 	b = append(b, "\r\n"...)
 	if close {
 		b = append(b, "Connection: close\r\n"...)
@@ -389,24 +434,6 @@ func appendResponse(b []byte, r *checkio.Response, close bool) []byte {
 	b = strconv.AppendInt(b, int64(len(r.Body)), 10)
 	b = append(b, "\r\n\r\n"...)
 	return append(b, r.Body...)
-}
-
-// dateCache holds the Date header value, renewed once a second.
-var dateCache atomic.Pointer[dateEntry]
-
-type dateEntry struct {
-	sec int64
-	val string
-}
-
-func httpDate() string {
-	now := time.Now()
-	if e := dateCache.Load(); e != nil && e.sec == now.Unix() {
-		return e.val
-	}
-	e := &dateEntry{sec: now.Unix(), val: now.UTC().Format("Mon, 02 Jan 2006 15:04:05 GMT")}
-	dateCache.Store(e)
-	return e.val
 }
 
 // bufferedConn is a connection whose first bytes sit in r.

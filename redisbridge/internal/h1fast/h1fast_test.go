@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"testing"
+
+	"golang.org/x/net/http2"
 
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 )
@@ -153,5 +156,34 @@ func TestServer_AnswersAndHandsOver(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Fatalf("Serve: %v", err)
+	}
+}
+
+// TestServer_H2Preface: a connection that opens with the HTTP/2 client
+// preface goes to the HTTP/2 server, the preface still to be read.
+func TestServer_H2Preface(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(ln, checkio.HandlerFunc(func(context.Context, *checkio.Request, *checkio.Response) {}))
+	got := make(chan string, 1)
+	s.ServeH2(func(c net.Conn, r *bufio.Reader) {
+		b := make([]byte, len(http2.ClientPreface)+4)
+		_, err := io.ReadFull(r, b)
+		got <- string(b) + fmt.Sprint(err)
+	})
+	go s.Serve()
+	defer s.Shutdown(context.Background())
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// In two writes: the server waits for the whole preface.
+	io.WriteString(c, http2.ClientPreface[:10])
+	io.WriteString(c, http2.ClientPreface[10:]+"more")
+	if g := <-got; g != http2.ClientPreface+"more<nil>" {
+		t.Fatalf("the HTTP/2 server read %q", g)
 	}
 }

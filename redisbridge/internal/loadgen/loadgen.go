@@ -1,8 +1,10 @@
-// Package loadgen drives an HTTP/1.1 endpoint the way a fleet of proxies
-// does: a fixed set of keep-alive connections, each with one request in
-// flight. It writes prebuilt requests on raw connections and parses only
-// the status line and Content-Length of the answers, so that its own CPU
-// per request stays small next to the server's it measures.
+// Package loadgen drives an HTTP endpoint the way a fleet of proxies
+// does. Over HTTP/1.1: a fixed set of keep-alive connections, each with
+// one request in flight, prebuilt requests written on raw connections and
+// only the status line and Content-Length of the answers parsed. Over h2c
+// (HTTP/2 with prior knowledge, as Envoy's HTTP/2 upstreams): a few
+// connections with many concurrent streams each (h2c.go). Either way its
+// own CPU per request stays small next to the server's it measures.
 package loadgen
 
 import (
@@ -28,8 +30,12 @@ type Options struct {
 	Path   string   // request target, e.g. /v1/rate-limit/check
 	Header string   // extra header lines, each ending in "\r\n"
 	Bodies [][]byte // POST bodies, sent round-robin across all connections
-	Conns  int      // concurrent connections, one request in flight each
+	Conns  int      // concurrent connections, one request in flight each (HTTP/1.1)
 	N      int      // requests in all
+	// H2C speaks HTTP/2 with prior knowledge, Streams requests in flight
+	// on each of the Conns connections.
+	H2C     bool
+	Streams int
 	// Check judges an answer; nil accepts status 200 only. body is only
 	// valid during the call.
 	Check func(status int, body []byte) error
@@ -60,36 +66,24 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if o.Conns <= 0 || o.N <= 0 || len(o.Bodies) == 0 {
 		return Result{}, errors.New("loadgen: Conns, N and Bodies must be set")
 	}
+	if o.H2C {
+		return runH2C(ctx, o)
+	}
 	reqs := make([][]byte, len(o.Bodies))
 	for i, b := range o.Bodies {
 		reqs[i] = fmt.Appendf(nil, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s",
 			o.Path, o.Addr, o.Header, len(b), b)
 	}
-	conns := make([]net.Conn, o.Conns)
-	for i := range conns {
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", o.Addr)
-		if err != nil {
-			for _, c := range conns[:i] {
-				c.Close()
-			}
-			return Result{}, fmt.Errorf("loadgen: dial: %w", err)
-		}
-		conns[i] = c
+	conns, err := dial(ctx, &o)
+	if err != nil {
+		return Result{}, err
 	}
 	defer func() {
 		for _, c := range conns {
 			c.Close()
 		}
 	}()
-	check := o.Check
-	if check == nil {
-		check = func(status int, body []byte) error {
-			if status != 200 {
-				return fmt.Errorf("status %d: %s", status, body)
-			}
-			return nil
-		}
-	}
+	check := o.checker()
 	var (
 		next    atomic.Int64
 		wg      sync.WaitGroup
@@ -136,9 +130,31 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}()
 	}
 	wg.Wait()
+	return result(ctx, t0, cpu0, lat, firstEr)
+}
+
+// dial opens o.Conns connections to o.Addr.
+func dial(ctx context.Context, o *Options) ([]net.Conn, error) {
+	conns := make([]net.Conn, o.Conns)
+	for i := range conns {
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", o.Addr)
+		if err != nil {
+			for _, c := range conns[:i] {
+				c.Close()
+			}
+			return nil, fmt.Errorf("loadgen: dial: %w", err)
+		}
+		conns[i] = c
+	}
+	return conns, nil
+}
+
+// result sums up a run that began at t0 with this process's CPU at cpu0:
+// the latencies each connection measured, or the run's first error.
+func result(ctx context.Context, t0 time.Time, cpu0 time.Duration, lat [][]time.Duration, err error) (Result, error) {
 	res := Result{Elapsed: time.Since(t0), CPU: processCPU() - cpu0}
-	if firstEr != nil {
-		return res, firstEr
+	if err != nil {
+		return res, err
 	}
 	if err := ctx.Err(); err != nil {
 		return res, err
@@ -147,6 +163,19 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	slices.Sort(res.Latencies)
 	res.N = len(res.Latencies)
 	return res, nil
+}
+
+// checker is o.Check, or one accepting status 200 only.
+func (o *Options) checker() func(int, []byte) error {
+	if o.Check != nil {
+		return o.Check
+	}
+	return func(status int, body []byte) error {
+		if status != 200 {
+			return fmt.Errorf("status %d: %s", status, body)
+		}
+		return nil
+	}
 }
 
 var contentLength = []byte("content-length:")

@@ -2,8 +2,10 @@ package loadgen
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -68,5 +70,52 @@ func TestRun(t *testing.T) {
 	if _, err := Run(context.Background(), Options{Addr: strings.TrimPrefix(srv.URL, "http://"), Path: "/x", Bodies: bodies, Conns: 2, N: 10,
 		Check: func(status int, body []byte) error { return io.ErrUnexpectedEOF }}); err == nil {
 		t.Fatal("a failing Check did not stop the run")
+	}
+}
+
+// TestRun_H2C: over h2c, many streams share few connections, and every
+// answer is judged.
+func TestRun_H2C(t *testing.T) {
+	var served, conns, inFlight, maxInFlight atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := maxInFlight.Load(); n > m && !maxInFlight.CompareAndSwap(m, n); m = maxInFlight.Load() {
+		}
+		if r.ProtoMajor != 2 {
+			t.Errorf("request over %s", r.Proto)
+		}
+		b, _ := io.ReadAll(r.Body)
+		served.Add(1)
+		w.Write(b)
+	}))
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	bodies := [][]byte{[]byte("a"), bytes.Repeat([]byte("b"), 40_000)} // the second spans frames
+	var seen atomic.Int64
+	res, err := Run(context.Background(), Options{
+		Addr: strings.TrimPrefix(srv.URL, "http://"), Path: "/x", Bodies: bodies, Conns: 2, Streams: 16, N: 400, H2C: true,
+		Check: func(status int, body []byte) error {
+			if status == 200 && (string(body) == "a" || bytes.Equal(body, bodies[1])) {
+				seen.Add(1)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.N != 400 || served.Load() != 400 || seen.Load() != 400 || conns.Load() != 2 {
+		t.Fatalf("N %d, served %d, echoed %d, connections %d", res.N, served.Load(), seen.Load(), conns.Load())
+	}
+	if maxInFlight.Load() < 2 {
+		t.Fatalf("at most %d requests in flight: the streams did not overlap", maxInFlight.Load())
 	}
 }

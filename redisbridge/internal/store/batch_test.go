@@ -144,3 +144,52 @@ func TestRedis_FailedCheckFailsAlone(t *testing.T) {
 		t.Fatal("the failed check wrote its other limit")
 	}
 }
+
+// TestRedis_BatchPerSlot: on Redis Cluster a script's keys share one
+// slot, so a pipeline's checks become one script call per slot, each
+// keeping its checks' arrival order.
+func TestRedis_BatchPerSlot(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: 10 * time.Second, splitSlots: true, viaGoRedis: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var batch []*call
+	for i, tag := range []string{"a", "b", "a", "c", "b", "a"} {
+		ls := []rules.LimitRequest{lim("rl:{u:"+tag+"}:x", spec(rules.FixedWindow, 100, hour))}
+		batch = append(batch, &call{scriptCall: scriptCall{mode: modeCheck, ls: ls}, deadline: time.Now().Add(time.Hour), vals: []int64{int64(i)}})
+	}
+	var gb groupBuf
+	groups := s.groups(batch, &gb)
+	var got [][]int64
+	for _, g := range groups {
+		var order []int64
+		for _, c := range g {
+			if Slot(c.limit(0).Key) != Slot(g[0].limit(0).Key) {
+				t.Fatalf("a call mixes slots: %v and %v", c.limit(0).Key, g[0].limit(0).Key)
+			}
+			order = append(order, c.vals[0])
+		}
+		got = append(got, order)
+	}
+	// Sorted by slot; within a slot, arrival order.
+	want := map[string][]int64{"a": {0, 2, 5}, "b": {1, 4}, "c": {3}}
+	if len(got) != 3 {
+		t.Fatalf("%d calls for 3 slots: %v", len(got), got)
+	}
+	for _, order := range got {
+		tag := []string{"a", "b", "a", "c", "b", "a"}[order[0]]
+		if !slices.Equal(order, want[tag]) {
+			t.Fatalf("slot of {u:%s}: checks %v, want %v in arrival order", tag, order, want[tag])
+		}
+	}
+	// And they are decided: every check answered.
+	s.exec(groups, time.Now().Add(10*time.Second))
+	for i, c := range batch {
+		resp := rules.CheckResponse{Decisions: make([]rules.Decision, 1)}
+		if _, err := c.readReply(c.vals, &resp); err != nil || c.err != nil || !resp.Allowed {
+			t.Fatalf("check %d: %+v %v %v", i, resp, err, c.err)
+		}
+	}
+}

@@ -14,7 +14,8 @@ import (
 )
 
 // scriptTimeLines are the lines of check.lua that read Redis TIME.
-const scriptTimeLines = "local t = call('TIME')\nlocal now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)\n"
+const scriptTimeLines = "local t = call('TIME')\nlocal now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)\n" +
+	"local stamp = t[1] .. format('%06d', tonumber(t[2])) -- TIME in us: the members this call adds\n"
 
 // clockScript is check.lua taking its time from its last argument, now(),
 // instead of Redis TIME: the production script but for those lines, so a
@@ -24,7 +25,8 @@ func clockScript(t testing.TB, now func() int64) *luaScript {
 	if strings.Count(checkLua, scriptTimeLines) != 1 {
 		t.Fatalf("check.lua no longer reads TIME as\n%s", scriptTimeLines)
 	}
-	sc := newLuaScript(strings.Replace(checkLua, scriptTimeLines, "local now = tonumber(ARGV[#ARGV])\n", 1))
+	sc := newLuaScript(strings.Replace(checkLua, scriptTimeLines,
+		"local now = tonumber(ARGV[#ARGV])\nlocal stamp = format('%d000', now)\n", 1))
 	sc.clock = now
 	return sc
 }

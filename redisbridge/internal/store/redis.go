@@ -25,9 +25,9 @@ type RedisOptions struct {
 	PoolSize int           // connections per node, default 10 per CPU (go-redis)
 	Timeout  time.Duration // dial, read and write timeout; also bounds a check
 	// Pipelines is how many pipelines may be in flight at once; requests that
-	// arrive meanwhile wait and go out together in the next one. Default 4.
+	// arrive meanwhile wait and go out together in the next one. Default 2.
 	Pipelines int
-	MaxBatch  int // checks per pipeline, default 128
+	MaxBatch  int // checks per pipeline, default 128 (or CallChecks if larger)
 	// CallChecks is how many of a pipeline's checks one script call
 	// decides at most (default 128): each check is still decided
 	// all-or-nothing, in arrival order. 1 sends a script call per check.
@@ -74,15 +74,14 @@ func NewRedis(o RedisOptions) (*Redis, error) {
 		return nil, err
 	}
 	if o.Pipelines <= 0 {
-		o.Pipelines = 4
-	}
-	if o.MaxBatch <= 0 {
-		o.MaxBatch = 128
+		o.Pipelines = 2
 	}
 	if o.CallChecks <= 0 {
 		o.CallChecks = 128
 	}
-	o.MaxBatch = max(o.MaxBatch, o.CallChecks)
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = max(128, o.CallChecks)
+	}
 	if o.Timeout <= 0 {
 		o.Timeout = time.Second
 	}

@@ -25,6 +25,10 @@ local call, tonumber, format, pcall, type, tostring = redis.call, tonumber, stri
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+local stamp = t[1] .. format('%06d', tonumber(t[2])) -- TIME in us: the members this call adds
+-- Integers go to Redis formatted with %d: a Lua number Redis converts
+-- itself is printed as a float, several times slower.
+local nowStr = format('%d', now)
 
 local vcap = tonumber(ARGV[1])
 
@@ -37,91 +41,83 @@ local vcap = tonumber(ARGV[1])
 -- batch. No time passes and no key expires within a script, so the cached
 -- fields are what Redis would hold.
 local cache, dirty, nd = {}, {}, 0
-local function fields(key, alg)
-  local s = cache[key]
-  if not s then
-    if alg == 2 then s = call('HMGET', key, 'w', 'c', 'p')
-    elseif alg == 1 then s = call('HMGET', key, 'tokens', 'ts')
-    else s = call('HMGET', key, 'w', 'c') end
-    s[4], s[5] = alg, false -- the algorithm; the expiry in ms, once written
-    cache[key] = s
-  end
-  return s
-end
+local seq = 0 -- members added by this call (sliding logs, violations)
 
--- Each algorithm decides one limit without writing. It returns ok,
--- remaining, reset, retry, cap (the limit reported), and the state to
--- write when the check is allowed: after, idx, prev (sliding window),
--- count (sliding log).
-local function tokenBucket(key, limit, W, cap, cost)
-  local s = fields(key, 1)
-  local tokens = cap
-  if s[1] then
-    tokens = min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W)
+-- decideLimit decides one limit without writing. It returns ok, remaining,
+-- reset, retry, cap (the limit reported), and the state to write when the
+-- check is allowed: after, idx, prev (sliding window), count (sliding
+-- log). One function for the four algorithms: a script call builds each
+-- of its functions anew, which a batch of one check notices.
+local function decideLimit(alg, key, limit, W, cap, cost)
+  local s
+  if alg ~= 3 then
+    s = cache[key]
+    if not s then
+      if alg == 2 then s = call('HMGET', key, 'w', 'c', 'p')
+      elseif alg == 1 then s = call('HMGET', key, 'tokens', 'ts')
+      else s = call('HMGET', key, 'w', 'c') end
+      s[4], s[5] = alg, false -- the algorithm; the expiry in ms, once written
+      cache[key] = s
+    end
   end
-  local ok = tokens >= cost
-  local after, retry = tokens, 0
-  if ok then after = tokens - cost
-  elseif cost > cap then retry = W
-  else retry = ceil((cost - tokens) * W / limit) end
-  return ok, floor(after), now + ceil((cap - after) * W / limit), retry, cap, after, 0, 0, 0
-end
-
--- sliding window, weighted: HASH w (window index), c (count), p (previous count)
-local function slidingWindow(key, limit, W, cost)
-  local idx = floor(now / W)
-  local s = fields(key, 2)
-  local cur, prev, w = 0, 0, tonumber(s[1])
-  if w == idx then cur, prev = tonumber(s[2]), tonumber(s[3])
-  elseif w == idx - 1 then prev = tonumber(s[2]) end
-  local elapsed = now - idx * W
-  local est = prev * ((W - elapsed) / W) + cur
-  local ok = est + cost <= limit
-  local after, rem = cur, limit - est
-  if ok then after, rem = cur + cost, rem - cost end
-  local reset, retry = now, 0
-  if after > 0 then reset = (idx + 2) * W
-  elseif prev > 0 then reset = (idx + 1) * W end
-  if not ok then
-    if cost > limit then retry = W
-    else
-      local room = limit - cost - cur
-      if room >= 0 then
-        retry = ceil(W - room * W / prev - elapsed)
+  if alg == 1 then -- token bucket: HASH tokens, ts
+    local tokens = cap
+    if s[1] then
+      tokens = min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W)
+    end
+    local ok = tokens >= cost
+    local after, retry = tokens, 0
+    if ok then after = tokens - cost
+    elseif cost > cap then retry = W
+    else retry = ceil((cost - tokens) * W / limit) end
+    return ok, floor(after), now + ceil((cap - after) * W / limit), retry, cap, after, 0, 0, 0
+  elseif alg == 2 then -- sliding window, weighted: HASH w (window index), c (count), p (previous count)
+    local idx = floor(now / W)
+    local cur, prev, w = 0, 0, tonumber(s[1])
+    if w == idx then cur, prev = tonumber(s[2]), tonumber(s[3])
+    elseif w == idx - 1 then prev = tonumber(s[2]) end
+    local elapsed = now - idx * W
+    local est = prev * ((W - elapsed) / W) + cur
+    local ok = est + cost <= limit
+    local after, rem = cur, limit - est
+    if ok then after, rem = cur + cost, rem - cost end
+    local reset, retry = now, 0
+    if after > 0 then reset = (idx + 2) * W
+    elseif prev > 0 then reset = (idx + 1) * W end
+    if not ok then
+      if cost > limit then retry = W
       else
-        retry = (idx + 1) * W - now + ceil(W - (limit - cost) * W / cur)
+        local room = limit - cost - cur
+        if room >= 0 then
+          retry = ceil(W - room * W / prev - elapsed)
+        else
+          retry = (idx + 1) * W - now + ceil(W - (limit - cost) * W / cur)
+        end
+        retry = max(1, retry)
       end
-      retry = max(1, retry)
     end
-  end
-  return ok, max(0, floor(rem)), reset, retry, limit, after, idx, prev, 0
-end
-
--- sliding log: ZSET of admitted units, score = ms
-local function slidingLog(key, limit, W, cost)
-  local from = '(' .. format('%d', now - W)
-  local count = call('ZCOUNT', key, from, '+inf')
-  local ok = count + cost <= limit
-  local after = count
-  if ok then after = count + cost end
-  local reset, retry = now, 0
-  if after == 0 then reset = now
-  elseif ok and cost > 0 then reset = now + W
-  else reset = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) + W end
-  if not ok then
-    if cost > limit then retry = W
-    else
-      local r = call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
-      retry = max(1, tonumber(r[2]) + W - now)
+    return ok, max(0, floor(rem)), reset, retry, limit, after, idx, prev, 0
+  elseif alg == 3 then -- sliding log: ZSET of admitted units, score = ms
+    local from = '(' .. format('%d', now - W)
+    local count = call('ZCOUNT', key, from, '+inf')
+    local ok = count + cost <= limit
+    local after = count
+    if ok then after = count + cost end
+    local reset, retry = now, 0
+    if after == 0 then reset = now
+    elseif ok and cost > 0 then reset = now + W
+    else reset = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) + W end
+    if not ok then
+      if cost > limit then retry = W
+      else
+        local r = call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
+        retry = max(1, tonumber(r[2]) + W - now)
+      end
     end
+    return ok, limit - after, reset, retry, limit, after, 0, 0, count
   end
-  return ok, limit - after, reset, retry, limit, after, 0, 0, count
-end
-
--- fixed window: HASH w (window index), c (count)
-local function fixedWindow(key, limit, W, cost)
+  -- fixed window: HASH w (window index), c (count)
   local idx = floor(now / W)
-  local s = fields(key, 4)
   local cur = 0
   if tonumber(s[1]) == idx then cur = tonumber(s[2]) end
   local ok = cur + cost <= limit
@@ -134,16 +130,8 @@ local function fixedWindow(key, limit, W, cost)
   return ok, limit - after, reset, retry, limit, after, idx, 0, 0
 end
 
-local function decideLimit(alg, key, limit, W, burst, cost)
-  if alg == 1 then return tokenBucket(key, limit, W, burst, cost)
-  elseif alg == 2 then return slidingWindow(key, limit, W, cost)
-  elseif alg == 3 then return slidingLog(key, limit, W, cost) end
-  return fixedWindow(key, limit, W, cost)
-end
-
--- consume writes what an allowed limit takes. i is the limit's place in
--- its check.
-local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count)
+-- consume writes what an allowed limit takes.
+local function consume(alg, key, limit, W, cap, cost, after, idx, prev, count)
   if alg == 1 then
     local s = cache[key]
     if not s[5] then nd = nd + 1; dirty[nd] = key end
@@ -154,16 +142,15 @@ local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count
     s[1], s[2], s[3], s[5] = idx, after, prev, 2 * W + 1000
   elseif alg == 3 then
     call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - W))
-    -- Unique per ms: within one ms (a batch has one) the in-window count
-    -- only grows. A key listed twice in one check is written twice (each
-    -- limit adds its cost, as in memory.go): the limit's index keeps the
-    -- second's members apart from the first's.
-    local tag = ''
-    if i > 1 then tag = '.' .. i end
+    -- Every admitted unit a member of its own (a key listed twice in one
+    -- check is written twice, as in memory.go): named by the call's TIME
+    -- in us, and within the call by a sequence, whatever window the
+    -- checks of a batch count the key's members in.
     for j = 1, cost do
-      call('ZADD', key, now, format('%d-%06d', now, count + j) .. tag)
+      seq = seq + 1
+      call('ZADD', key, nowStr, format('%s-%06d.%d', stamp, count + j, seq))
     end
-    call('PEXPIRE', key, W)
+    call('PEXPIRE', key, format('%d', W))
   else
     local s = cache[key]
     if not s[5] then nd = nd + 1; dirty[nd] = key end
@@ -176,9 +163,10 @@ end
 local function violate(vkey, bkey, pw, threshold, mult, W, retry, reset)
   call('ZREMRANGEBYSCORE', vkey, '-inf', format('%d', now - pw))
   local v = call('ZCARD', vkey) + 1
-  call('ZADD', vkey, now, format('%d-%06d', now, v))
-  call('ZREMRANGEBYRANK', vkey, 0, -vcap - 1)
-  call('PEXPIRE', vkey, pw)
+  seq = seq + 1
+  call('ZADD', vkey, nowStr, format('%s-%06d.%d', stamp, v, seq))
+  call('ZREMRANGEBYRANK', vkey, 0, format('%d', -vcap - 1))
+  call('PEXPIRE', vkey, format('%d', pw))
   v = min(v, vcap)
   if v >= threshold then
     local block = W * mult[min(v - threshold, #mult - 1) + 1]
@@ -186,13 +174,6 @@ local function violate(vkey, bkey, pw, threshold, mult, W, retry, reset)
     return max(retry, block), max(reset, now + block)
   end
   return retry, reset
-end
-
--- blockedUntil is when the block of a limit with a penalty ends, or nil.
-local function blockedUntil(bkey)
-  local b = tonumber(call('GET', bkey))
-  if b and b > now then return b end
-  return nil
 end
 
 local out, o = {now}, 2
@@ -219,13 +200,13 @@ local function checkOne(sp, key, vkey, bkey, write)
   local ok, remaining, reset, retry, cap, after, idx, prev, count = decideLimit(alg, key, limit, W, sp[4], cost)
   local blocked = false
   if pw > 0 then
-    local b = blockedUntil(bkey)
-    if b then ok, blocked, remaining, retry, reset = false, true, 0, b - now, max(reset, b) end
+    local b = tonumber(call('GET', bkey))
+    if b and b > now then ok, blocked, remaining, retry, reset = false, true, 0, b - now, max(reset, b) end
   end
   local allowed = ok or logOnly
   if write then
     if ok and allowed then
-      consume(1, alg, key, limit, W, cap, cost, after, idx, prev, count)
+      consume(alg, key, limit, W, cap, cost, after, idx, prev, count)
     elseif not allowed and pw > 0 and not blocked then
       retry, reset = violate(vkey, bkey, pw, sp[8], sp[9], W, retry, reset)
     end
@@ -245,8 +226,8 @@ local function checkMany(n, write)
       decideLimit(sp[1], l.key, sp[2], sp[3], sp[4], sp[5])
     l.blocked = false
     if l.bkey then
-      local b = blockedUntil(l.bkey)
-      if b then l.ok, l.blocked, l.remaining, l.retry, l.reset = false, true, 0, b - now, max(l.reset, b) end
+      local b = tonumber(call('GET', l.bkey))
+      if b and b > now then l.ok, l.blocked, l.remaining, l.retry, l.reset = false, true, 0, b - now, max(l.reset, b) end
     end
     if not l.ok and not sp[6] then allowed = false end
   end
@@ -256,7 +237,7 @@ local function checkMany(n, write)
       local sp = l.sp
       if allowed then
         if l.ok then
-          consume(i, sp[1], l.key, sp[2], sp[3], l.cap, sp[5], l.after, l.idx, l.prev, l.count)
+          consume(sp[1], l.key, sp[2], sp[3], l.cap, sp[5], l.after, l.idx, l.prev, l.count)
         end
       elseif not l.ok and not sp[6] and l.vkey and not l.blocked then
         l.retry, l.reset = violate(l.vkey, l.bkey, sp[7], sp[8], sp[9], sp[3], l.retry, l.reset)
@@ -325,13 +306,14 @@ for i = 1, nd do
   local s = cache[key]
   local alg = s[4]
   if alg == 1 then
-    -- %.17g: the tokens read back are exactly the float written.
-    call('HSET', key, 'tokens', format('%.17g', s[1]), 'ts', s[2])
+    -- %.17g: the tokens read back are exactly the float written; ts is
+    -- always now.
+    call('HSET', key, 'tokens', format('%.17g', s[1]), 'ts', nowStr)
   elseif alg == 2 then
-    call('HSET', key, 'w', s[1], 'c', s[2], 'p', s[3])
+    call('HSET', key, 'w', format('%d', s[1]), 'c', format('%d', s[2]), 'p', format('%d', s[3]))
   else
-    call('HSET', key, 'w', s[1], 'c', s[2])
+    call('HSET', key, 'w', format('%d', s[1]), 'c', format('%d', s[2]))
   end
-  call('PEXPIRE', key, s[5])
+  call('PEXPIRE', key, format('%d', s[5]))
 end
 return out
