@@ -98,6 +98,7 @@ bench: deps wasm
 	$(BENCH_ENV) $(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/h1fast ./redisbridge/internal/h2fast
 	$(BENCH_ENV) $(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/store
 	$(BENCH_ENV) $(GO) test -run='^$$' -bench=Policy_ReachesProxies -benchtime=20x ./e2e
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench=Gateway -benchtime=20000x ./cmd/gateway
 	$(MAKE) bench-bridge-rows
 	@$(GO) run ./internal/benchtable/cmd/benchtable $(BENCH_TABLE)
 

@@ -12,6 +12,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/sluicehq/sluice/internal/benchtable"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -104,6 +105,23 @@ var benchPaths = []struct{ name, path, user string }{
 	{"a-no-match", "/health", "alice"},
 	{"b-cache-hit", "/api/x", "mallory"},
 	{"c-call-out", "/api/x", "alice"},
+}
+
+// appendGuestRows adds the plugin's own cost per path on engine to make
+// bench's table: guest ns per request above the disabled baseline.
+func appendGuestRows(b *testing.B, engine string, guest map[string]float64) {
+	labels := map[string]string{"a-no-match": "no limit matches", "b-cache-hit": "refused from the over-limit cache", "c-call-out": "a call-out"}
+	var rows []benchtable.Row
+	for _, p := range benchPaths {
+		rows = append(rows, benchtable.Row{
+			Group:   "The plugin's own code per request: guest ns above the disabled baseline (targets: no match < 1,000, cache hit < 2,000)",
+			Name:    labels[p.name] + ", " + engine,
+			Metrics: []benchtable.Metric{{Name: "guest ns/request", Value: guest[p.name] - guest["baseline-disabled"]}},
+		})
+	}
+	if err := benchtable.Append(rows...); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // overLimitKey is mallory's counter at the bridge for rule "api".

@@ -9,12 +9,15 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/internal/benchtable"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/wasmhost"
 )
@@ -69,23 +72,31 @@ func BenchmarkGateway(b *testing.B) {
 		return s.URL
 	}
 	plain := &httputil.ReverseProxy{Transport: wasmhost.NewTransport(), Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(up) }}
-	cases := []struct{ name, base, path string }{
-		{"a-upstream", upstream.URL, "/api/x"},
-		{"b-reverse-proxy", serve(plain), "/api/x"},
-		{"c-gateway-no-plugin", serve(newHandler(up, nil, logger, true, nil)), "/api/x"},
-		{"d-gateway-no-match", serve(newHandler(up, host, logger, true, nil)), "/health"},
-		{"e-gateway-call-out", serve(newHandler(up, host, logger, true, nil)), "/api/x"},
+	cases := []struct{ name, label, base, path string }{
+		{"a-upstream", "upstream alone", upstream.URL, "/api/x"},
+		{"b-reverse-proxy", "httputil.ReverseProxy", serve(plain), "/api/x"},
+		{"c-gateway-no-plugin", "gateway, no plugin", serve(newHandler(up, nil, logger, true, nil)), "/api/x"},
+		{"d-gateway-no-match", "gateway, plugin, no limit matches", serve(newHandler(up, host, logger, true, nil)), "/health"},
+		{"e-gateway-call-out", "gateway, plugin, a call-out per request (bridge on its memory store)", serve(newHandler(up, host, logger, true, nil)), "/api/x"},
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DialContext: (&net.Dialer{}).DialContext}}
-	for _, c := range cases {
+	rows := make([]benchtable.Row, len(cases)) // the last run of each (the first is a probe of one request)
+	for i, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			var users atomic.Int64
+			var (
+				users atomic.Int64
+				mu    sync.Mutex
+				lat   []time.Duration
+			)
 			b.SetParallelism(25) // 50 clients on 2 cores
 			cpu := cpuNanos()
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				user := "u" + string(rune('a'+users.Add(1)%26))
+				var mine []time.Duration
+				defer func() { mu.Lock(); lat = append(lat, mine...); mu.Unlock() }()
 				for pb.Next() {
+					t0 := time.Now()
 					req, _ := http.NewRequest("GET", c.base+c.path, nil)
 					req.Header.Set("X-User-Id", user)
 					res, err := client.Do(req)
@@ -99,11 +110,29 @@ func BenchmarkGateway(b *testing.B) {
 						b.Errorf("status %d", res.StatusCode)
 						return
 					}
+					mine = append(mine, time.Since(t0))
 				}
 			})
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
-			b.ReportMetric(float64(cpuNanos()-cpu)/float64(b.N)/1e3, "cpu-us/op")
+			rate := float64(b.N) / time.Since(start).Seconds()
+			cpuUS := float64(cpuNanos()-cpu) / float64(b.N) / 1e3
+			slices.Sort(lat)
+			p99 := lat[len(lat)*99/100]
+			b.ReportMetric(rate, "req/s")
+			b.ReportMetric(cpuUS, "cpu-us/op")
+			b.ReportMetric(float64(p99.Microseconds()), "p99-us")
+			rows[i] = benchtable.Row{
+				Group: "Gateway, 50 keep-alive clients on loopback, all in one process (CPU includes the clients)",
+				Name:  c.label, Base: c.name == "b-reverse-proxy",
+				Metrics: []benchtable.Metric{
+					{Name: "req/s", Value: rate, Ratio: true},
+					{Name: "process CPU µs/req", Value: cpuUS, Ratio: true},
+					{Name: "p99 ms", Value: float64(p99.Microseconds()) / 1000},
+				},
+			}
 		})
+	}
+	if err := benchtable.Append(rows...); err != nil {
+		b.Fatal(err)
 	}
 }
 
