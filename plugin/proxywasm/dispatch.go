@@ -8,8 +8,8 @@ import "runtime"
 
 var (
 	vmContext VMContext
-	roots     = map[uint32]PluginContext{}
-	streams   = map[uint32]stream{}
+	roots     contexts[PluginContext]
+	streams   contexts[stream]
 )
 
 // stream is an HTTP context and the root context it belongs to, which
@@ -29,14 +29,14 @@ func onContextCreate(contextID, parentID uint32) {
 		if vmContext == nil {
 			vmContext = DefaultVMContext{}
 		}
-		roots[contextID] = vmContext.NewPluginContext(contextID)
+		roots.put(contextID, vmContext.NewPluginContext(contextID))
 		return
 	}
-	root, ok := roots[parentID]
+	root, ok := roots.get(parentID)
 	if !ok {
 		return // the host broke the ABI; later callbacks for contextID are ignored
 	}
-	streams[contextID] = stream{root.NewHTTPContext(contextID), parentID}
+	streams.put(contextID, stream{root.NewHTTPContext(contextID), parentID})
 }
 
 func onVMStart(vmConfigSize uint32) bool {
@@ -47,66 +47,70 @@ func onVMStart(vmConfigSize uint32) bool {
 }
 
 func onConfigure(rootID, configSize uint32) bool {
-	root, ok := roots[rootID]
+	root, ok := roots.get(rootID)
 	return ok && root.OnPluginStart(int(configSize))
 }
 
 func onTick(rootID uint32) {
-	if root, ok := roots[rootID]; ok {
+	if root, ok := roots.get(rootID); ok {
 		root.OnTick()
 	}
 }
 
 func onHTTPCallResponse(rootID, calloutID, numHeaders, bodySize, numTrailers uint32) {
-	if root, ok := roots[rootID]; ok {
+	if root, ok := roots.get(rootID); ok {
 		root.OnHTTPCallResponse(calloutID, int(numHeaders), int(bodySize), int(numTrailers))
 	}
 }
 
 func onRequestHeaders(contextID, numHeaders uint32, endOfStream bool) Action {
-	if s, ok := streams[contextID]; ok {
+	if s, ok := streams.get(contextID); ok {
 		return s.OnRequestHeaders(int(numHeaders), endOfStream)
 	}
 	return Continue
 }
 
 func onResponseHeaders(contextID, numHeaders uint32, endOfStream bool) Action {
-	if s, ok := streams[contextID]; ok {
+	if s, ok := streams.get(contextID); ok {
 		return s.OnResponseHeaders(int(numHeaders), endOfStream)
 	}
 	return Continue
 }
 
 func onRequestBody(contextID, size uint32, endOfStream bool) Action {
-	if h, ok := streams[contextID].HTTPContext.(RequestBodyHandler); ok {
+	s, _ := streams.get(contextID)
+	if h, ok := s.HTTPContext.(RequestBodyHandler); ok {
 		return h.OnRequestBody(int(size), endOfStream)
 	}
 	return Continue
 }
 
 func onRequestTrailers(contextID, n uint32) Action {
-	if h, ok := streams[contextID].HTTPContext.(RequestTrailersHandler); ok {
+	s, _ := streams.get(contextID)
+	if h, ok := s.HTTPContext.(RequestTrailersHandler); ok {
 		return h.OnRequestTrailers(int(n))
 	}
 	return Continue
 }
 
 func onResponseBody(contextID, size uint32, endOfStream bool) Action {
-	if h, ok := streams[contextID].HTTPContext.(ResponseBodyHandler); ok {
+	s, _ := streams.get(contextID)
+	if h, ok := s.HTTPContext.(ResponseBodyHandler); ok {
 		return h.OnResponseBody(int(size), endOfStream)
 	}
 	return Continue
 }
 
 func onResponseTrailers(contextID, n uint32) Action {
-	if h, ok := streams[contextID].HTTPContext.(ResponseTrailersHandler); ok {
+	s, _ := streams.get(contextID)
+	if h, ok := s.HTTPContext.(ResponseTrailersHandler); ok {
 		return h.OnResponseTrailers(int(n))
 	}
 	return Continue
 }
 
 func onLog(contextID uint32) {
-	if s, ok := streams[contextID]; ok {
+	if s, ok := streams.get(contextID); ok {
 		s.OnLog()
 	}
 }
@@ -114,19 +118,19 @@ func onLog(contextID uint32) {
 // onDone reports whether the host may delete the context now. Stream
 // contexts always may; a root context asks the plugin.
 func onDone(contextID uint32) bool {
-	if root, ok := roots[contextID]; ok {
+	if root, ok := roots.get(contextID); ok {
 		return root.OnPluginDone()
 	}
 	return true
 }
 
 func onDelete(contextID uint32) {
-	if s, ok := streams[contextID]; ok {
-		delete(streams, contextID)
+	if s, ok := streams.get(contextID); ok {
+		streams.del(contextID)
 		s.OnDone()
 		return
 	}
-	delete(roots, contextID)
+	roots.del(contextID)
 }
 
 // recovered handles a panic that escaped callback on contextID: the value
@@ -145,11 +149,13 @@ func recovered(callback string, contextID uint32, v any) (a Action) {
 	msg = append(msg, '\n')
 	msg = append(msg, stack[:n]...)
 	_ = Log(LogLevelCritical, string(msg))
-	rootID, s := contextID, streams[contextID]
+	rootID := contextID
+	s, _ := streams.get(contextID)
 	if s.HTTPContext != nil {
 		rootID = s.root
 	}
-	h, ok := roots[rootID].(PanicHandler)
+	r, _ := roots.get(rootID)
+	h, ok := r.(PanicHandler)
 	if !ok {
 		return a
 	}

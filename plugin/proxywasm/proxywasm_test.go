@@ -168,7 +168,7 @@ func (s *recStream) OnDone()                           { *s.log = append(*s.log,
 func TestDispatch_Lifecycle(t *testing.T) {
 	var log []string
 	SetVMContext(recVM{log: &log})
-	t.Cleanup(func() { SetVMContext(nil); clear(roots); clear(streams) })
+	t.Cleanup(func() { SetVMContext(nil); roots.clear(); streams.clear() })
 	if !onVMStart(0) {
 		t.Fatal("vm start refused")
 	}
@@ -201,7 +201,7 @@ func TestDispatch_Lifecycle(t *testing.T) {
 	if !reflect.DeepEqual(log, want) {
 		t.Fatalf("calls = %v, want %v", log, want)
 	}
-	if len(streams) != 0 {
+	if streams.len() != 0 {
 		t.Fatalf("stream context not deleted: %v", streams)
 	}
 }
@@ -248,7 +248,7 @@ func TestDispatch_Recovered(t *testing.T) {
 	var log []string
 	root := &panicRoot{recRoot: recRoot{log: &log}}
 	SetVMContext(panicVM{root: root})
-	t.Cleanup(func() { SetVMContext(nil); clear(roots); clear(streams) })
+	t.Cleanup(func() { SetVMContext(nil); roots.clear(); streams.clear() })
 	onContextCreate(1, 0)
 	onContextCreate(2, 1)
 	if a := recovered("proxy_on_request_headers", 2, errors.New("boom")); a != Pause {
