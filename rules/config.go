@@ -258,6 +258,16 @@ type LimitSpec struct {
 	Burst     int64     // token bucket capacity, default Limit
 	Cost      int64     // weight of one request, default 1
 	Penalty   *Penalty  // nil: none
+	Lease     Lease     // zero: never leased
+}
+
+// Lease lets a proxy hold part of a limit's quota and spend it without a
+// call-out (docs/config.md, lease). The bridge deducts the units in the
+// call that grants them; units a proxy did not spend go back when the
+// lease expires.
+type Lease struct {
+	Size  int64 // units a grant holds at most; 0: the limit is never leased
+	TTLMS int64 // how long a proxy may spend a grant
 }
 
 // Penalty lengthens the block of clients that keep violating a limit.
