@@ -344,3 +344,28 @@ type LocalCacheConfig struct {
 	Enabled    bool  // default true
 	MaxEntries int64 // default 10000
 }
+
+// ShortestLeaseTTLMS is the shortest lease ttl of any limit of c, 0 when
+// none is leased.
+func (c *Config) ShortestLeaseTTLMS() int64 {
+	var least int64
+	note := func(s *LimitSpec) {
+		if s.Lease.Size > 0 && (least == 0 || s.Lease.TTLMS < least) {
+			least = s.Lease.TTLMS
+		}
+	}
+	for i := range c.Rules {
+		note(&c.Rules[i].Spec)
+	}
+	for i := range c.Categories {
+		note(&c.Categories[i].Spec)
+	}
+	for i := range c.Tiers.List {
+		t := &c.Tiers.List[i]
+		note(&t.Spec)
+		for j := range t.Endpoints {
+			note(&t.Endpoints[j].Spec)
+		}
+	}
+	return least
+}
