@@ -223,9 +223,15 @@ type deployment struct {
 	client   *http.Client
 }
 
-// deploy starts the bridges with the given Redis timeout and one host per
-// plugin configuration.
+// deploy starts the bridges with the given Redis timeout and one host of
+// two worker VMs per plugin configuration.
 func deploy(t *testing.T, redisURL string, bridges int, redisTimeout time.Duration, configs ...string) *deployment {
+	t.Helper()
+	return deployVMs(t, 2, redisURL, bridges, redisTimeout, configs...)
+}
+
+// deployVMs is deploy with hosts of workers VMs each.
+func deployVMs(t *testing.T, workers int, redisURL string, bridges int, redisTimeout time.Duration, configs ...string) *deployment {
 	t.Helper()
 	d := &deployment{t: t}
 	var addrs []string
@@ -241,7 +247,7 @@ func deploy(t *testing.T, redisURL string, bridges int, redisTimeout time.Durati
 		tr.DisableCompression = true
 		t.Cleanup(tr.CloseIdleConnections)
 		h, err := wasmhost.New(context.Background(), builtPlugin(t), wasmhost.Options{
-			Workers: 2, PluginConfig: []byte(cfg), RootID: "sluice",
+			Workers: workers, PluginConfig: []byte(cfg), RootID: "sluice",
 			Clusters:   map[string]string{"sluice_bridge": "http://sluice-bridge"},
 			HTTPClient: &http.Client{Transport: &spread{addrs: addrs, base: tr}},
 		})

@@ -463,7 +463,7 @@ func (s *Memory) lease(m *memLimit, now int64) {
 		if g.la == 0 {
 			g.ag, g.lae = max(now, g.ag+1, g.bg+1), 0
 		}
-		g.la, g.lae = g.la+n, max(g.lae, now+ttl)
+		g.la, g.lae = g.la+n, max(g.lae, now+2*ttl) // held twice the ttl, as check.lua does
 		m.tokens -= float64(n)
 		m.remaining = floorInt(m.tokens)
 		m.reset = now + ceilInt((float64(m.spec.Burst)-m.tokens)*float64(W)/float64(limit))

@@ -27,8 +27,9 @@
 -- sliding log leases are members scored at the lease's expiry, named
 -- "L...", which a return removes (tag: that score); a token bucket keeps
 -- the units of live leases in two generations (la/lae/ag, lb/lbe/bg:
--- units, expiry, tag) and never refills beyond burst minus them, so
--- tokens plus the units leases still hold never exceed the burst.
+-- units, expiry, tag), each held until twice the ttl after its last grant,
+-- and never refills beyond burst minus them, so tokens plus the units
+-- leases still hold never exceed the burst.
 --
 -- This runs in Redis's only thread for every request, so it is written for
 -- speed: each spec parsed once per call, no closures or tables built per
@@ -271,7 +272,9 @@ local function lease(alg, sp, key, cap, cost, after, remaining, reset, idx)
       s.lb, s.lbe, s.bg, s.la, s.lae = s.la, s.lae, s.ag, 0, 0
     end
     if s.la == 0 then s.ag, s.lae = max(now, s.ag + 1, s.bg + 1), 0 end
-    s.la, s.lae = s.la + n, max(s.lae, now + ttl)
+    -- Held for twice the ttl: units handed back at the lease's end (a
+    -- proxy notices within a tick) find their generation still there.
+    s.la, s.lae = s.la + n, max(s.lae, now + 2 * ttl)
     after = after - n
     return n, ttl, s.ag, after, floor(after), now + ceil((cap - after) * W / limit)
   elseif alg == 3 then
