@@ -81,6 +81,8 @@ test-fuzz:
 
 # Timing targets live here, never in pass/fail tests. Fixed iteration
 # counts where a benchmark sets up load (bridge processes, wasm hosts).
+# -bench=HotKey in ./e2e/distributed sends one key through 2 gateway
+# processes to 3 bridges, with and without leases (docs/bridge.md, Leases).
 # -bench=Wasm in ./plugin prints the plugin's cost per request on V8
 # (BenchmarkWasmV8, through Node) beside wazero's (BenchmarkWasm): same
 # configuration, same requests, guest-ns/op measured the same way.
@@ -91,13 +93,17 @@ bench: deps wasm
 	$(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/h1fast
 	$(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/store
 	$(GO) test -run='^$$' -bench=Policy_ReachesProxies -benchtime=20x ./e2e
+	$(GO) test -run='^$$' -bench=HotKey -benchtime=20000x ./e2e/distributed
 	$(MAKE) bench-bridge
 
 # The bridge as its own process under 50 keep-alive connections, 10,000
 # users, against a local redis-server, and redis-benchmark's EVALSHA of the
-# same script for comparison (docs/bridge.md, "Measuring").
+# same script for comparison (docs/bridge.md, "Measuring"); then one hot
+# key under 200 connections, a script call per check and batched
+# (docs/bridge.md, Batching).
 bench-bridge: deps
-	$(GO) test -run='^$$' -bench='BridgeProcess|RedisBenchmark' -benchtime=300000x ./redisbridge
+	$(GO) test -run='^$$' -bench='BridgeProcess_Check|RedisBenchmark' -benchtime=300000x ./redisbridge
+	$(GO) test -run='^$$' -bench='BridgeProcess_HotKey' -benchtime=50000x ./redisbridge
 
 # Starts the bridge (memory store, or Redis when REDIS_URL is set), a demo
 # upstream and the gateway; Ctrl-C stops them all.
