@@ -432,6 +432,11 @@ func (p *Plugin) unmark(cfg *rules.Config, key []byte, m int64) {
 // free lease of the slot takes it, or one that ended (its units are handed
 // back). A slot of another key with a lease still spendable keeps it, and
 // the grant goes back at once.
+//
+// A slot never written before takes any write (the ABI has no "create if
+// absent"), so two VMs installing into a new slot at the same moment may
+// lose one grant: its units are lost to this proxy, never spent twice,
+// and the store frees them when their window or generation ends.
 func (p *Plugin) install(cfg *rules.Config, key []byte, sp *rules.LimitSpec, d *rules.Decision, sentAt int64) {
 	g := d.Lease
 	now := p.host.NowNanos() / 1e6
