@@ -286,23 +286,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	logger.Info("plugin started", "workers", s.workers, "took", time.Since(start).String())
 
 	up, _ := url.Parse(s.upstream)
-	proxy := &httputil.ReverseProxy{Transport: wasmhost.NewTransport(), Rewrite: func(pr *httputil.ProxyRequest) {
-		pr.SetURL(up)
-		pr.Out.Host = pr.In.Host
-		// X-Forwarded-For already names the peer (appendXFF); pass it on as is.
-		pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
-	}}
-	proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
-		logger.Warn("upstream error", "err", err, "path", r.URL.Path)
-		http.Error(w, "upstream unavailable", http.StatusBadGateway)
-	}
-	handler := host.Middleware(proxy)
-	if s.appendXFF {
-		handler = appendXFF(handler)
-	}
-	if len(s.strip) > 0 {
-		handler = stripHeaders(handler, s.strip)
-	}
+	handler := newHandler(up, host, logger, s.appendXFF, s.strip)
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
@@ -337,6 +321,33 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 			}
 		}
 	}
+}
+
+// newHandler is the gateway: the peer appended to X-Forwarded-For, the
+// stripped identity headers, the plugin (when host is not nil), and a
+// reverse proxy to up.
+func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, xff bool, strip []string) http.Handler {
+	proxy := &httputil.ReverseProxy{Transport: wasmhost.NewTransport(), Rewrite: func(pr *httputil.ProxyRequest) {
+		pr.SetURL(up)
+		pr.Out.Host = pr.In.Host
+		// X-Forwarded-For already names the peer (appendXFF); pass it on as is.
+		pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+	}}
+	proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		logger.Warn("upstream error", "err", err, "path", r.URL.Path)
+		http.Error(w, "upstream unavailable", http.StatusBadGateway)
+	}
+	var handler http.Handler = proxy
+	if host != nil {
+		handler = host.Middleware(proxy)
+	}
+	if xff {
+		handler = appendXFF(handler)
+	}
+	if len(strip) > 0 {
+		handler = stripHeaders(handler, strip)
+	}
+	return handler
 }
 
 func shutdown(srv *http.Server) error {

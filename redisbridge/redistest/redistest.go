@@ -28,8 +28,10 @@ type Server struct {
 	dir  string
 	port int
 	cmd  *exec.Cmd
-	args []string // extra arguments, kept for Restart
-	conf string   // config file given first (sentinels), or ""
+	// exited yields cmd's exit (a goroutine waits for it from the start).
+	exited <-chan error
+	args   []string // extra arguments, kept for Restart
+	conf   string   // config file given first (sentinels), or ""
 }
 
 // Start starts a redis-server and stops it when t ends. It fails the test
@@ -72,17 +74,33 @@ func (s *Server) start() {
 		}, s.args...)
 	}
 	cmd := exec.Command(Binary, args...)
+	var stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
 	s.mu.Lock()
-	s.cmd = cmd
+	s.cmd, s.exited = cmd, exited
 	s.mu.Unlock()
-	deadline := time.Now().Add(5 * time.Second)
+	// A loaded machine can take a while to start a process; a server that
+	// exits (its port taken meanwhile, say) fails at once with its output.
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if err := ping(s.Addr); err == nil {
+		err := ping(s.Addr)
+		if err == nil {
 			return
-		} else if time.Now().After(deadline) {
+		}
+		select {
+		case werr := <-exited:
+			s.mu.Lock()
+			s.cmd = nil
+			s.mu.Unlock()
+			s.t.Fatalf("redistest: redis-server on %s exited before it was ready (%v): %s", s.Addr, werr, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
 			s.Stop()
 			s.t.Fatalf("redistest: redis-server on %s not ready: %v", s.Addr, err)
 		}
@@ -118,7 +136,7 @@ func (s *Server) Stop() {
 		return
 	}
 	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
