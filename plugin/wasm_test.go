@@ -243,8 +243,8 @@ func cpuNanos() int64 {
 }
 
 // The guest heap stays flat: after a warm-up, a million requests over the
-// no-match, cache-hit and call-out paths leave every VM's linear memory
-// the size it was.
+// no-match, cache-hit, lease-hit and call-out paths leave every VM's
+// linear memory the size it was.
 func TestWasm_HeapFlat(t *testing.T) {
 	bridge := &fakeBridge{counts: map[string]int64{overLimitKey: 1 << 40}}
 	host, err := wasmhost.New(context.Background(), wasmBytes, wasmhost.Options{
@@ -261,10 +261,11 @@ func TestWasm_HeapFlat(t *testing.T) {
 		{Method: "GET", Path: "/health", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "mallory"}}},
 		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
+		{Method: "GET", Path: "/hot/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 	}
 	run := func(n int) {
 		for i := 0; i < n; i++ {
-			info := infos[i%2] // no match and cache hit
+			info := infos[[...]int{0, 1, 3}[i%3]] // no match, cache hit, lease hit
 			if i%50 == 0 {
 				info = infos[2] // a call-out now and then
 			}
