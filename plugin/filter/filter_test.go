@@ -100,6 +100,7 @@ func (h *fakeHost) SharedSetCAS(k string, v []byte, cas uint32) bool {
 		return false
 	}
 	*h.casSeq++
+	k = strings.Clone(k) // the plugin's key is a view of its own buffer, as a host copies it
 	h.shared[k], h.cas[k] = append([]byte(nil), v...), *h.casSeq
 	return true
 }
@@ -383,11 +384,14 @@ func (b *benchHost) SharedGetCAS(k string) ([]byte, uint32) {
 // SharedSetCAS writes into the value's own buffer: no allocation once a
 // key has its size.
 func (b *benchHost) SharedSetCAS(k string, v []byte, cas uint32) bool {
-	if cur, ok := b.shared[k]; ok && cas != 0 && cas != b.cas[k] {
+	cur, ok := b.shared[k]
+	if ok && cas != 0 && cas != b.cas[k] {
 		return false
-	} else {
-		b.shared[k] = append(cur[:0], v...)
 	}
+	if !ok {
+		k = strings.Clone(k) // the plugin's key is a view of its own buffer
+	}
+	b.shared[k] = append(cur[:0], v...)
 	*b.casSeq++
 	b.cas[k] = *b.casSeq
 	return true

@@ -268,3 +268,72 @@ func TestLease_SlotReuse(t *testing.T) {
 }
 
 func itoaString(i int) string { return string(itoa(nil, int64(i))) }
+
+// A flood of distinct leased keys keeps to the slots (shared data cannot
+// be deleted from): grants that find their slot's lease being spent go
+// back at once (or, beyond the calls a VM keeps in flight, are counted as
+// not handed back), and nothing is kept beyond local_cache.max_entries.
+func TestLease_FloodOfKeysStaysBounded(t *testing.T) {
+	h, p := newLeasePlugin(t)
+	for i := range 1000 {
+		key := []byte("rl:{u:flood" + itoaString(i) + "}:hot")
+		p.install(p.cfg, key, &p.cfg.Rules[0].Spec, &rules.Decision{Limit: 1000, Lease: rules.LeaseGrant{Units: 10, TTLMS: 1000, Tag: int64(i)}}, h.nowMS)
+	}
+	if n := len(h.shared); n > 64 {
+		t.Fatalf("%d shared data keys for 64 slots", n)
+	}
+	installed := 0
+	for _, v := range h.shared {
+		var e slotEntry
+		if parseSlot(v, &e) && e.held(h.nowMS) > 0 {
+			installed++
+		}
+	}
+	returns := 0
+	for _, c := range h.calls {
+		if strings.Contains(c.body, `"op":"return"`) {
+			returns++
+		}
+	}
+	if installed > 64 || int64(installed+returns)*10+h.counters[MetricUnitsUnreturned] != 10_000 {
+		t.Fatalf("%d leases kept in 64 slots, %d handed back, %d units counted not handed back, of 1000 grants of 10",
+			installed, returns, h.counters[MetricUnitsUnreturned])
+	}
+	// Once they end, every slot takes a new key, handing back the old.
+	h.nowMS += 1000
+	calls := len(h.calls)
+	for i := range 1000 {
+		key := []byte("rl:{u:again" + itoaString(i) + "}:hot")
+		p.install(p.cfg, key, &p.cfg.Rules[0].Spec, &rules.Decision{Limit: 1000, Lease: rules.LeaseGrant{Units: 10, TTLMS: 1000, Tag: int64(i)}}, h.nowMS)
+	}
+	if n := len(h.shared); n > 64 {
+		t.Fatalf("%d shared data keys for 64 slots", n)
+	}
+	// The VM's calls are all in flight (nothing answers them here): what
+	// the ended leases held is counted as not handed back.
+	if len(h.calls) != calls || h.counters[MetricUnitsUnreturned] < int64(installed)*10 {
+		t.Fatalf("the ended leases of the first keys: %d more calls, %d units not handed back", len(h.calls)-calls, h.counters[MetricUnitsUnreturned])
+	}
+}
+
+// After a configuration without the lease, its units are no longer
+// spent, and the tick hands them back once the lease ends.
+func TestLease_ConfigChangeLeavesNothingStranded(t *testing.T) {
+	h, p := newLeasePlugin(t)
+	h.hot(p, 2)
+	h.answerCall(p, 1, "200", grantAnswer(h.nowMS, 10, 1000, 77, 989))
+	h.config = []byte(strings.Replace(leaseConfig, `, "lease": {"size": 10, "ttl": "1s"}`, "", 1))
+	if !p.OnPluginStart(len(h.config)) {
+		t.Fatalf("config refused: %v", h.logs)
+	}
+	if a := h.hot(p, 3); a != proxywasm.Pause {
+		t.Fatalf("a request under the new configuration was answered from the old lease: %v", a)
+	}
+	h.answerCall(p, 2, "200", string(rules.AppendCheckResponse(nil, &rules.CheckResponse{Allowed: true, NowMS: h.nowMS,
+		Decisions: []rules.Decision{{Allowed: true, Limit: 1000, Remaining: 988}}})))
+	h.nowMS += 1000
+	p.OnTick()
+	if last := h.calls[len(h.calls)-1].body; !strings.Contains(last, `"lease_return":{"tag":77,"granted":10,"units":10}`) {
+		t.Fatalf("the old lease was not handed back: %s", last)
+	}
+}
