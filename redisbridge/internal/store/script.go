@@ -32,8 +32,8 @@ import (
 //	      threshold, number of multipliers, multipliers...]; then the
 //	      number of checks, then per check: its number of limits
 //	      (negative: a peek, which writes nothing but lease returns), then
-//	      per limit: its spec's number (from 1) and a lease return: units
-//	      (0: none), tag, granted
+//	      per limit: its spec's number (from 1), negative when a lease
+//	      return follows: units, tag, granted
 //	reply now_ms, then per check: allowed (0/1; or, for a check that
 //	      failed, its error as text), then per limit: allowed, limit,
 //	      remaining, reset_ms, retry_after_ms, lease units, lease ttl_ms,
@@ -125,7 +125,8 @@ const (
 	specArgs       = 9 // algorithm .. penalty window_ms
 	penaltyArgs    = 2 // threshold, number of multipliers (then the multipliers)
 	checkArgs      = 1 // per check: number of limits (negative: a peek)
-	limitArgs      = 4 // per limit: its spec's number, lease return units, tag, granted
+	limitArgs      = 1 // per limit: its spec's number (negative: a return follows)
+	returnArgs     = 3 // a lease return: units, tag, granted
 	replyHead      = 1 // now_ms
 	replyPerCheck  = 1 // allowed, or the check's error
 	replyPerLimit  = 8 // allowed, limit, remaining, reset_ms, retry_after_ms, lease units, ttl_ms, tag
@@ -232,8 +233,12 @@ func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable)
 	for _, c := range cs {
 		for j := range c.limits() {
 			keys++
-			if _, ok := penalized(c.limit(j)); ok {
+			l := c.limit(j)
+			if _, ok := penalized(l); ok {
 				keys += 2
+			}
+			if l.Return.Units > 0 {
+				args += returnArgs
 			}
 		}
 	}
@@ -298,11 +303,14 @@ func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable)
 			w.int(int64(n))
 		}
 		for j, r := range ref[:n] {
-			w.int(r)
-			ret := &c.limit(j).Return
-			w.int(ret.Units)
-			w.int(ret.Tag)
-			w.int(ret.Granted)
+			if ret := &c.limit(j).Return; ret.Units > 0 {
+				w.int(-r)
+				w.int(ret.Units)
+				w.int(ret.Tag)
+				w.int(ret.Granted)
+			} else {
+				w.int(r)
+			}
 		}
 		ref = ref[n:]
 	}

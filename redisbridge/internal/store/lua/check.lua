@@ -13,7 +13,8 @@
 --   #multipliers, multipliers...]
 -- then the number of checks, then per check: its number of limits
 --   (negative: a peek, which writes nothing but returns), then per limit
---   its spec's number and a lease return: units (0: none), tag, granted.
+--   its spec's number, negative when a lease return follows: units, tag,
+--   granted.
 -- KEYS: per check, per limit its counter key, then with a penalty its ":v" and ":b" keys.
 -- Returns {now_ms, per check: allowed (0/1, or the error of a check that
 -- failed, as text), then per limit: allowed, limit, remaining, reset_ms,
@@ -27,16 +28,19 @@
 -- sliding log leases are members scored at the lease's expiry, named
 -- "L...", which a return removes (tag: that score); a token bucket keeps
 -- the units of live leases in two generations (la/lae/ag, lb/lbe/bg:
--- units, expiry, tag), each held until twice the ttl after its last grant,
--- and never refills beyond burst minus them, so tokens plus the units
--- leases still hold never exceed the burst.
+-- units, expiry, tag: field g, "la,lae,ag,lb,lbe,bg", written once a
+-- bucket is first leased), each held until twice the ttl after its last
+-- grant, and never refills beyond burst minus them, so tokens plus the
+-- units leases still hold never exceed the burst. A bucket never leased
+-- is read and written as before leases existed.
 --
 -- This runs in Redis's only thread for every request, so it is written for
 -- speed: each spec parsed once per call, no closures or tables built per
 -- check (a check of one limit, the usual, keeps its state in locals; the
 -- limit tables of longer checks are reused from one check to the next),
 -- and every HASH counter read and written once per call (below).
-local call, tonumber, format, pcall, type, tostring, unpack, sub = redis.call, tonumber, string.format, pcall, type, tostring, unpack, string.sub
+local call, tonumber, format, pcall, type, tostring, unpack, sub, match =
+  redis.call, tonumber, string.format, pcall, type, tostring, unpack, string.sub, string.match
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
@@ -56,116 +60,180 @@ local function fields(key, alg)
   local s = cache[key]
   if not s then
     if alg == 2 then s = call('HMGET', key, 'w', 'c', 'p')
-    elseif alg == 1 then s = call('HMGET', key, 'tokens', 'ts', 'la', 'lae', 'ag', 'lb', 'lbe', 'bg')
+    elseif alg == 1 then s = call('HMGET', key, 'tokens', 'ts', 'g')
     else s = call('HMGET', key, 'w', 'c') end
-    s.alg, s.exp = alg, false -- the algorithm; the expiry in ms, once written
+    s[4], s[5] = alg, false -- the algorithm; the expiry in ms, once written
     cache[key] = s
   end
   return s
 end
 
-local function markDirty(key, s)
-  if not s.exp then nd = nd + 1; dirty[nd] = key end
-end
+-- What leases need (docs/bridge.md, Leases) is made on first use, once
+-- per call: most calls hold no lease, and every function a script defines
+-- is made again each time it runs.
+local LX
+local function leasing()
+  if LX then return LX end
+  LX = {}
 
--- held is what a token bucket's live leases hold at time t.
-local function held(t, la, lae, lb, lbe)
-  local n = 0
-  if t < lae then n = la end
-  if t < lbe then n = n + lb end
-  return n
-end
-
--- tbNow is a token bucket's tokens at now. The refill stops at burst
--- minus what live leases hold, a bound that rises when a generation of
--- leases expires: so the refill is added segment by segment, up to each
--- expiry in turn. The generations alive at now are kept in s.la .. s.bg
--- (a generation that expired holds 0).
-local function tbNow(s, limit, W, cap)
-  local la, lae, ag = tonumber(s[3]) or 0, tonumber(s[4]) or 0, tonumber(s[5]) or 0
-  local lb, lbe, bg = tonumber(s[6]) or 0, tonumber(s[7]) or 0, tonumber(s[8]) or 0
-  local tokens = cap
-  if s[1] then
-    tokens = tonumber(s[1])
-    local t = tonumber(s[2])
-    local d1, d2 = lae, lbe
-    if d2 < d1 then d1, d2 = d2, d1 end
-    if d1 > t and d1 < now then
-      tokens = min(max(0, cap - held(t, la, lae, lb, lbe)), tokens + (d1 - t) * limit / W)
-      t = d1
-    end
-    if d2 > t and d2 < now then
-      tokens = min(max(0, cap - held(t, la, lae, lb, lbe)), tokens + (d2 - t) * limit / W)
-      t = d2
-    end
-    tokens = min(max(0, cap - held(t, la, lae, lb, lbe)), tokens + max(0, now - t) * limit / W)
+  -- held is what a token bucket's live leases hold at time t.
+  local function held(t, la, lae, lb, lbe)
+    local n = 0
+    if t < lae then n = la end
+    if t < lbe then n = n + lb end
+    return n
   end
-  if lae <= now then la = 0 end
-  if lbe <= now then lb = 0 end
-  s.la, s.lae, s.ag, s.lb, s.lbe, s.bg = la, lae, ag, lb, lbe, bg
-  return tokens
-end
 
--- tbWrite stores a token bucket's tokens at now with its generations.
-local function tbWrite(key, s, tokens, limit, W, cap)
-  markDirty(key, s)
-  local exp = ceil(cap * W / limit) + 1000
-  if s.la > 0 then exp = max(exp, s.lae - now + 1000) end
-  if s.lb > 0 then exp = max(exp, s.lbe - now + 1000) end
-  s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s.exp = tokens, now, s.la, s.lae, s.ag, s.lb, s.lbe, s.bg, exp
-end
-
--- addMembers adds n members of score to a ZSET, named prefix..k..suffix
--- for k from k0 + 1 on, skipping names taken (a return may have removed
--- members, so counts alone do not keep names apart).
-local margs = {}
-local function addMembers(key, score, prefix, k, suffix, n)
-  while n > 0 do
-    local j = 0
-    for i = 1, min(n, 64) do
-      k = k + 1
-      margs[j + 1], margs[j + 2] = score, prefix .. k .. suffix
-      j = j + 2
+  -- gens returns a token bucket's lease generations as stored, {la, lae,
+  -- ag, lb, lbe, bg}, parsed once into s[6]; false when it was never leased.
+  local function gens(s)
+    local g = s[6]
+    if g == nil then
+      g = false
+      if s[3] then
+        local a, b, c, d, e, f = match(s[3], '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+        if a then g = {tonumber(a), tonumber(b), tonumber(c), tonumber(d), tonumber(e), tonumber(f)} end
+      end
+      s[6] = g
     end
-    n = n - call('ZADD', key, 'NX', unpack(margs, 1, j))
+    return g
   end
-end
 
--- giveBack takes back the unspent units ru of a lease granted with tag rt
--- and rg units, when the store still holds them (see the head).
-local function giveBack(alg, key, limit, W, cap, rt, rg, ru)
-  if alg == 1 then
-    local s = fields(key, 1)
-    local tokens = tbNow(s, limit, W, cap)
-    if rt == s.ag and s.la > 0 then s.la = max(0, s.la - rg)
-    elseif rt == s.bg and s.lb > 0 then s.lb = max(0, s.lb - rg)
-    else return end
-    tbWrite(key, s, min(max(0, cap - (s.la + s.lb)), tokens + ru), limit, W, cap)
-  elseif alg == 2 then
-    local idx = floor(now / W)
-    local s = fields(key, 2)
-    local cur, prev, w = 0, 0, tonumber(s[1])
-    if w == idx then cur, prev = tonumber(s[2]), tonumber(s[3])
-    elseif w == idx - 1 then prev = tonumber(s[2]) end
-    if rt == idx then cur = max(0, cur - ru)
-    elseif rt == idx - 1 then prev = max(0, prev - ru)
-    else return end
-    markDirty(key, s)
-    s[1], s[2], s[3], s.exp = idx, cur, prev, 2 * W + 1000
-  elseif alg == 3 then
-    local ms = call('ZREVRANGEBYSCORE', key, format('%d', rt), format('%d', rt), 'LIMIT', 0, ru)
-    local j = 0
-    for i = 1, #ms do
-      if sub(ms[i], 1, 1) == 'L' then j = j + 1; margs[j] = ms[i] end
+  -- tbNow is a token bucket's tokens at now. The refill stops at burst
+  -- minus what live leases hold, a bound that rises when a generation of
+  -- leases expires: so the refill is added segment by segment, up to each
+  -- expiry in turn. It also returns what each generation holds at now
+  -- (0 once it expired), kept in s[7] and s[8] for the write.
+  local function tbNow(s, limit, W, cap)
+    local g = gens(s)
+    if not g then
+      if s[1] then return min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W), 0, 0 end
+      return cap, 0, 0
     end
-    if j > 0 then call('ZREM', key, unpack(margs, 1, j)) end
-  else
-    local idx = floor(now / W)
-    local s = fields(key, 4)
-    if rt ~= idx or tonumber(s[1]) ~= idx then return end
-    markDirty(key, s)
-    s[2], s.exp = max(0, tonumber(s[2]) - ru), (idx + 1) * W - now + 1000
+    local la, lae, lb, lbe = g[1], g[2], g[4], g[5]
+    local tokens = cap
+    if s[1] then
+      tokens = tonumber(s[1])
+      local t = tonumber(s[2])
+      local d1, d2 = lae, lbe
+      if d2 < d1 then d1, d2 = d2, d1 end
+      if d1 > t and d1 < now then
+        tokens = min(max(0, cap - held(t, la, lae, lb, lbe)), tokens + (d1 - t) * limit / W)
+        t = d1
+      end
+      if d2 > t and d2 < now then
+        tokens = min(max(0, cap - held(t, la, lae, lb, lbe)), tokens + (d2 - t) * limit / W)
+        t = d2
+      end
+      tokens = min(max(0, cap - held(t, la, lae, lb, lbe)), tokens + max(0, now - t) * limit / W)
+    end
+    if lae <= now then la = 0 end
+    if lbe <= now then lb = 0 end
+    return tokens, la, lb
   end
+
+  -- tbWrite stores a token bucket's tokens at now, with its generations as
+  -- they hold at now (s[7], s[8]).
+  local function tbWrite(key, s, tokens, limit, W, cap)
+    if not s[5] then nd = nd + 1; dirty[nd] = key end
+    local exp = ceil(cap * W / limit) + 1000
+    local g = s[6]
+    if g then
+      g[1], g[4] = s[7], s[8]
+      if g[1] > 0 then exp = max(exp, g[2] - now + 1000) end
+      if g[4] > 0 then exp = max(exp, g[5] - now + 1000) end
+    end
+    s[1], s[2], s[5] = tokens, now, exp
+  end
+
+  -- addMembers adds n members of score to a ZSET, named prefix..k..suffix
+  -- for k from k0 + 1 on, skipping names taken (a return may have removed
+  -- members, so counts alone do not keep names apart).
+  local margs = {}
+  local function addMembers(key, score, prefix, k, suffix, n)
+    while n > 0 do
+      local j = 0
+      for i = 1, min(n, 64) do
+        k = k + 1
+        margs[j + 1], margs[j + 2] = score, prefix .. k .. suffix
+        j = j + 2
+      end
+      n = n - call('ZADD', key, 'NX', unpack(margs, 1, j))
+    end
+  end
+
+  -- giveBack takes back the unspent units ru of a lease granted with tag rt
+  -- and rg units, when the store still holds them (see the head).
+  local function giveBack(alg, key, limit, W, cap, rt, rg, ru)
+    if alg == 1 then
+      local s = fields(key, 1)
+      local tokens, la, lb = tbNow(s, limit, W, cap)
+      local g = s[6]
+      if not g then return end
+      if rt == g[3] and la > 0 then la = max(0, la - rg)
+      elseif rt == g[6] and lb > 0 then lb = max(0, lb - rg)
+      else return end
+      s[7], s[8] = la, lb
+      tbWrite(key, s, min(max(0, cap - (la + lb)), tokens + ru), limit, W, cap)
+    elseif alg == 2 then
+      local idx = floor(now / W)
+      local s = fields(key, 2)
+      local cur, prev, w = 0, 0, tonumber(s[1])
+      if w == idx then cur, prev = tonumber(s[2]), tonumber(s[3])
+      elseif w == idx - 1 then prev = tonumber(s[2]) end
+      if rt == idx then cur = max(0, cur - ru)
+      elseif rt == idx - 1 then prev = max(0, prev - ru)
+      else return end
+      if not s[5] then nd = nd + 1; dirty[nd] = key end
+      s[1], s[2], s[3], s[5] = idx, cur, prev, 2 * W + 1000
+    elseif alg == 3 then
+      local ms = call('ZREVRANGEBYSCORE', key, format('%d', rt), format('%d', rt), 'LIMIT', 0, ru)
+      local j = 0
+      for i = 1, #ms do
+        if sub(ms[i], 1, 1) == 'L' then j = j + 1; margs[j] = ms[i] end
+      end
+      if j > 0 then call('ZREM', key, unpack(margs, 1, j)) end
+    else
+      local idx = floor(now / W)
+      local s = fields(key, 4)
+      if rt ~= idx or tonumber(s[1]) ~= idx then return end
+      if not s[5] then nd = nd + 1; dirty[nd] = key end
+      s[2], s[5] = max(0, tonumber(s[2]) - ru), (idx + 1) * W - now + 1000
+    end
+  end
+
+  -- lease grants an allowed limit a lease of up to sp[10] units of what its
+  -- check left (at least its cost, else none). It returns the units, their
+  -- ttl_ms and tag, and after, remaining and reset with them deducted.
+  local function lease(alg, sp, key, cap, cost, after, remaining, reset, idx)
+    local size, ttl, limit, W = sp[10], sp[11], sp[2], sp[3]
+    local n
+    if alg == 1 then n = min(size, floor(after))
+    elseif alg == 2 then n = min(size, remaining)
+    else n = min(size, limit - after) end
+    if n < max(1, cost) then return 0, 0, 0, after, remaining, reset end
+    if alg == 1 then
+      local s = cache[key]
+      local g = s[6]
+      if not g then g = {0, 0, 0, 0, 0, 0}; s[6] = g end
+      local la, lae, ag, lb, lbe, bg = s[7] or 0, g[2], g[3], s[8] or 0, g[5], g[6]
+      if la > 0 and lb == 0 then la, lae, ag, lb, lbe, bg = 0, 0, ag, la, lae, ag end
+      if la == 0 then ag, lae = max(now, ag + 1, bg + 1), 0 end
+      -- Held for twice the ttl: units handed back at the lease's end (a
+      -- proxy notices within a tick) find their generation still there.
+      la, lae = la + n, max(lae, now + 2 * ttl)
+      g[2], g[3], g[5], g[6] = lae, ag, lbe, bg
+      s[7], s[8] = la, lb
+      after = after - n
+      return n, ttl, ag, after, floor(after), now + ceil((cap - after) * W / limit)
+    elseif alg == 3 then
+      return n, ttl, now + ttl, after + n, remaining - n, max(reset, now + ttl + W)
+    end
+    return n, min(ttl, (idx + 1) * W - now), idx, after + n, remaining - n, reset
+  end
+
+  LX.tbNow, LX.tbWrite, LX.addMembers, LX.giveBack, LX.lease = tbNow, tbWrite, addMembers, giveBack, lease
+  return LX
 end
 
 -- Each algorithm decides one limit without writing. It returns ok,
@@ -173,7 +241,15 @@ end
 -- write when the check is allowed: after, idx, prev (sliding window),
 -- count (sliding log).
 local function tokenBucket(key, limit, W, cap, cost)
-  local tokens = tbNow(fields(key, 1), limit, W, cap)
+  local s = fields(key, 1)
+  local tokens = cap
+  if s[3] or s[6] then
+    local la, lb
+    tokens, la, lb = leasing().tbNow(s, limit, W, cap)
+    s[7], s[8] = la, lb
+  elseif s[1] then
+    tokens = min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W)
+  end
   local ok = tokens >= cost
   local after, retry = tokens, 0
   if ok then after = tokens - cost
@@ -256,42 +332,21 @@ local function decideLimit(alg, key, limit, W, burst, cost)
   return fixedWindow(key, limit, W, cost)
 end
 
--- lease grants an allowed limit a lease of up to sp[10] units of what its
--- check left (at least its cost, else none). It returns the units, their
--- ttl_ms and tag, and after, remaining and reset with them deducted.
-local function lease(alg, sp, key, cap, cost, after, remaining, reset, idx)
-  local size, ttl, limit, W = sp[10], sp[11], sp[2], sp[3]
-  local n
-  if alg == 1 then n = min(size, floor(after))
-  elseif alg == 2 then n = min(size, remaining)
-  else n = min(size, limit - after) end
-  if n < max(1, cost) then return 0, 0, 0, after, remaining, reset end
-  if alg == 1 then
-    local s = cache[key]
-    if s.la > 0 and s.lb == 0 then
-      s.lb, s.lbe, s.bg, s.la, s.lae = s.la, s.lae, s.ag, 0, 0
-    end
-    if s.la == 0 then s.ag, s.lae = max(now, s.ag + 1, s.bg + 1), 0 end
-    -- Held for twice the ttl: units handed back at the lease's end (a
-    -- proxy notices within a tick) find their generation still there.
-    s.la, s.lae = s.la + n, max(s.lae, now + 2 * ttl)
-    after = after - n
-    return n, ttl, s.ag, after, floor(after), now + ceil((cap - after) * W / limit)
-  elseif alg == 3 then
-    return n, ttl, now + ttl, after + n, remaining - n, max(reset, now + ttl + W)
-  end
-  return n, min(ttl, (idx + 1) * W - now), idx, after + n, remaining - n, reset
-end
-
 -- consume writes what an allowed limit takes, with the lease of ln units
 -- and tag lt granted with it. i is the limit's place in its check.
 local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count, ln, lt)
   if alg == 1 then
-    tbWrite(key, cache[key], after, limit, W, cap)
+    local s = cache[key]
+    if s[6] then
+      leasing().tbWrite(key, s, after, limit, W, cap)
+    else
+      if not s[5] then nd = nd + 1; dirty[nd] = key end
+      s[1], s[2], s[5] = after, now, ceil(cap * W / limit) + 1000
+    end
   elseif alg == 2 then
     local s = cache[key]
-    markDirty(key, s)
-    s[1], s[2], s[3], s.exp = idx, after, prev, 2 * W + 1000
+    if not s[5] then nd = nd + 1; dirty[nd] = key end
+    s[1], s[2], s[3], s[5] = idx, after, prev, 2 * W + 1000
   elseif alg == 3 then
     call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - W))
     -- A key listed twice in one check is written twice (each limit adds
@@ -299,16 +354,22 @@ local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count
     -- members apart from the first's.
     local tag = ''
     if i > 1 then tag = '.' .. i end
-    addMembers(key, now, format('%d-', now), count, tag, cost)
+    -- NX: a name is never taken twice (a return may have removed
+    -- members, so counts alone do not keep names apart).
+    local k, n = count, cost
+    while n > 0 do
+      k = k + 1
+      n = n - call('ZADD', key, 'NX', now, format('%d-%d', now, k) .. tag)
+    end
     -- A lease's units are members scored at its expiry: every unit it
     -- admits is in the log for a window from then, as if admitted then.
-    if ln > 0 then addMembers(key, lt, format('L%d-', lt), count, tag, ln) end
+    if ln > 0 then leasing().addMembers(key, lt, format('L%d-', lt), count, tag, ln) end
     local top = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) or now
     call('PEXPIRE', key, max(W, top + W - now))
   else
     local s = cache[key]
-    markDirty(key, s)
-    s[1], s[2], s.exp = idx, after, (idx + 1) * W - now + 1000
+    if not s[5] then nd = nd + 1; dirty[nd] = key end
+    s[1], s[2], s[5] = idx, after, (idx + 1) * W - now + 1000
   end
 end
 
@@ -356,17 +417,14 @@ for i = 1, tonumber(ARGV[2]) do
   SP[i] = sp
 end
 
--- leased tells whether a limit of spec sp that allowed may be leased:
--- it asks for a lease and is enforced, without a penalty.
-local function leased(sp)
-  return sp[10] > 0 and not sp[6] and sp[7] == 0
-end
+-- A limit is leased when it asks for a lease (sp[10] > 0) and is
+-- enforced, without a penalty: a penalty's violations are counted here.
 
 -- checkOne decides a check of one limit, all in locals; ru, rt, rg hand
 -- back a lease first.
 local function checkOne(sp, key, vkey, bkey, write, ru, rt, rg)
   local alg, limit, W, cost, logOnly, pw = sp[1], sp[2], sp[3], sp[5], sp[6], sp[7]
-  if ru > 0 then giveBack(alg, key, limit, W, sp[4], rt, rg, ru) end
+  if ru > 0 then leasing().giveBack(alg, key, limit, W, sp[4], rt, rg, ru) end
   local ok, remaining, reset, retry, cap, after, idx, prev, count = decideLimit(alg, key, limit, W, sp[4], cost)
   local blocked = false
   if pw > 0 then
@@ -377,8 +435,8 @@ local function checkOne(sp, key, vkey, bkey, write, ru, rt, rg)
   local ln, lt, lg = 0, 0, 0
   if write then
     if ok and allowed then
-      if leased(sp) then
-        ln, lt, lg, after, remaining, reset = lease(alg, sp, key, cap, cost, after, remaining, reset, idx)
+      if sp[10] > 0 and not logOnly and pw == 0 then
+        ln, lt, lg, after, remaining, reset = leasing().lease(alg, sp, key, cap, cost, after, remaining, reset, idx)
       end
       consume(1, alg, key, limit, W, cap, cost, after, idx, prev, count, ln, lg)
     elseif not allowed and pw > 0 and not blocked then
@@ -394,7 +452,7 @@ local L = {}
 local function checkMany(n, write)
   for i = 1, n do
     local l = L[i]
-    if l.ru > 0 then giveBack(l.sp[1], l.key, l.sp[2], l.sp[3], l.sp[4], l.rt, l.rg, l.ru) end
+    if l.ru > 0 then leasing().giveBack(l.sp[1], l.key, l.sp[2], l.sp[3], l.sp[4], l.rt, l.rg, l.ru) end
   end
   local allowed = true
   for i = 1, n do
@@ -419,14 +477,14 @@ local function checkMany(n, write)
           -- A key listed twice is written once per listing, the last
           -- write holding: a lease of it could be granted twice for one
           -- deduction, so such a key is never leased.
-          if leased(sp) then
+          if sp[10] > 0 and not sp[6] and sp[7] == 0 then
             local once = true
             for j = 1, n do
               if j ~= i and L[j].key == l.key then once = false end
             end
             if once then
               l.ln, l.lt, l.lg, l.after, l.remaining, l.reset =
-                lease(sp[1], sp, l.key, l.cap, sp[5], l.after, l.remaining, l.reset, l.idx)
+                leasing().lease(sp[1], sp, l.key, l.cap, sp[5], l.after, l.remaining, l.reset, l.idx)
             end
           end
           consume(i, sp[1], l.key, sp[2], sp[3], l.cap, sp[5], l.after, l.idx, l.prev, l.count, l.ln, l.lg)
@@ -456,8 +514,13 @@ for c = 1, nc do
   a = a + 1
   local ok, err
   if n == 1 then
-    local sp = SP[tonumber(ARGV[a])]
-    local ru, rt, rg = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    local r, ru, rt, rg = tonumber(ARGV[a]), 0, 0, 0
+    if r < 0 then
+      r, ru, rt, rg = -r, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+      a = a + 3
+    end
+    a = a + 1
+    local sp = SP[r]
     if sp[7] > 0 then
       ok, err = pcall(checkOne, sp, KEYS[k], KEYS[k + 1], KEYS[k + 2], write, ru, rt, rg)
       k = k + 3
@@ -474,10 +537,15 @@ for c = 1, nc do
           ru = 0, rt = 0, rg = 0, ln = 0, lt = 0, lg = 0}
         L[i] = l
       end
-      local la = a + 4 * (i - 1)
-      local sp = SP[tonumber(ARGV[la])]
+      local r = tonumber(ARGV[a])
+      a = a + 1
+      l.ru, l.rt, l.rg = 0, 0, 0
+      if r < 0 then
+        r, l.ru, l.rt, l.rg = -r, tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+        a = a + 3
+      end
+      local sp = SP[r]
       l.sp, l.key = sp, KEYS[k]
-      l.ru, l.rt, l.rg = tonumber(ARGV[la + 1]), tonumber(ARGV[la + 2]), tonumber(ARGV[la + 3])
       if sp[7] > 0 then
         l.vkey, l.bkey = KEYS[k + 1], KEYS[k + 2]
         k = k + 3
@@ -488,7 +556,6 @@ for c = 1, nc do
     end
     ok, err = pcall(checkMany, n, write)
   end
-  a = a + 4 * n
   -- A check that fails (a key of another type, say) fails alone: the
   -- checks after it are still decided.
   if not ok then
@@ -502,13 +569,14 @@ end
 for i = 1, nd do
   local key = dirty[i]
   local s = cache[key]
-  local alg = s.alg
+  local alg = s[4]
   if alg == 1 then
     -- %.17g: the tokens read back are exactly the float written.
-    if s[5] ~= 0 or s[8] ~= 0 then
+    local g = s[6]
+    if g then
       -- A bucket ever leased keeps its generations, and its tags only grow.
-      call('HSET', key, 'tokens', format('%.17g', s[1]), 'ts', s[2], 'la', s[3], 'lae', s[4], 'ag', s[5],
-        'lb', s[6], 'lbe', s[7], 'bg', s[8])
+      call('HSET', key, 'tokens', format('%.17g', s[1]), 'ts', s[2],
+        'g', format('%d,%d,%d,%d,%d,%d', g[1], g[2], g[3], g[4], g[5], g[6]))
     else
       call('HSET', key, 'tokens', format('%.17g', s[1]), 'ts', s[2])
     end
@@ -517,6 +585,6 @@ for i = 1, nd do
   else
     call('HSET', key, 'w', s[1], 'c', s[2])
   end
-  call('PEXPIRE', key, s.exp)
+  call('PEXPIRE', key, s[5])
 end
 return out
