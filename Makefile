@@ -81,6 +81,8 @@ test-fuzz:
 
 # Timing targets live here, never in pass/fail tests. Fixed iteration
 # counts where a benchmark sets up load (bridge processes, wasm hosts).
+# -bench=HotKey in ./e2e/distributed sends one key through 2 gateway
+# processes to 3 bridges, with and without leases (docs/bridge.md, Leases).
 # -bench=Wasm in ./plugin prints the plugin's cost per request on V8
 # (BenchmarkWasmV8, through Node) beside wazero's (BenchmarkWasm): same
 # configuration, same requests, guest-ns/op measured the same way.
@@ -99,6 +101,8 @@ bench: deps wasm
 	$(BENCH_ENV) $(GO) test -run='^$$' -bench=. -benchmem ./redisbridge/internal/store
 	$(BENCH_ENV) $(GO) test -run='^$$' -bench=Policy_ReachesProxies -benchtime=20x ./e2e
 	$(BENCH_ENV) $(GO) test -run='^$$' -bench=Gateway -benchtime=20000x ./cmd/gateway
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench=HotKey -benchtime=20000x ./e2e/distributed
+	$(GO) test -run='^$$' -bench='BridgeProcess_HotKey' -benchtime=50000x ./redisbridge
 	$(MAKE) bench-bridge-rows
 	@$(GO) run ./internal/benchtable/cmd/benchtable $(BENCH_TABLE)
 

@@ -91,15 +91,17 @@ func (abiHost) CallResponse(int) (string, []byte) {
 
 func (abiHost) SetEffectiveContext(id uint32) { _ = proxywasm.SetEffectiveContext(id) }
 
-func (abiHost) SharedGet(key string) []byte {
-	v, _, err := proxywasm.GetSharedData(key)
+func (abiHost) SharedGetCAS(key string) ([]byte, uint32) {
+	v, cas, err := proxywasm.GetSharedData(key)
 	if err != nil {
-		return nil
+		return nil, 0
 	}
-	return v
+	return v, cas
 }
 
-func (abiHost) SharedSet(key string, value []byte) { _ = proxywasm.SetSharedData(key, value, 0) }
+func (abiHost) SharedSetCAS(key string, value []byte, cas uint32) bool {
+	return proxywasm.SetSharedData(key, value, cas) == nil
+}
 
 func (abiHost) NowNanos() int64 {
 	n, _ := proxywasm.GetCurrentTimeNanos()
@@ -118,6 +120,12 @@ func (abiHost) DefineCounter(name string) uint32 {
 }
 
 func (abiHost) IncCounter(id uint32) { _ = proxywasm.IncrementMetric(id, 1) }
+
+func (abiHost) AddCounter(id uint32, n int64) {
+	if n > 0 {
+		_ = proxywasm.IncrementMetric(id, n)
+	}
+}
 
 func (abiHost) LogLevel() proxywasm.LogLevel {
 	l, err := proxywasm.GetLogLevel()

@@ -109,6 +109,7 @@ func wazeroHost(p *proxy) *wasmhost.Host { return p.engine.(*wazeroEngine).host 
 
 func TestWasm_LimitHeadersAndDenial(t *testing.T) { scenarioLimitHeadersAndDenial(t, startWazero) }
 func TestWasm_LogOnly(t *testing.T)               { scenarioLogOnly(t, startWazero) }
+func TestWasm_Lease(t *testing.T)                 { scenarioLease(t, startWazero) }
 func TestWasm_FailureModes(t *testing.T)          { scenarioFailureModes(t, startWazero) }
 func TestWasm_Environment(t *testing.T)           { scenarioEnvironment(t, startWazero) }
 func TestWasm_ConfigRefused(t *testing.T)         { scenarioConfigRefused(t, startWazero) }
@@ -246,8 +247,8 @@ func cpuNanos() int64 {
 }
 
 // The guest heap stays flat: after a warm-up, a million requests over the
-// no-match, cache-hit and call-out paths leave every VM's linear memory
-// the size it was.
+// no-match, cache-hit, lease-hit and call-out paths leave every VM's
+// linear memory the size it was.
 func TestWasm_HeapFlat(t *testing.T) {
 	bridge := &fakeBridge{counts: map[string]int64{overLimitKey: 1 << 40}}
 	host, err := wasmhost.New(context.Background(), wasmBytes, wasmhost.Options{
@@ -264,10 +265,11 @@ func TestWasm_HeapFlat(t *testing.T) {
 		{Method: "GET", Path: "/health", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "mallory"}}},
 		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
+		{Method: "GET", Path: "/hot/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 	}
 	run := func(n int) {
 		for i := 0; i < n; i++ {
-			info := infos[i%2] // no match and cache hit
+			info := infos[[...]int{0, 1, 3}[i%3]] // no match, cache hit, lease hit
 			if i%50 == 0 {
 				info = infos[2] // a call-out now and then
 			}

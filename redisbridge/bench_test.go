@@ -24,6 +24,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/proccpu"
 	"github.com/sluicehq/sluice/redisbridge/internal/loadgen"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
@@ -161,12 +162,16 @@ func report(b *testing.B, elapsed time.Duration, lat []time.Duration, c *redis.C
 	// commandstats also counts the commands scripts run; leave those out.
 	inScript := map[string]bool{"info": true, "time": true, "hmget": true, "hset": true, "pexpire": true, "zcount": true,
 		"zadd": true, "zremrangebyscore": true, "zrange": true, "zrangebyscore": true, "get": true, "set": true, "zcard": true, "zremrangebyrank": true}
-	var cmds int64
+	var cmds, all int64
 	for k, v := range after {
-		if !inScript[k] && !strings.HasSuffix(k, ".usec") {
-			cmds += v - before[k]
+		if !strings.HasSuffix(k, ".usec") && k != "info" {
+			all += v - before[k]
+			if !inScript[k] {
+				cmds += v - before[k]
+			}
 		}
 	}
+	b.ReportMetric(float64(all)/n, "redis-cmds/decision")
 	b.ReportMetric(float64(after["evalsha"]-before["evalsha"])/n, "evalsha/decision")
 	if calls := after["evalsha"] - before["evalsha"]; calls > 0 {
 		// Time inside the script (commandstats), without Redis's network I/O.
@@ -284,6 +289,47 @@ func BenchmarkBridgeProcess_Check(b *testing.B) {
 	}
 }
 
+// BenchmarkBridgeProcess_HotKey is one hot key at high concurrency: 200
+// connections, every check on one counter (fixed window, token bucket,
+// each allowed), against the bridge as a process with --redis-batch 1 (a
+// script call per check) and with its default batching, where the checks
+// of one key that queue while a pipeline is busy are decided in one
+// script call, the key's HASH read and written once per call.
+// redis-cmds/decision counts every command Redis ran, those inside
+// scripts included.
+func BenchmarkBridgeProcess_HotKey(b *testing.B) {
+	rs := redistest.Start(b)
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer rc.Close()
+	for _, batch := range []string{"1", "128"} {
+		addr, _ := startBridgeProcess(b, rs.URL, "--redis-timeout", "1s", "--redis-batch", batch)
+		for _, alg := range []rules.Algorithm{rules.FixedWindow, rules.TokenBucket} {
+			l := rules.LimitRequest{Key: "rl:{g}:hot-" + alg.String(), Rule: "hot",
+				Spec: rules.LimitSpec{Algorithm: alg, Limit: 1 << 40, WindowMS: 3_600_000, Burst: 1 << 40, Cost: 1}}
+			bodies := [][]byte{rules.AppendCheckRequestFrom(nil, &rules.CheckRequest{Limits: []rules.LimitRequest{l}})}
+			b.Run("batch-"+batch+"/"+alg.String(), func(b *testing.B) {
+				n := max(b.N, 2000)
+				o := loadgen.Options{Addr: addr, Path: "/v1/rate-limit/check", Bodies: bodies, Conns: 200, Check: allowedAnswer}
+				o.N = 2000
+				if _, err := loadgen.Run(context.Background(), o); err != nil { // warm up
+					b.Fatal(err)
+				}
+				before, rcpu := commandStats(b, rc), redisCPU(b, rc)
+				b.ResetTimer()
+				o.N = n
+				t0 := time.Now()
+				res, err := loadgen.Run(context.Background(), o)
+				elapsed := time.Since(t0)
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				report(b, elapsed, res.Latencies, rc, before, rcpu)
+			})
+		}
+	}
+}
+
 var bridgeFlags = flag.String("bridge.flags", "", "BenchmarkBridgeProcess_Check: extra flags for the bridge, space-separated")
 
 var bridgeProfile = flag.String("bridge.cpuprofile", "",
@@ -367,7 +413,7 @@ func childSyscalls(pid int) int64 {
 
 // childCPU reads utime+stime of pid from /proc (clock ticks of 10ms).
 func childCPU(b *testing.B, pid int) time.Duration {
-	d, err := loadgen.ProcessCPU(pid)
+	d, err := proccpu.Of(pid)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -95,6 +95,24 @@ func (s *Server) decide(ctx context.Context, deadline time.Time, req *rules.Chec
 		s.storeFailed("check", err)
 		return err
 	}
+	for i := range req.Limits {
+		if n := req.Limits[i].Return.Units; n > 0 {
+			s.m.unitsReturned.Add(float64(n))
+		}
+		if n := resp.Decisions[i].Lease.Units; n > 0 {
+			s.m.leaseGrants.Inc()
+			s.m.unitsGranted.Add(float64(n))
+		}
+	}
+	// Renewals and returns decide no request: counted apart.
+	switch req.Op {
+	case rules.OpRenew:
+		s.m.renewals.Inc()
+		return nil
+	case rules.OpReturn:
+		s.m.returns.Inc()
+		return nil
+	}
 	if resp.Allowed {
 		s.m.checkAllowed.Inc()
 	} else {

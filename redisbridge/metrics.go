@@ -18,11 +18,15 @@ type metrics struct {
 	storeErrors *prometheus.CounterVec   // by op
 	adminOps    *prometheus.CounterVec   // by action, result
 	idemReplays prometheus.Counter       // batch-check answers replayed for a repeated idempotency key
+	leaseGrants prometheus.Counter       // leases granted
+	leaseUnits  *prometheus.CounterVec   // by op: granted, returned
+	leaseCalls  *prometheus.CounterVec   // checks that only renew or return leases, by op
 
 	// Children of the vectors the check path uses, looked up once: a
 	// WithLabelValues per check costs label hashing and a lock.
 	checkAllowed, checkDenied, checkError, checkInvalid prometheus.Counter
 	storeCheck                                          prometheus.Observer
+	unitsGranted, unitsReturned, renewals, returns      prometheus.Counter
 
 	mu    sync.RWMutex
 	rules map[string]struct{}                // rule label values seen, bounded
@@ -66,8 +70,22 @@ func newMetrics() *metrics {
 	m.idemReplays = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_bridge_idempotent_replays_total", Help: "Batch-check answers replayed for a repeated idempotency key.",
 	})
+	m.leaseGrants = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_bridge_lease_grants_total", Help: "Leases granted to proxies.",
+	})
+	m.leaseUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_bridge_lease_units_total", Help: "Lease units granted, and unspent units proxies handed back (op).",
+	}, []string{"op"})
+	m.leaseCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_bridge_lease_calls_total", Help: "Checks that only renew leases or hand units back, by op (renew, return).",
+	}, []string{"op"})
 	m.reg.MustRegister(m.checks, m.decisions, m.checkDur, m.storeDur, m.storeErrors, m.adminOps, m.idemReplays,
+		m.leaseGrants, m.leaseUnits, m.leaseCalls,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.unitsGranted = m.leaseUnits.WithLabelValues("granted")
+	m.unitsReturned = m.leaseUnits.WithLabelValues("returned")
+	m.renewals = m.leaseCalls.WithLabelValues("renew")
+	m.returns = m.leaseCalls.WithLabelValues("return")
 	m.checkAllowed = m.checks.WithLabelValues("allowed")
 	m.checkDenied = m.checks.WithLabelValues("denied")
 	m.checkError = m.checks.WithLabelValues("error")

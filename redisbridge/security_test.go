@@ -473,6 +473,7 @@ var aclCommands = []string{
 	"+evalsha", "+eval", "+time", "+get", "+set", "+del", "+pexpire", "+ping", "+multi", "+exec",
 	"+hget", "+hmget", "+hset", "+hgetall", "+hincrby",
 	"+zadd", "+zcard", "+zcount", "+zpopmax", "+zrange", "+zrangebyscore", "+zremrangebyrank", "+zremrangebyscore",
+	"+zrevrangebyscore", "+zrem",
 }
 
 // TestSecurity_RedisACL: the bridge authenticates as a Redis ACL user
@@ -504,6 +505,22 @@ func TestSecurity_RedisACL(t *testing.T) {
 				var cr rules.CheckResponse
 				if err := rules.DecodeCheckResponse(r.body, 1, &cr); err != nil || cr.Allowed != want {
 					t.Errorf("%s check %d: %d %s, want allowed %v", a, i+1, r.status, r.body, want)
+				}
+			}
+			// A lease granted, renewed and handed back.
+			l = limit("rl:{u:acl-lease}:"+a.String(), a, 10)
+			l.Spec.Lease = rules.Lease{Size: 3, TTLMS: 60_000}
+			var cr rules.CheckResponse
+			r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", checkBody(l))
+			if err := rules.DecodeCheckResponse(r.body, 1, &cr); err != nil || cr.Decisions[0].Lease.Units != 3 {
+				t.Fatalf("%s lease: %d %s", a, r.status, r.body)
+			}
+			back := l
+			back.Return = rules.LeaseReturn{Tag: cr.Decisions[0].Lease.Tag, Granted: 3, Units: 3}
+			for _, op := range []rules.Op{rules.OpRenew, rules.OpReturn} {
+				body := rules.AppendCheckRequestFrom(nil, &rules.CheckRequest{Op: op, Limits: []rules.LimitRequest{back}})
+				if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", string(body)); r.status != 200 {
+					t.Errorf("%s %v: %d %s", a, op, r.status, r.body)
 				}
 			}
 		}

@@ -258,6 +258,16 @@ type LimitSpec struct {
 	Burst     int64     // token bucket capacity, default Limit
 	Cost      int64     // weight of one request, default 1
 	Penalty   *Penalty  // nil: none
+	Lease     Lease     // zero: never leased
+}
+
+// Lease lets a proxy hold part of a limit's quota and spend it without a
+// call-out (docs/config.md, lease). The bridge deducts the units in the
+// call that grants them; units a proxy did not spend go back when the
+// lease expires.
+type Lease struct {
+	Size  int64 // units a grant holds at most; 0: the limit is never leased
+	TTLMS int64 // how long a proxy may spend a grant
 }
 
 // Penalty lengthens the block of clients that keep violating a limit.
@@ -333,4 +343,29 @@ type DenyConfig struct {
 type LocalCacheConfig struct {
 	Enabled    bool  // default true
 	MaxEntries int64 // default 10000
+}
+
+// ShortestLeaseTTLMS is the shortest lease ttl of any limit of c, 0 when
+// none is leased.
+func (c *Config) ShortestLeaseTTLMS() int64 {
+	var least int64
+	note := func(s *LimitSpec) {
+		if s.Lease.Size > 0 && (least == 0 || s.Lease.TTLMS < least) {
+			least = s.Lease.TTLMS
+		}
+	}
+	for i := range c.Rules {
+		note(&c.Rules[i].Spec)
+	}
+	for i := range c.Categories {
+		note(&c.Categories[i].Spec)
+	}
+	for i := range c.Tiers.List {
+		t := &c.Tiers.List[i]
+		note(&t.Spec)
+		for j := range t.Endpoints {
+			note(&t.Endpoints[j].Spec)
+		}
+	}
+	return least
 }

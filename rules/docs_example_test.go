@@ -138,6 +138,7 @@ func TestParseConfig_DocCoversFields(t *testing.T) {
 		`{"tiers":{"list":[{"name":"t","limit":1,"window":"1s","endpoints":{"/a":{"zz":1}}}]}}`,
 		`{"categories":[{"zz":1}]}`,
 		`{"rules":[{"zz":1}]}`,
+		`{"rules":[{"name":"r","limit":1,"window":"1s","lease":{"zz":1}}]}`,
 		`{"rules_from":{"zz":1}}`,
 		`{"rules":[{"name":"r","match":{"zz":1}}]}`,
 		`{"rules":[{"name":"r","match":{"headers":[{"zz":1}]}}]}`,

@@ -10,7 +10,7 @@ import (
 )
 
 // limitFields are the fields every limit-bearing object shares.
-var limitFields = []string{"algorithm", "limit", "window", "burst", "cost", "penalty"}
+var limitFields = []string{"algorithm", "limit", "window", "burst", "cost", "penalty", "lease"}
 
 // limitSpec reads the limit fields of v; def supplies inherited values.
 func (p *parser) limitSpec(v gjson.Result, path string, def LimitSpec, defPenalty *Penalty) LimitSpec {
@@ -54,7 +54,51 @@ func (p *parser) limitSpec(v gjson.Result, path string, def LimitSpec, defPenalt
 	} else if def.Penalty == nil {
 		s.Penalty = defPenalty
 	}
+	if lv := v.Get("lease"); lv.Exists() {
+		s.Lease = p.lease(lv, join(path, "lease"))
+	}
+	p.checkLease(&s, path)
 	return s
+}
+
+// Lease bounds. A lease is spent by a proxy's clock: a minute bounds what a
+// proxy that stops answering can hold back, and what a grant spends after
+// the bridge can no longer be reached.
+const (
+	DefaultLeaseTTLMS = 1000
+	MaxLeaseTTLMS     = 60_000
+)
+
+func (p *parser) lease(v gjson.Result, path string) Lease {
+	if !p.object(v, path, "size", "ttl") {
+		return Lease{}
+	}
+	l := Lease{
+		Size:  p.integer(v.Get("size"), join(path, "size"), 0, 1, MaxLimitValue),
+		TTLMS: p.duration(v.Get("ttl"), join(path, "ttl"), DefaultLeaseTTLMS, 1, MaxLeaseTTLMS),
+	}
+	if l.Size == 0 && p.err == nil {
+		p.fail(join(path, "size"), "is required (units one grant holds, > 0)")
+	}
+	return l
+}
+
+// checkLease refuses a lease that could never be spent or that would
+// hide what the bridge must see: a limit with a penalty counts its
+// violations at the bridge, so it is never leased.
+func (p *parser) checkLease(s *LimitSpec, path string) {
+	if s.Lease.Size == 0 || p.err != nil {
+		return
+	}
+	lp := join(path, "lease")
+	switch capacity := max(s.Limit, s.Burst); {
+	case s.Penalty != nil:
+		p.fail(lp, `a limit with a penalty is never leased (its violations are counted by the bridge); set "penalty": {"enabled": false} on it or drop the lease`)
+	case s.Lease.Size < s.Cost:
+		p.fail(join(lp, "size"), "is %d, less than the cost %d: a grant could not pay for one request", s.Lease.Size, s.Cost)
+	case s.Lease.Size > capacity:
+		p.fail(join(lp, "size"), "is %d, more than the limit %d", s.Lease.Size, capacity)
+	}
 }
 
 // scope parses "user+endpoint".
@@ -81,6 +125,14 @@ func (p *parser) scope(v gjson.Result, path, def string) Scope {
 		p.fail(path, "global cannot be combined with other parts")
 	}
 	return s
+}
+
+// noLogOnlyLease refuses a lease on a log_only limit: it never denies, so
+// it is counted at the bridge on every request.
+func (p *parser) noLogOnlyLease(a Action, s *LimitSpec, path string) {
+	if a == LogOnly && s.Lease.Size > 0 {
+		p.fail(join(path, "lease"), "a log_only limit is never leased (the bridge counts what it would deny)")
+	}
 }
 
 func (p *parser) action(v gjson.Result, path string) Action {

@@ -63,6 +63,7 @@ func (p *parser) rule(e gjson.Result, rp string, defPenalty *Penalty) Rule {
 		Enabled:  p.boolean(e.Get("enabled"), join(rp, "enabled"), true),
 	}
 	r.Spec = p.limitSpec(e, rp, LimitSpec{}, defPenalty)
+	p.noLogOnlyLease(r.Action, &r.Spec, rp)
 	return r
 }
 
@@ -171,6 +172,7 @@ func (p *parser) categories(v gjson.Result, path string, defPenalty *Penalty) []
 		c.Scope = p.scope(e.Get("scope"), join(cp, "scope"), defScope)
 		c.Action = p.action(e.Get("action"), join(cp, "action"))
 		c.Spec = p.limitSpec(e, cp, def, defPenalty)
+		p.noLogOnlyLease(c.Action, &c.Spec, cp)
 		for j := range out {
 			if out[j].Name == c.Name && p.err == nil {
 				p.fail(join(cp, "name"), "%q is already the name of %s", c.Name, index(path, j))

@@ -123,6 +123,15 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"scope global combo", rule(`,"limit":1,"window":"1s","scope":"global+ip"`), "rules[1].scope", "cannot be combined"},
 		{"scope twice", rule(`,"limit":1,"window":"1s","scope":"ip+ip"`), "rules[1].scope", "twice"},
 		{"action", rule(`,"limit":1,"window":"1s","action":"throttle"`), "rules[1].action", "log_only"},
+		{"lease size missing", rule(`,"limit":10,"window":"1s","lease":{"ttl":"1s"}`), "rules[1].lease.size", "required"},
+		{"lease size over limit", rule(`,"limit":10,"window":"1s","lease":{"size":11}`), "rules[1].lease.size", "more than the limit 10"},
+		{"lease size under cost", rule(`,"limit":10,"window":"1s","cost":3,"lease":{"size":2}`), "rules[1].lease.size", "less than the cost 3"},
+		{"lease ttl", rule(`,"limit":10,"window":"1s","lease":{"size":2,"ttl":"2m"}`), "rules[1].lease.ttl", "must be from 1ms to 1m"},
+		{"lease field", rule(`,"limit":10,"window":"1s","lease":{"size":2,"units":3}`), "rules[1].lease.units", "unknown field"},
+		{"lease log_only", rule(`,"limit":10,"window":"1s","action":"log_only","lease":{"size":2}`), "rules[1].lease", "log_only"},
+		{"lease penalty", rule(`,"limit":10,"window":"1s","penalty":{"enabled":true},"lease":{"size":2}`), "rules[1].lease", "penalty"},
+		{"lease default penalty", `{"penalty":{"enabled":true},"categories":[{"name":"c","paths":["/c"],"limit":10,"window":"1s","lease":{"size":2}}]}`, "categories[0].lease", "penalty"},
+		{"lease tier override", `{"tiers":{"list":[{"name":"t","limit":100,"window":"1s","lease":{"size":50},"endpoints":{"/a":20}}]}}`, `tiers.list[0].endpoints["/a"]`, "lease size 50"},
 		{"name chars", `{"rules":[{"name":"Bad Name","limit":1,"window":"1s"}]}`, "rules[0].name", "may hold only"},
 		{"name missing", `{"rules":[{"limit":1,"window":"1s"}]}`, "rules[0].name", "required"},
 		{"name duplicate", `{"rules":[{"name":"a","limit":1,"window":"1s"},{"name":"a","limit":1,"window":"1s"}]}`, "rules[1].name", "already"},
@@ -184,6 +193,36 @@ func TestParseConfig_Errors(t *testing.T) {
 				t.Errorf("error %q does not mention %q", err, tc.msg)
 			}
 		})
+	}
+}
+
+// A lease is kept per limit: rules, categories and tiers, inherited by a
+// tier's endpoint overrides unless they give their own.
+func TestParseConfig_Lease(t *testing.T) {
+	c, err := ParseConfig([]byte(`{
+  "tiers": {"list": [{"name": "t", "limit": 100, "window": "1s", "lease": {"size": 10},
+    "endpoints": {"/a": {"limit": 50, "lease": {"size": 5, "ttl": "200ms"}}, "/b": 40}}]},
+  "categories": [{"name": "c", "paths": ["/c"], "limit": 10, "window": "1s", "algorithm": "token_bucket", "burst": 20, "lease": {"size": 20}}],
+  "rules": [{"name": "r", "limit": 10, "window": "1m", "lease": {"size": 3, "ttl": "30s"}}, {"name": "plain", "limit": 1, "window": "1s"}]
+}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		got  Lease
+		want Lease
+	}{
+		{"tier", c.Tiers.List[0].Spec.Lease, Lease{10, DefaultLeaseTTLMS}},
+		{"override with its own", c.Tiers.List[0].Endpoints[0].Spec.Lease, Lease{5, 200}},
+		{"override inheriting", c.Tiers.List[0].Endpoints[1].Spec.Lease, Lease{10, DefaultLeaseTTLMS}},
+		{"category (burst bounds the size)", c.Categories[0].Spec.Lease, Lease{20, DefaultLeaseTTLMS}},
+		{"rule", c.Rules[0].Spec.Lease, Lease{3, 30_000}},
+		{"no lease", c.Rules[1].Spec.Lease, Lease{}},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, tc.got, tc.want)
+		}
 	}
 }
 

@@ -93,6 +93,9 @@ func (p *parser) endpointOverrides(v gjson.Result, path string, base LimitSpec, 
 			if o.Spec.Cost > max(o.Spec.Limit, o.Spec.Burst) {
 				p.fail(ep, "is %d, less than the cost %d: no request could ever pass", o.Spec.Limit, o.Spec.Cost)
 			}
+			if o.Spec.Lease.Size > max(o.Spec.Limit, o.Spec.Burst) {
+				p.fail(ep, "is %d, less than the tier's lease size %d: give the override a lease of its own", o.Spec.Limit, o.Spec.Lease.Size)
+			}
 		} else {
 			if !p.object(e, ep, limitFields...) {
 				return false

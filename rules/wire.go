@@ -32,30 +32,71 @@ const (
 type LimitRequest struct {
 	Key     string // full counter key, hash tag included; the bridge appends suffixes only
 	Rule    string
-	Spec    LimitSpec
-	LogOnly bool // its denial is logged and counted but does not deny the request
+	Spec    LimitSpec // Spec.Lease set: the caller asks for a lease of the limit
+	LogOnly bool      // its denial is logged and counted but does not deny the request
 	// PerUser marks limits kept per client identity; overrides set through
 	// the bridge's config API for (User, Endpoint) replace their Spec.
 	PerUser bool
+	Return  LeaseReturn // units of an earlier grant handed back, before the check is decided
+}
+
+// Op is what a check asks of the bridge.
+type Op uint8
+
+const (
+	// OpDecide decides a request: its limits all-or-nothing, and grants
+	// the leases it asks for when it is allowed.
+	OpDecide Op = iota
+	// OpRenew grants the leases asked for without a request: the limits
+	// are decided at cost 0.
+	OpRenew
+	// OpReturn hands back the units of the limits' returns and consumes
+	// nothing; its decisions are what the limits would decide.
+	OpReturn
+)
+
+var opNames = [...]string{"", "renew", "return"}
+
+func (o Op) String() string {
+	if int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return ""
 }
 
 // CheckRequest carries every limit of one HTTP request. The bridge decides
 // them together: when any enforced (not log_only) limit denies, nothing is
 // consumed.
 type CheckRequest struct {
+	Op        Op
 	RequestID string
 	User      string // the client identity the per-user limits are kept for ("" if none)
 	Endpoint  string // request path, for per-identity overrides
 	Limits    []LimitRequest
 }
 
+// LeaseReturn hands back what a proxy did not spend of a grant.
+type LeaseReturn struct {
+	Tag     int64 // the grant's tag, as the bridge gave it
+	Granted int64 // units the grant held
+	Units   int64 // units not spent; 0: nothing is handed back
+}
+
+// LeaseGrant is the lease granted with a decision.
+type LeaseGrant struct {
+	Units int64 // 0: none
+	TTLMS int64 // spend it within this long of the store's now_ms
+	Tag   int64 // names the grant when its units are handed back
+}
+
 // Decision is the answer for one limit.
 type Decision struct {
 	Allowed      bool
 	Limit        int64 // the limit (token bucket: burst capacity)
-	Remaining    int64
+	Remaining    int64 // units left in the store, a lease granted with it deducted
 	ResetMS      int64 // Unix ms when the limit is fully available again
 	RetryAfterMS int64 // when denied: wait this long before the next attempt
+	Lease        LeaseGrant
 }
 
 // CheckResponse answers a CheckRequest, one decision per limit in order.
@@ -73,30 +114,48 @@ type PlannedLimit struct {
 	Spec    *LimitSpec // points into the Config
 	Action  Action
 	PerUser bool
+	// Set by the caller before encoding: ask for a lease of Spec.Lease,
+	// and hand back the units of an earlier grant.
+	AskLease bool
+	Return   LeaseReturn
 }
 
 // AppendCheckRequest encodes a check for limits and appends it to dst.
 func AppendCheckRequest(dst []byte, requestID, user, endpoint string, limits []PlannedLimit) []byte {
-	dst = appendCheckHead(dst, requestID, user, endpoint)
+	dst = appendCheckHead(dst, OpDecide, requestID, user, endpoint)
 	for i := range limits {
-		l := &limits[i]
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendLimit(dst, l.Key, l.Rule, l.Spec, l.Action == LogOnly, l.PerUser)
+		dst = appendPlanned(dst, &limits[i])
 	}
 	return append(dst, "]}"...)
 }
 
+// AppendLeaseCall encodes a check of one limit that renews its lease or
+// hands back the units of l.Return (op OpRenew or OpReturn).
+func AppendLeaseCall(dst []byte, op Op, requestID string, l *PlannedLimit) []byte {
+	dst = appendCheckHead(dst, op, requestID, "", "")
+	return append(appendPlanned(dst, l), "]}"...)
+}
+
+func appendPlanned(dst []byte, l *PlannedLimit) []byte {
+	var lease Lease
+	if l.AskLease {
+		lease = l.Spec.Lease
+	}
+	return appendLimit(dst, l.Key, l.Rule, l.Spec, l.Action == LogOnly, l.PerUser, lease, l.Return)
+}
+
 // AppendCheckRequestFrom encodes an already decoded request (bridge tests, tools).
 func AppendCheckRequestFrom(dst []byte, req *CheckRequest) []byte {
-	dst = appendCheckHead(dst, req.RequestID, req.User, req.Endpoint)
+	dst = appendCheckHead(dst, req.Op, req.RequestID, req.User, req.Endpoint)
 	for i := range req.Limits {
 		l := &req.Limits[i]
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.LogOnly, l.PerUser)
+		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.LogOnly, l.PerUser, l.Spec.Lease, l.Return)
 	}
 	return append(dst, "]}"...)
 }
@@ -112,8 +171,13 @@ func sendOverrideField(s string) bool {
 	return s != "" && len(s) <= MaxKeyLen && utf8.ValidString(s)
 }
 
-func appendCheckHead(dst []byte, requestID, user, endpoint string) []byte {
+func appendCheckHead(dst []byte, op Op, requestID, user, endpoint string) []byte {
 	dst = append(dst, '{')
+	if op != OpDecide {
+		dst = append(dst, `"op":"`...)
+		dst = append(dst, op.String()...)
+		dst = append(dst, `",`...)
+	}
 	// The request id only serves the bridge's logs: one it would refuse,
 	// or could not log as sent, is left out.
 	if len(requestID) <= MaxRequestIDLen && utf8.ValidString(requestID) {
@@ -134,7 +198,7 @@ func appendCheckHead(dst []byte, requestID, user, endpoint string) []byte {
 	return append(dst, `"limits":[`...)
 }
 
-func appendLimit(dst, key []byte, rule string, s *LimitSpec, logOnly, perUser bool) []byte {
+func appendLimit(dst, key []byte, rule string, s *LimitSpec, logOnly, perUser bool, lease Lease, ret LeaseReturn) []byte {
 	dst = append(dst, `{"key":`...)
 	dst = AppendJSONBytes(dst, key)
 	dst = append(dst, `,"rule":`...)
@@ -169,7 +233,21 @@ func appendLimit(dst, key []byte, rule string, s *LimitSpec, logOnly, perUser bo
 		}
 		dst = append(dst, "]}"...)
 	}
+	if lease.Size > 0 {
+		dst = appendInt(dst, `,"lease":{"size":`, lease.Size)
+		dst = append(appendInt(dst, `,"ttl_ms":`, lease.TTLMS), '}')
+	}
+	if ret.Units > 0 {
+		dst = appendInt(dst, `,"lease_return":{"tag":`, ret.Tag)
+		dst = appendInt(dst, `,"granted":`, ret.Granted)
+		dst = append(appendInt(dst, `,"units":`, ret.Units), '}')
+	}
 	return append(dst, '}')
+}
+
+// appendInt appends the literal lit and n in decimal.
+func appendInt(dst []byte, lit string, n int64) []byte {
+	return strconv.AppendInt(append(dst, lit...), n, 10)
 }
 
 // ErrInvalidCheck wraps every reason a check request is refused.
@@ -197,9 +275,11 @@ func DecodeCheckRequest(body []byte) (CheckRequest, error) {
 	if !root.IsObject() {
 		return req, fmt.Errorf("%w: body must be a JSON object", ErrInvalidCheck)
 	}
-	var id, user, endpoint, lims gjson.Result
+	var op, id, user, endpoint, lims gjson.Result
 	root.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
+		case "op":
+			firstField(&op, v)
 		case "request_id":
 			firstField(&id, v)
 		case "user":
@@ -211,6 +291,16 @@ func DecodeCheckRequest(body []byte) (CheckRequest, error) {
 		}
 		return true
 	})
+	if op.Exists() {
+		switch op.Str {
+		case "renew":
+			req.Op = OpRenew
+		case "return":
+			req.Op = OpReturn
+		default:
+			return req, fmt.Errorf(`%w: op: must be "renew" or "return"`, ErrInvalidCheck)
+		}
+	}
 	if id.Exists() {
 		if id.Type != gjson.String || len(id.Str) > MaxRequestIDLen {
 			return req, fmt.Errorf("%w: request_id: must be a string of at most %d bytes", ErrInvalidCheck, MaxRequestIDLen)
@@ -271,7 +361,7 @@ func firstField(dst *gjson.Result, v gjson.Result) {
 
 // wireLimitFields are the fields of one limit object.
 type wireLimitFields struct {
-	key, rule, algorithm, limit, window, burst, cost, logOnly, perUser, penalty gjson.Result
+	key, rule, algorithm, limit, window, burst, cost, logOnly, perUser, penalty, lease, ret gjson.Result
 }
 
 func decodeLimit(v gjson.Result, l *LimitRequest) error {
@@ -301,6 +391,10 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 			firstField(&f.perUser, v)
 		case "penalty":
 			firstField(&f.penalty, v)
+		case "lease":
+			firstField(&f.lease, v)
+		case "lease_return":
+			firstField(&f.ret, v)
 		}
 		return true
 	})
@@ -365,6 +459,32 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 		}
 		l.Spec.Penalty = pen
 	}
+	if v := f.lease; v.Exists() {
+		if !v.IsObject() {
+			return errors.New("lease: must be an object")
+		}
+		if l.Spec.Lease.Size, err = wireInt(v, "size", 1, MaxLimitValue, 0); err != nil {
+			return fmt.Errorf("lease.%w", err)
+		}
+		if l.Spec.Lease.TTLMS, err = wireInt(v, "ttl_ms", 1, MaxLeaseTTLMS, 0); err != nil {
+			return fmt.Errorf("lease.%w", err)
+		}
+	}
+	if v := f.ret; v.Exists() {
+		if !v.IsObject() {
+			return errors.New("lease_return: must be an object")
+		}
+		r := &l.Return
+		if r.Tag, err = wireInt(v, "tag", -1<<62, 1<<62, 0); err != nil {
+			return fmt.Errorf("lease_return.%w", err)
+		}
+		if r.Granted, err = wireInt(v, "granted", 1, MaxLimitValue, 0); err != nil {
+			return fmt.Errorf("lease_return.%w", err)
+		}
+		if r.Units, err = wireInt(v, "units", 0, r.Granted, 0); err != nil {
+			return fmt.Errorf("lease_return.%w", err)
+		}
+	}
 	return nil
 }
 
@@ -426,6 +546,11 @@ func AppendCheckResponse(dst []byte, resp *CheckResponse) []byte {
 		dst = strconv.AppendInt(dst, d.ResetMS, 10)
 		dst = append(dst, `,"retry_after_ms":`...)
 		dst = strconv.AppendInt(dst, d.RetryAfterMS, 10)
+		if g := &d.Lease; g.Units > 0 {
+			dst = appendInt(dst, `,"lease":{"units":`, g.Units)
+			dst = appendInt(dst, `,"ttl_ms":`, g.TTLMS)
+			dst = append(appendInt(dst, `,"tag":`, g.Tag), '}')
+		}
 		dst = append(dst, '}')
 	}
 	return append(dst, "]}"...)
@@ -483,7 +608,22 @@ func decodeCanonicalResponse(b []byte, want int, resp *CheckResponse) bool {
 		if d.ResetMS, ok = c.integer(); !ok || !c.lit(`,"retry_after_ms":`) {
 			return false
 		}
-		if d.RetryAfterMS, ok = c.integer(); !ok || !c.lit("}") {
+		if d.RetryAfterMS, ok = c.integer(); !ok {
+			return false
+		}
+		if c.lit(`,"lease":{"units":`) {
+			g := &d.Lease
+			if g.Units, ok = c.integer(); !ok || !c.lit(`,"ttl_ms":`) {
+				return false
+			}
+			if g.TTLMS, ok = c.integer(); !ok || !c.lit(`,"tag":`) {
+				return false
+			}
+			if g.Tag, ok = c.integer(); !ok || !c.lit("}") || g.Units <= 0 {
+				return false
+			}
+		}
+		if !c.lit("}") {
 			return false
 		}
 		resp.Decisions = append(resp.Decisions, d)
@@ -564,13 +704,21 @@ func decodeResponseJSON(body []byte, want int, resp *CheckResponse) error {
 			bad = errors.New("check response: decisions: more than asked for")
 			return false
 		}
-		resp.Decisions = append(resp.Decisions, Decision{
+		dec := Decision{
 			Allowed:      d.Get("allowed").Type == gjson.True,
 			Limit:        d.Get("limit").Int(),
 			Remaining:    d.Get("remaining").Int(),
 			ResetMS:      d.Get("reset_ms").Int(),
 			RetryAfterMS: d.Get("retry_after_ms").Int(),
-		})
+		}
+		// A lease counts only when it holds units: an answer without one
+		// reads as the zero grant, as the fast path reads it.
+		if g := d.Get("lease"); g.IsObject() {
+			if units := g.Get("units").Int(); units > 0 {
+				dec.Lease = LeaseGrant{Units: units, TTLMS: g.Get("ttl_ms").Int(), Tag: g.Get("tag").Int()}
+			}
+		}
+		resp.Decisions = append(resp.Decisions, dec)
 		return true
 	})
 	if bad != nil {

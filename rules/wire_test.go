@@ -43,6 +43,39 @@ func TestCheckRequest_RoundTrip(t *testing.T) {
 	}
 }
 
+// A lease asked for, a lease handed back and the operations that renew
+// and return leases travel and decode as sent.
+func TestCheckRequest_LeaseRoundTrip(t *testing.T) {
+	spec := &LimitSpec{Algorithm: TokenBucket, Limit: 100, WindowMS: 1000, Burst: 100, Cost: 2, Lease: Lease{Size: 50, TTLMS: 200}}
+	l := PlannedLimit{Key: []byte("rl:{g}:hot"), Rule: "hot", Spec: spec, Action: Reject,
+		AskLease: true, Return: LeaseReturn{Tag: -7, Granted: 50, Units: 12}}
+	for _, tc := range []struct {
+		op   Op
+		body []byte
+	}{
+		{OpDecide, AppendCheckRequest(nil, "r", "", "", []PlannedLimit{l})},
+		{OpRenew, AppendLeaseCall(nil, OpRenew, "r", &l)},
+		{OpReturn, AppendLeaseCall(nil, OpReturn, "r", &l)},
+	} {
+		req, err := DecodeCheckRequest(tc.body)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, tc.body)
+		}
+		got := req.Limits[0]
+		if req.Op != tc.op || got.Spec.Lease != spec.Lease || got.Return != l.Return {
+			t.Errorf("%s: decoded op %v lease %+v return %+v", tc.body, req.Op, got.Spec.Lease, got.Return)
+		}
+		if again := AppendCheckRequestFrom(nil, &req); string(again) != string(tc.body) {
+			t.Errorf("re-encoding differs:\n%s\n%s", tc.body, again)
+		}
+	}
+	// Not asked for, nothing is sent: a limit's lease is a request of the caller.
+	l.AskLease, l.Return = false, LeaseReturn{}
+	if body := AppendCheckRequest(nil, "r", "", "", []PlannedLimit{l}); strings.Contains(string(body), "lease") {
+		t.Errorf("lease sent unasked: %s", body)
+	}
+}
+
 func TestDecodeCheckRequest_Errors(t *testing.T) {
 	lim := func(extra string) string {
 		return `{"limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_ms":1000` + extra + `}]}`
@@ -66,6 +99,12 @@ func TestDecodeCheckRequest_Errors(t *testing.T) {
 		{"penalty no multipliers", lim(`,"penalty":{"detection_window_ms":1000,"violation_threshold":1}`), "penalty.multipliers"},
 		{"not UTF-8", "{\"limits\":[{\"key\":\"k\",\"rule\":\"\x8e\",\"algorithm\":\"fixed_window\",\"limit\":1,\"window_ms\":1}]}", "not UTF-8"},
 		{"user not string", `{"user":5,"limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_ms":1}]}`, "user"},
+		{"op", `{"op":"lease","limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_ms":1}]}`, "op: must be"},
+		{"lease size", lim(`,"lease":{"size":0,"ttl_ms":100}`), "limits[0].lease.size"},
+		{"lease ttl", lim(`,"lease":{"size":1,"ttl_ms":60001}`), "limits[0].lease.ttl_ms"},
+		{"lease not object", lim(`,"lease":5`), "limits[0].lease: must be an object"},
+		{"return units", lim(`,"lease_return":{"tag":1,"granted":5,"units":6}`), "limits[0].lease_return.units"},
+		{"return granted", lim(`,"lease_return":{"tag":1,"units":1}`), "limits[0].lease_return.granted"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -85,6 +124,12 @@ func TestCheckResponse_RoundTrip(t *testing.T) {
 		{Allowed: true, Limit: 10, Remaining: 9, ResetMS: 1700000001000},
 		{Allowed: false, Limit: 5, Remaining: 0, ResetMS: 1700000060000, RetryAfterMS: 59877},
 	}}
+	lease := in
+	lease.Decisions = []Decision{in.Decisions[0], {Allowed: true, Limit: 9, Remaining: 3, Lease: LeaseGrant{Units: 5, TTLMS: 200, Tag: 1700000000323}}}
+	var got CheckResponse
+	if err := DecodeCheckResponse(AppendCheckResponse(nil, &lease), 2, &got); err != nil || !reflect.DeepEqual(got, lease) {
+		t.Errorf("lease: got %+v (%v), want %+v", got, err, lease)
+	}
 	body := AppendCheckResponse(nil, &in)
 	var out CheckResponse
 	if err := DecodeCheckResponse(body, 2, &out); err != nil {
@@ -107,6 +152,7 @@ func FuzzDecodeCheckRequest(f *testing.F) {
 	f.Add([]byte(`{"limits":[{"key":"k","algorithm":"sliding_log","limit":1e3,"window_ms":-1}]}`))
 	f.Add([]byte(`{"user":"jos\u00e9 \ud83d\ude00","endpoint":"/caf\u00e9","limits":[{"key":"k\u0000","algorithm":"fixed_window","limit":1,"window_ms":1,"log_only":true}]}`))
 	f.Add([]byte("{\"user\":\"\xff\",\"limits\":[{\"key\":\"k\xc3\",\"algorithm\":\"fixed_window\",\"limit\":1,\"window_ms\":1}]}"))
+	f.Add([]byte(`{"op":"return","limits":[{"key":"k","algorithm":"sliding_log","limit":9,"window_ms":1000,"lease":{"size":5,"ttl_ms":100},"lease_return":{"tag":3,"granted":5,"units":2}}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := DecodeCheckRequest(body)
 		if err != nil {
@@ -201,6 +247,7 @@ func FuzzDecodeCheckResponse(f *testing.F) {
 	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0}]}`), 1)
 	f.Add([]byte(`{"allowed":false,"decisions":[{},{}]}`), 2)
 	f.Add([]byte(`{"allowed":true,"decisions":{"a":1}}`), 0)
+	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0,"lease":{"units":5,"ttl_ms":200,"tag":7}}]}`), 1)
 	f.Add([]byte(`{"allowed":false,"now_ms":-9223372036854775808,"decisions":[{"allowed":false,"limit":9223372036854775807,"remaining":-1,"reset_ms":1099511627776,"retry_after_ms":9007199254740993}]}`), 1)
 	f.Fuzz(func(t *testing.T, body []byte, want int) {
 		if want < 0 || want > MaxLimitsPerCheck {
@@ -309,6 +356,8 @@ func FuzzDecodeCheckResponse_Canonical(f *testing.F) {
 	f.Add([]byte(`{"allowed":false,"now_ms":-9223372036854775808,"decisions":[{"allowed":false,"limit":9223372036854775807,"remaining":-1,"reset_ms":0,"retry_after_ms":-0}]}`), 1)
 	f.Add([]byte(`{"allowed":true,"now_ms":0,"decisions":[]}`), 0)
 	f.Add([]byte(`{"allowed":true,"now_ms":01,"decisions":[]}`), 0)
+	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0,"lease":{"units":5,"ttl_ms":200,"tag":7}}]}`), 1)
+	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0,"lease":{"units":0,"ttl_ms":200,"tag":7}}]}`), 1)
 	f.Fuzz(func(t *testing.T, body []byte, want int) {
 		if want < 0 || want > MaxLimitsPerCheck {
 			return
@@ -330,6 +379,7 @@ func TestDecodeCheckResponse_CanonicalTakesEncoderOutput(t *testing.T) {
 	for _, resp := range []CheckResponse{
 		{Allowed: true, NowMS: 1_700_000_000_123, Decisions: []Decision{{Allowed: true, Limit: 10, Remaining: 9, ResetMS: 1_700_000_060_000}}},
 		{Allowed: false, NowMS: -1, Decisions: []Decision{{Limit: 1 << 62, Remaining: -5, RetryAfterMS: 999}, {Allowed: true, Limit: 0}}},
+		{Allowed: true, NowMS: 5, Decisions: []Decision{{Allowed: true, Limit: 9, Lease: LeaseGrant{Units: 50, TTLMS: 200, Tag: -3}}, {Allowed: true}}},
 		{Allowed: true},
 	} {
 		var got CheckResponse

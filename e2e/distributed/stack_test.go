@@ -26,15 +26,16 @@ func builtPlugin(t *testing.T) []byte { return e2etest.Plugin(t) }
 
 // bridgeProc is one bridge replica on a fixed loopback address.
 type bridgeProc struct {
-	t        *testing.T
+	t        testing.TB
 	addr     string
 	redisURL string
 	timeout  time.Duration // Settings.RedisTimeout
+	batch    int           // Settings.RedisBatch; 0: the default
 	mu       sync.Mutex
 	srv      *redisbridge.Server
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -44,9 +45,15 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func startBridge(t *testing.T, redisURL string, redisTimeout time.Duration) *bridgeProc {
+func startBridge(t testing.TB, redisURL string, redisTimeout time.Duration) *bridgeProc {
+	return startBridgeBatch(t, redisURL, redisTimeout, 0)
+}
+
+// startBridgeBatch is startBridge deciding at most batch checks per
+// script call (--redis-batch; 0: the default).
+func startBridgeBatch(t testing.TB, redisURL string, redisTimeout time.Duration, batch int) *bridgeProc {
 	t.Helper()
-	b := &bridgeProc{t: t, addr: freeAddr(t), redisURL: redisURL, timeout: redisTimeout}
+	b := &bridgeProc{t: t, addr: freeAddr(t), redisURL: redisURL, timeout: redisTimeout, batch: batch}
 	b.start()
 	t.Cleanup(b.stop)
 	return b
@@ -57,6 +64,9 @@ func (b *bridgeProc) start() {
 	set := redisbridge.DefaultSettings()
 	set.Listen, set.Store, set.RedisURL = b.addr, "redis", b.redisURL
 	set.RedisTimeout = b.timeout
+	if b.batch > 0 {
+		set.RedisBatch = b.batch
+	}
 	set.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	set.AuditLog = filepath.Join(b.t.TempDir(), "audit.log")
 	srv, err := redisbridge.New(set)
@@ -223,9 +233,15 @@ type deployment struct {
 	client   *http.Client
 }
 
-// deploy starts the bridges with the given Redis timeout and one host per
-// plugin configuration.
+// deploy starts the bridges with the given Redis timeout and one host of
+// two worker VMs per plugin configuration.
 func deploy(t *testing.T, redisURL string, bridges int, redisTimeout time.Duration, configs ...string) *deployment {
+	t.Helper()
+	return deployVMs(t, 2, redisURL, bridges, redisTimeout, configs...)
+}
+
+// deployVMs is deploy with hosts of workers VMs each.
+func deployVMs(t *testing.T, workers int, redisURL string, bridges int, redisTimeout time.Duration, configs ...string) *deployment {
 	t.Helper()
 	d := &deployment{t: t}
 	var addrs []string
@@ -241,7 +257,7 @@ func deploy(t *testing.T, redisURL string, bridges int, redisTimeout time.Durati
 		tr.DisableCompression = true
 		t.Cleanup(tr.CloseIdleConnections)
 		h, err := wasmhost.New(context.Background(), builtPlugin(t), wasmhost.Options{
-			Workers: 2, PluginConfig: []byte(cfg), RootID: "sluice",
+			Workers: workers, PluginConfig: []byte(cfg), RootID: "sluice",
 			Clusters:   map[string]string{"sluice_bridge": "http://sluice-bridge"},
 			HTTPClient: &http.Client{Transport: &spread{addrs: addrs, base: tr}},
 		})

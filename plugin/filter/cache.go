@@ -1,8 +1,6 @@
 package filter
 
 import (
-	"encoding/binary"
-
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -13,10 +11,10 @@ import (
 // growing set of keys would grow the proxy's memory without bound. Instead
 // the cache has a fixed number of slots (local_cache.max_entries); a key
 // hashes to one slot and overwrites what was there. An evicted entry only
-// costs one call-out, which the bridge answers the same way.
-//
-// Slot value: key length (2 bytes), key, then until, limit and reset (Unix
-// ms, 8 bytes each, little endian).
+// costs one call-out, which the bridge answers the same way. A key's
+// leases live in the same slot (lease.go, which lays the value out); a
+// lease being spent is never evicted, and one that ended is handed back
+// by whoever evicts it.
 
 const cachePrefix = "sluice.oc."
 
@@ -29,11 +27,6 @@ func keyHash(key []byte) uint64 {
 		h *= 1099511628211
 	}
 	return h
-}
-
-func (p *Plugin) slotKey(h uint64, slots int64) string {
-	p.scratch = itoa(append(p.scratch[:0], cachePrefix...), int64(h%uint64(slots)))
-	return bytesString(p.scratch)
 }
 
 // cachedDenial finds an enforced limit of s that is cached as over limit;
@@ -50,24 +43,12 @@ func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, h uint64, ok 
 		if r := &p.refusals[h%refusalSlots]; r.cfg == s.cfg && r.until > s.nowMS && string(r.key) == string(l.Key) {
 			return i, rules.Decision{Limit: r.limit, ResetMS: r.resetMS, RetryAfterMS: r.until - s.nowMS}, h, true
 		}
-		v := p.host.SharedGet(p.slotKey(h, s.cfg.LocalCache.MaxEntries))
-		if len(v) < 2 {
+		v, _ := p.host.SharedGetCAS(p.slotName(h, s.cfg.LocalCache.MaxEntries))
+		e := &p.entry
+		if !parseSlot(v, e) || string(e.key) != string(l.Key) || e.until <= s.nowMS {
 			continue
 		}
-		n := int(binary.LittleEndian.Uint16(v))
-		if len(v) != 2+n+24 || string(v[2:2+n]) != string(l.Key) {
-			continue
-		}
-		v = v[2+n:]
-		until := int64(binary.LittleEndian.Uint64(v))
-		if until <= s.nowMS {
-			continue
-		}
-		return i, rules.Decision{
-			Limit:        int64(binary.LittleEndian.Uint64(v[8:])),
-			ResetMS:      int64(binary.LittleEndian.Uint64(v[16:])),
-			RetryAfterMS: until - s.nowMS,
-		}, h, true
+		return i, rules.Decision{Limit: e.limit, ResetMS: e.reset, RetryAfterMS: e.until - s.nowMS}, h, true
 	}
 	return 0, rules.Decision{}, 0, false
 }
@@ -77,12 +58,49 @@ func (p *Plugin) cacheDenial(cfg *rules.Config, key []byte, d *rules.Decision, n
 	if d.RetryAfterMS <= 0 || len(key) > 0xffff {
 		return
 	}
-	v := p.event[:0] // free at this point; reused as the value buffer
-	v = binary.LittleEndian.AppendUint16(v, uint16(len(key)))
-	v = append(v, key...)
-	v = binary.LittleEndian.AppendUint64(v, uint64(nowMS+d.RetryAfterMS))
-	v = binary.LittleEndian.AppendUint64(v, uint64(d.Limit))
-	v = binary.LittleEndian.AppendUint64(v, uint64(d.ResetMS))
-	p.event = v
-	p.host.SharedSet(p.slotKey(keyHash(key), cfg.LocalCache.MaxEntries), v)
+	local := p.host.NowNanos() / 1e6
+	k := p.slotName(keyHash(key), cfg.LocalCache.MaxEntries)
+	e := &p.entry
+	for range casTries {
+		v, cas := p.host.SharedGetCAS(k)
+		var back [2]rules.LeaseReturn
+		found := parseSlot(v, e)
+		if found && string(e.key) != string(key) {
+			if e.leased && e.held(local) > 0 {
+				return // a lease being spent keeps its slot
+			}
+			back = p.evict(e, local)
+			found = false
+		}
+		if !found {
+			*e = slotEntry{key: key}
+		}
+		e.until, e.limit, e.reset = nowMS+d.RetryAfterMS, d.Limit, d.ResetMS
+		if p.write(k, e, cas) {
+			p.sendEvicted(cfg, back)
+			return
+		}
+	}
+}
+
+// evict closes what the leases of e, another key's entry about to be
+// replaced, hold though they ended, and keeps its key and spec to hand
+// them back once the replacement is written (sendEvicted).
+func (p *Plugin) evict(e *slotEntry, now int64) (back [2]rules.LeaseReturn) {
+	if !e.leased {
+		return back
+	}
+	back[0], back[1] = e.closeEnded(now), e.closeEnded(now)
+	p.evicted = append(p.evicted[:0], e.key...)
+	p.evictedSpec = e.spec()
+	return back
+}
+
+// sendEvicted hands back what evict closed.
+func (p *Plugin) sendEvicted(cfg *rules.Config, back [2]rules.LeaseReturn) {
+	for _, r := range back {
+		if r.Units > 0 {
+			p.sendReturn(cfg, p.evicted, &p.evictedSpec, r)
+		}
+	}
 }

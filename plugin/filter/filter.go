@@ -31,12 +31,16 @@ type Host interface {
 	// CallResponse returns the :status and body of the call-out being answered.
 	CallResponse(bodySize int) (status string, body []byte)
 	SetEffectiveContext(contextID uint32)
-	SharedGet(key string) []byte
-	SharedSet(key string, value []byte)
+	// SharedGetCAS returns the value shared by every VM under key (nil
+	// when there is none) and its CAS token; SharedSetCAS stores value
+	// unless another write came since the token was read (false).
+	SharedGetCAS(key string) ([]byte, uint32)
+	SharedSetCAS(key string, value []byte, cas uint32) bool
 	NowNanos() int64
 	Log(level proxywasm.LogLevel, msg []byte)
 	DefineCounter(name string) uint32
 	IncCounter(id uint32)
+	AddCounter(id uint32, n int64)
 	// LogLevel is the host's log level; SetTickPeriod starts OnTick calls.
 	LogLevel() proxywasm.LogLevel
 	SetTickPeriod(ms uint32)
@@ -61,6 +65,16 @@ const (
 	MetricPolicyApplied = "sluice_policy_applied_total"
 	MetricPolicyRefused = "sluice_policy_refused_total"
 	MetricPolicyErrors  = "sluice_policy_fetch_errors_total"
+	// Leases (lease.go): requests answered from one, grants received, and
+	// units granted, spent, handed back and not handed back (lost, or
+	// maybe lost: they come back when the store's window or lease
+	// generation ends).
+	MetricLeaseHits       = "sluice_lease_hits_total"
+	MetricLeaseGrants     = "sluice_lease_grants_total"
+	MetricUnitsGranted    = "sluice_lease_units_granted_total"
+	MetricUnitsSpent      = "sluice_lease_units_spent_total"
+	MetricUnitsReturned   = "sluice_lease_units_returned_total"
+	MetricUnitsUnreturned = "sluice_lease_units_unreturned_total"
 )
 
 // tokenCacheSlots bounds the verified-token cache of one VM (at most 2 KiB
@@ -70,6 +84,7 @@ const tokenCacheSlots = 256
 type metrics struct {
 	requests, allowed, denied, logOnlyDenied, bridgeErrors, failOpen, failClosed, cacheHits, exempt, configRefused, panics uint32
 	policyApplied, policyRefused, policyErrors                                                                             uint32
+	leaseHits, leaseGrants, unitsGranted, unitsSpent, unitsReturned, unitsUnreturned                                       uint32
 }
 
 // Plugin is the root context of one VM.
@@ -95,6 +110,20 @@ type Plugin struct {
 	// testPanics: requests may ask for a panic (see testPanicHeader).
 	testPanics bool
 	refusals   [refusalSlots]refusal
+	// Leases (lease.go): renewals and returns in flight, leases this VM
+	// installed, and scratch for changing slots.
+	leaseCalls    [leaseCallSlots]leaseCall
+	leaseInFlight int
+	tracked       [trackedSlots]trackedLease
+	trackNext     int
+	leaseResp     rules.CheckResponse
+	leaseBody     []byte
+	leaseHdrs     [][2]string
+	entry         slotEntry
+	slotKey       []byte
+	slotBuf       []byte
+	evicted       []byte
+	evictedSpec   rules.LimitSpec
 	// Shared scratch for one callback at a time (a VM is single-threaded).
 	scratch []byte
 	event   []byte
@@ -112,6 +141,9 @@ func NewPlugin(host Host, contextID uint32) *Plugin {
 		panics:        host.DefineCounter(MetricPanics),
 		policyApplied: host.DefineCounter(MetricPolicyApplied), policyRefused: host.DefineCounter(MetricPolicyRefused),
 		policyErrors: host.DefineCounter(MetricPolicyErrors),
+		leaseHits:    host.DefineCounter(MetricLeaseHits), leaseGrants: host.DefineCounter(MetricLeaseGrants),
+		unitsGranted: host.DefineCounter(MetricUnitsGranted), unitsSpent: host.DefineCounter(MetricUnitsSpent),
+		unitsReturned: host.DefineCounter(MetricUnitsReturned), unitsUnreturned: host.DefineCounter(MetricUnitsUnreturned),
 	}
 	return p
 }
@@ -196,11 +228,14 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 }
 
 // OnTick follows the host's log level, reports the refusals from the
-// over-limit cache that no later refusal has reported, and asks the bridge
-// for its policy (rules_from).
+// over-limit cache that no later refusal has reported, hands back what
+// leases that ended still hold, and asks the bridge for its policy
+// (rules_from).
 func (p *Plugin) OnTick() {
 	p.followLogLevel()
-	p.reportAllRefusals(p.host.NowNanos() / 1e6)
+	now := p.host.NowNanos() / 1e6
+	p.reportAllRefusals(now)
+	p.leaseTick(now)
 	p.policyTick()
 }
 

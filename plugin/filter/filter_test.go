@@ -27,6 +27,8 @@ type fakeHost struct {
 	dispatchErr error
 	effective   uint32
 	shared      map[string][]byte
+	cas         map[string]uint32
+	casSeq      *uint32 // shared by the fake VMs of one proxy
 	nowMS       int64
 	logs        []string
 	metricNames []string
@@ -51,7 +53,7 @@ type call struct {
 
 func newFakeHost(config string) *fakeHost {
 	return &fakeHost{
-		config: []byte(config), shared: map[string][]byte{}, counters: map[string]int64{},
+		config: []byte(config), shared: map[string][]byte{}, cas: map[string]uint32{}, casSeq: new(uint32), counters: map[string]int64{},
 		nowMS: 1_700_000_000_000, props: map[string]string{"source.address": "203.0.113.9:5555"},
 	}
 }
@@ -83,9 +85,26 @@ func (h *fakeHost) Dispatch(cluster string, hdrs [][2]string, body []byte, timeo
 }
 func (h *fakeHost) CallResponse(int) (string, []byte) { return h.callStatus, h.callBody }
 func (h *fakeHost) SetEffectiveContext(id uint32)     { h.effective = id }
-func (h *fakeHost) SharedGet(k string) []byte         { return h.shared[k] }
-func (h *fakeHost) SharedSet(k string, v []byte)      { h.shared[k] = append([]byte(nil), v...) }
-func (h *fakeHost) NowNanos() int64                   { return h.nowMS * 1e6 }
+func (h *fakeHost) SharedGetCAS(k string) ([]byte, uint32) {
+	v, ok := h.shared[k]
+	if !ok {
+		return nil, 0
+	}
+	return v, h.cas[k]
+}
+
+// SharedSetCAS follows Envoy: a write to a key that exists with a
+// non-zero cas other than its token fails; every write takes a new token.
+func (h *fakeHost) SharedSetCAS(k string, v []byte, cas uint32) bool {
+	if _, ok := h.shared[k]; ok && cas != 0 && cas != h.cas[k] {
+		return false
+	}
+	*h.casSeq++
+	k = strings.Clone(k) // the plugin's key is a view of its own buffer, as a host copies it
+	h.shared[k], h.cas[k] = append([]byte(nil), v...), *h.casSeq
+	return true
+}
+func (h *fakeHost) NowNanos() int64 { return h.nowMS * 1e6 }
 func (h *fakeHost) Log(_ proxywasm.LogLevel, m []byte) {
 	h.logs = append(h.logs, string(m))
 }
@@ -93,7 +112,8 @@ func (h *fakeHost) DefineCounter(name string) uint32 {
 	h.metricNames = append(h.metricNames, name)
 	return uint32(len(h.metricNames) - 1)
 }
-func (h *fakeHost) IncCounter(id uint32) { h.counters[h.metricNames[id]]++ }
+func (h *fakeHost) IncCounter(id uint32)          { h.counters[h.metricNames[id]]++ }
+func (h *fakeHost) AddCounter(id uint32, n int64) { h.counters[h.metricNames[id]] += n }
 func (h *fakeHost) LogLevel() proxywasm.LogLevel {
 	if h.logLevel == 0 {
 		return proxywasm.LogLevelInfo
@@ -351,11 +371,34 @@ type benchHost struct {
 	shared map[string][]byte
 }
 
-func (b *benchHost) RequestHeader(n string) string                 { return b.hdr[n] }
-func (b *benchHost) Property(string) string                        { return "203.0.113.9:5555" }
-func (b *benchHost) SharedGet(k string) []byte                     { return b.shared[k] }
+func (b *benchHost) RequestHeader(n string) string { return b.hdr[n] }
+func (b *benchHost) Property(string) string        { return "203.0.113.9:5555" }
+func (b *benchHost) SharedGetCAS(k string) ([]byte, uint32) {
+	v, ok := b.shared[k]
+	if !ok {
+		return nil, 0
+	}
+	return v, b.cas[k]
+}
+
+// SharedSetCAS writes into the value's own buffer: no allocation once a
+// key has its size.
+func (b *benchHost) SharedSetCAS(k string, v []byte, cas uint32) bool {
+	cur, ok := b.shared[k]
+	if ok && cas != 0 && cas != b.cas[k] {
+		return false
+	}
+	if !ok {
+		k = strings.Clone(k) // the plugin's key is a view of its own buffer
+	}
+	b.shared[k] = append(cur[:0], v...)
+	*b.casSeq++
+	b.cas[k] = *b.casSeq
+	return true
+}
 func (b *benchHost) Log(proxywasm.LogLevel, []byte)                {}
 func (b *benchHost) IncCounter(uint32)                             {}
+func (b *benchHost) AddCounter(uint32, int64)                      {}
 func (b *benchHost) AddResponseHeader(string, []byte)              {}
 func (b *benchHost) SendLocalResponse(uint32, [][2]string, []byte) {}
 func (b *benchHost) Dispatch(string, [][2]string, []byte, uint32) (uint32, error) {
@@ -395,11 +438,27 @@ func BenchmarkStream(b *testing.B) {
 	b.Run("no-match", func(b *testing.B) { run(b, with("/health"), nil) })
 	b.Run("cache-hit", func(b *testing.B) {
 		p.cacheDenial(p.cfg, []byte("rl:{u:alice}:api"), &rules.Decision{Limit: 10, ResetMS: 1 << 50, RetryAfterMS: 1 << 49}, 0)
-		for k, v := range h.fakeHost.shared {
-			h.shared[k] = v
-		}
-		h.fakeHost.shared = map[string][]byte{}
 		run(b, with("/api/v1/items"), nil)
+	})
+	b.Run("lease-hit", func(b *testing.B) {
+		// A proxy of its own: a leased rule, a lease that outlasts the run.
+		lh := &benchHost{fakeHost: *newFakeHost(benchLeaseConfig), shared: map[string][]byte{}}
+		lp := NewPlugin(lh, 1)
+		if !lp.OnPluginStart(0) {
+			b.Fatal("config refused")
+		}
+		lp.install(lp.cfg, []byte("rl:{g}:hot"), &lp.cfg.Rules[0].Spec,
+			&rules.Decision{Limit: 1 << 40, Remaining: 0, ResetMS: 1 << 50, Lease: rules.LeaseGrant{Units: 1 << 40, TTLMS: 60_000, Tag: 1}}, lh.nowMS)
+		lh.hdr = with("/hot/x")
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			s := lp.NewHTTPContext(uint32(i + 2)).(*Stream)
+			if s.OnRequestHeaders(0, true) != proxywasm.Continue {
+				b.Fatal("not answered from the lease")
+			}
+			s.OnResponseHeaders(0, false)
+			s.OnDone()
+		}
 	})
 	b.Run("call-out", func(b *testing.B) {
 		h.shared = map[string][]byte{}
@@ -408,6 +467,13 @@ func BenchmarkStream(b *testing.B) {
 		run(b, with("/api/v1/x"), func() { p.OnHTTPCallResponse(1, 3, len(answer), 0) })
 	})
 }
+
+// benchLeaseConfig leases one global key for longer than any benchmark.
+const benchLeaseConfig = `{
+  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+  "rules": [{"name": "hot", "match": {"paths": ["/hot/**"]}, "scope": "global", "limit": 1099511627776, "window": "1h",
+             "algorithm": "fixed_window", "lease": {"size": 1099511627776, "ttl": "1m"}}]
+}`
 
 func TestAppendTimestamp(t *testing.T) {
 	for _, ms := range []int64{0, 951782400000, 1_700_000_000_123, 4102444799999, 1709164800000} {

@@ -29,12 +29,18 @@ type policyState struct {
 }
 
 // tickPeriod is the tick of the root context in ms: once a second, or
-// the rules_from interval when shorter.
+// the rules_from interval when shorter, or a tenth of the shortest lease
+// ttl (at least 100 ms) when shorter, so that a lease that ended is
+// handed back soon after.
 func tickPeriod(cfg *rules.Config) uint32 {
-	if rf := cfg.RulesFrom; rf != nil && rf.IntervalMS < 1000 {
-		return rf.IntervalMS
+	period := uint32(1000)
+	if rf := cfg.RulesFrom; rf != nil && rf.IntervalMS < period {
+		period = rf.IntervalMS
 	}
-	return 1000
+	if ttl := cfg.ShortestLeaseTTLMS(); ttl > 0 {
+		period = min(period, uint32(max(100, ttl/10)))
+	}
+	return period
 }
 
 // startPolicy adopts a new configuration of the plugin: the policy last

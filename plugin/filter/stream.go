@@ -46,6 +46,7 @@ type Stream struct {
 	body     []byte      // check request
 	callHdrs [][2]string // call-out headers
 	local    [][2]string // local response headers
+	leases   []streamLease
 }
 
 // headerView adapts the host's request headers to rules.HeaderSource.
@@ -89,6 +90,9 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	}
 	s.now()
 	s.keepIdentity()
+	if leasable(s.plan.Limits) && s.answerFromLeases() {
+		return proxywasm.Continue
+	}
 	if s.cfg.LocalCache.Enabled {
 		if i, d, hash, ok := p.cachedDenial(s); ok {
 			h.IncCounter(p.m.cacheHits)
@@ -96,6 +100,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 			return proxywasm.Pause
 		}
 	}
+	s.prepareLeases()
 	s.body = rules.AppendCheckRequest(s.body[:0], bytesString(s.requestID), bytesString(s.user), bytesString(s.endpoint), s.plan.Limits)
 	b := &s.cfg.Bridge
 	s.callHdrs = append(s.callHdrs[:0],
@@ -160,6 +165,9 @@ func (p *Plugin) OnHTTPCallResponse(calloutID uint32, numHeaders, bodySize, _ in
 		p.onPolicyResponse(numHeaders, bodySize)
 		return
 	}
+	if p.leaseCallResponse(calloutID, numHeaders, bodySize) {
+		return
+	}
 	s, ok := p.pending[calloutID]
 	if !ok {
 		return // the stream ended before the answer came
@@ -200,6 +208,7 @@ func (s *Stream) answer(numHeaders, bodySize int) {
 // decide acts on a bridge answer.
 func (s *Stream) decide() {
 	p, h := s.p, s.p.host
+	s.settleLeases(true)
 	limits, decs := s.plan.Limits, s.resp.Decisions
 	now := s.resp.NowMS
 	if now == 0 {
@@ -256,6 +265,7 @@ func (s *Stream) deny(i int, d *rules.Decision) {
 
 // fail records a bridge failure: counted and logged.
 func (s *Stream) fail(reason string) {
+	s.settleLeases(false)
 	s.p.host.IncCounter(s.p.m.bridgeErrors)
 	s.backendError(reason)
 	if s.cfg.FailureMode == rules.FailClosed {

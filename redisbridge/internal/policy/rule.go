@@ -28,6 +28,7 @@ type Rule struct {
 	Hosts     []string // match.hosts, lower-case
 	Headers   json.RawMessage
 	Penalty   json.RawMessage
+	Lease     json.RawMessage // as written (migrations/0003_rule_lease.sql)
 	Action    string
 	Priority  int
 	Enabled   bool
@@ -74,6 +75,9 @@ func ParseRule(body []byte) (Rule, error) {
 	}
 	if p := root.Get("penalty"); p.Exists() {
 		r.Penalty = canonical(nil, p)
+	}
+	if l := root.Get("lease"); l.Exists() {
+		r.Lease = canonical(nil, l)
 	}
 	return r, nil
 }
@@ -133,6 +137,7 @@ type ruleDoc struct {
 	Burst     int64           `json:"burst,omitempty"`
 	Cost      int64           `json:"cost"`
 	Penalty   json.RawMessage `json:"penalty,omitempty"`
+	Lease     json.RawMessage `json:"lease,omitempty"`
 }
 
 type matchDoc struct {
@@ -148,7 +153,7 @@ func (r Rule) MarshalJSON() ([]byte, error) {
 	d := ruleDoc{
 		Name: r.Name, Scope: r.Scope, Action: r.Action, Priority: r.Priority, Enabled: r.Enabled,
 		Algorithm: r.Algorithm, Limit: r.Limit, Window: rules.FormatDurationMS(r.WindowMS),
-		Burst: r.Burst, Cost: r.Cost, Penalty: r.Penalty,
+		Burst: r.Burst, Cost: r.Cost, Penalty: r.Penalty, Lease: r.Lease,
 	}
 	if len(r.Paths)+len(r.Methods)+len(r.Hosts)+len(r.Headers) > 0 {
 		d.Match = &matchDoc{Paths: r.Paths, Methods: r.Methods, Hosts: r.Hosts, Headers: r.Headers}

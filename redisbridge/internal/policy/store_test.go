@@ -501,6 +501,7 @@ func FuzzParseRule_RoundTrip(f *testing.F) {
 		`{"name":"c","limit":10,"window":"1h","match":{"paths":["/api/**","prefix:/x"],"methods":["get"],"hosts":["*.Example.com"],"headers":[{"name":"X-Key","present":false},{"name":"x","equals":"b","invert":true}]}}`,
 		`{"name":"d","limit":10,"window":"1m","penalty":{"violation_threshold":5,"multipliers":[1,2],"violation\u005fthreshold":9}}`,
 		`{"name":"e","limit":10,"limit":3,"window":"1m","penalty":{"enabled":false,"enabled":true}}`,
+		`{"name":"f","limit":100,"window":"1s","lease":{"size":10,"ttl":"250ms","size":20}}`,
 	} {
 		f.Add([]byte(seed))
 	}

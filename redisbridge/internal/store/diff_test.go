@@ -18,10 +18,12 @@ import (
 // TestStore_MemoryEqualsScript drives the memory store and check.lua on
 // one clock with the same random checks (every algorithm, costs above the
 // limit, log-only limits, penalties, keys repeated within a check, specs
-// that change under a key, peeks, and batches of these decided in one
-// script call) and requires identical answers: every decision, remaining
-// count, reset and retry time. The memory store decides a batch's checks
-// one after the other at the batch's time.
+// that change under a key, peeks, leases asked for, renewed and handed
+// back (with the tags of earlier grants, and made-up ones), and batches
+// of these decided in one script call) and requires identical answers:
+// every decision, remaining count, reset and retry time, and lease
+// granted. The memory store decides a batch's checks one after the other
+// at the batch's time.
 func TestStore_MemoryEqualsScript(t *testing.T) {
 	srv := redistest.Start(t)
 	for seed := range uint64(6) {
@@ -45,6 +47,9 @@ func (s diffStep) String() string {
 	if s.peek {
 		verb = "peek"
 	}
+	if s.req.Op != rules.OpDecide {
+		verb = s.req.Op.String()
+	}
 	if s.batch > 0 {
 		verb = fmt.Sprintf("batch #%d: %s", s.batch, verb)
 	}
@@ -52,6 +57,12 @@ func (s diffStep) String() string {
 	for _, l := range s.req.Limits {
 		fmt.Fprintf(&b, "\n    %s %s limit %d window %d burst %d cost %d log_only %v", l.Key, l.Spec.Algorithm,
 			l.Spec.Limit, l.Spec.WindowMS, l.Spec.Burst, l.Spec.Cost, l.LogOnly)
+		if l.Spec.Lease.Size > 0 {
+			fmt.Fprintf(&b, " lease %+v", l.Spec.Lease)
+		}
+		if l.Return.Units > 0 {
+			fmt.Fprintf(&b, " return %+v", l.Return)
+		}
 		if p := l.Spec.Penalty; p != nil {
 			fmt.Fprintf(&b, " penalty %d/%d×%v", p.DetectionWindowMS, p.ViolationThreshold, p.Multipliers)
 		}
@@ -92,17 +103,44 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 	var history []diffStep
 	ctx := context.Background()
 	last := time.Now()
+	// Leases granted so far: their returns hand back what either store
+	// still holds, or nothing any more.
+	var grants []grantSeen
 	newStep := func(batch int) diffStep {
 		n := 1 + rng.IntN(3)
 		req := rules.CheckRequest{Limits: make([]rules.LimitRequest, n)}
+		switch rng.IntN(10) {
+		case 0:
+			req.Op = rules.OpRenew
+		case 1:
+			req.Op = rules.OpReturn
+		}
 		for i := range req.Limits {
 			l := keys[rng.IntN(len(keys))]
 			if rng.IntN(10) == 0 {
 				l.Spec = randomSpec(rng)
 			}
+			if rng.IntN(3) == 0 {
+				for _, g := range grants[max(0, len(grants)-8):] {
+					if g.key == l.Key {
+						l.Return = rules.LeaseReturn{Tag: g.tag, Granted: g.units, Units: rng.Int64N(g.units + 1)}
+					}
+				}
+			} else if rng.IntN(20) == 0 {
+				g := 1 + rng.Int64N(5)
+				l.Return = rules.LeaseReturn{Tag: rng.Int64N(3) - 1 + now.Load()/l.Spec.WindowMS, Granted: g, Units: rng.Int64N(g + 1)}
+			}
 			req.Limits[i] = l
 		}
-		return diffStep{now: now.Load(), req: req, peek: rng.IntN(8) == 0, batch: batch}
+		return diffStep{now: now.Load(), req: req, peek: req.Op == rules.OpDecide && rng.IntN(8) == 0, batch: batch}
+	}
+	defer func() { t.Logf("%d leases granted, %d steps", len(grants), steps) }()
+	seen := func(req *rules.CheckRequest, resp *rules.CheckResponse) {
+		for i, d := range resp.Decisions {
+			if d.Lease.Units > 0 {
+				grants = append(grants, grantSeen{req.Limits[i].Key, d.Lease.Tag, d.Lease.Units})
+			}
+		}
 	}
 	for step := 0; step < steps; {
 		elapsed := time.Since(last)
@@ -117,7 +155,7 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 				batch[i] = newStep(i + 1)
 			}
 			history = append(history, batch...)
-			compareBatch(t, step, mem, rs, batch, history)
+			compareBatch(t, step, mem, rs, batch, history, seen)
 			step += len(batch)
 			continue
 		}
@@ -148,12 +186,19 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 		if rm.Allowed != rr.Allowed || rm.NowMS != rr.NowMS || !slices.Equal(rm.Decisions, rr.Decisions) {
 			t.Fatalf("step %d: answers differ:\nmemory %+v\nscript %+v\n%s", step, rm, rr, explain(history))
 		}
+		seen(&st.req, &rm)
 	}
+}
+
+// grantSeen is a lease either store granted, kept to hand it back later.
+type grantSeen struct {
+	key        string
+	tag, units int64
 }
 
 // compareBatch has rs decide the steps of batch in one script call, in
 // order, and mem one after the other, and requires the same answers.
-func compareBatch(t *testing.T, step int, mem *Memory, rs *Redis, batch, history []diffStep) {
+func compareBatch(t *testing.T, step int, mem *Memory, rs *Redis, batch, history []diffStep, seen func(*rules.CheckRequest, *rules.CheckResponse)) {
 	t.Helper()
 	ctx := context.Background()
 	cs := make([]*call, len(batch))
@@ -162,7 +207,9 @@ func compareBatch(t *testing.T, step int, mem *Memory, rs *Redis, batch, history
 		if st.peek {
 			cs[i].scriptCall = peekCall(&st.req.Limits[0])
 		} else {
-			cs[i].scriptCall = scriptCall{mode: modeCheck, ls: slices.Clone(st.req.Limits)}
+			req := st.req
+			req.Limits = slices.Clone(st.req.Limits)
+			cs[i].scriptCall = scriptCall{mode: opMode(&req), ls: req.Limits}
 		}
 	}
 	decideInOneCall(rs, cs)
@@ -192,6 +239,7 @@ func compareBatch(t *testing.T, step int, mem *Memory, rs *Redis, batch, history
 		if rm.Allowed != rr.Allowed || rm.NowMS != rr.NowMS || !slices.Equal(rm.Decisions, rr.Decisions) {
 			t.Fatalf("step %d: answers differ:\nmemory %+v\nscript %+v\n%s", step+i, rm, rr, explain(history))
 		}
+		seen(&st.req, &rm)
 	}
 }
 
@@ -268,6 +316,11 @@ func randomSpec(rng *rand.Rand) rules.LimitSpec {
 			p.Multipliers = append(p.Multipliers, 1+rng.Int64N(4))
 		}
 		s.Penalty = p
+	}
+	// Leases on some limits (with a penalty too: the stores must both
+	// refuse to grant them), sizes up to the capacity and beyond it.
+	if rng.IntN(4) != 0 {
+		s.Lease = rules.Lease{Size: 1 + rng.Int64N(max(s.Limit, s.Burst)+2), TTLMS: []int64{1, 200, 1500, 30_000, 60_000}[rng.IntN(5)]}
 	}
 	return s
 }

@@ -32,10 +32,33 @@ type memShard struct {
 type entry struct {
 	expireAt int64 // unix ms; the entry is gone from then on
 	tokens   float64
-	ts       int64   // token bucket: last refill
+	ts       int64 // token bucket: last refill
+	gens     leaseGens
 	w, c, p  int64   // windows: index, count, previous count
 	log      []int64 // sliding log and violations: ms times, ascending
-	until    int64   // block-until
+	// leased counts a sliding log's lease members by their score (check.lua
+	// names them apart: a return removes only those).
+	leased map[int64]int64
+	until  int64 // block-until
+}
+
+// leaseGens are a token bucket's two generations of leases (check.lua's
+// la, lae, ag and lb, lbe, bg): units held, expiry, tag.
+type leaseGens struct {
+	la, lae, ag int64
+	lb, lbe, bg int64
+}
+
+// held is what the generations alive at t hold.
+func (g *leaseGens) held(t int64) int64 {
+	var n int64
+	if t < g.lae {
+		n = g.la
+	}
+	if t < g.lbe {
+		n += g.lb
+	}
+	return n
 }
 
 // MemoryOptions configure a Memory store.
@@ -144,19 +167,27 @@ type memLimit struct {
 	retry            int64
 	// state to write when the request is allowed
 	tokens  float64
+	gens    leaseGens
 	w, c, p int64
 	count   int64
 	ttl     int64
+	ret     rules.LeaseReturn // handed back before the check is decided
+	grant   rules.LeaseGrant  // granted with it
+	unique  bool              // its key is listed once in the check
 }
 
 // Check implements Store.
 func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, resp *rules.CheckResponse) error {
 	ls := make([]memLimit, len(req.Limits))
 	keys := make([]string, 0, 3*len(req.Limits))
+	consume := req.Op != rules.OpReturn
 	for i := range req.Limits {
 		l := &req.Limits[i]
 		m := &ls[i]
-		m.spec, m.logOnly = l.Spec, l.LogOnly
+		m.spec, m.logOnly, m.ret = l.Spec, l.LogOnly, l.Return
+		if req.Op == rules.OpRenew {
+			m.spec.Cost = 0
+		}
 		m.key = l.Key + algSuffix(l.Spec.Algorithm)
 		keys = append(keys, m.key)
 		if p := l.Spec.Penalty; p != nil && p.Enabled {
@@ -169,12 +200,24 @@ func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, 
 	defer s.unlock(locked)
 	now := s.now()
 	resp.NowMS = now
-	resp.Allowed = s.decide(ls, now, true)
+	for i := range ls {
+		m := &ls[i]
+		m.unique = true
+		for j := range ls {
+			if j != i && ls[j].key == m.key {
+				m.unique = false
+			}
+		}
+		if m.ret.Units > 0 {
+			s.giveBack(m, now)
+		}
+	}
+	resp.Allowed = s.decide(ls, now, consume)
 	resp.Decisions = resp.Decisions[:0]
 	for i := range ls {
 		m := &ls[i]
 		resp.Decisions = append(resp.Decisions, rules.Decision{
-			Allowed: m.ok, Limit: m.cap, Remaining: m.remaining, ResetMS: m.reset, RetryAfterMS: m.retry,
+			Allowed: m.ok, Limit: m.cap, Remaining: m.remaining, ResetMS: m.reset, RetryAfterMS: m.retry, Lease: m.grant,
 		})
 	}
 	return nil
@@ -211,6 +254,11 @@ func (s *Memory) decide(ls []memLimit, now int64, consume bool) bool {
 		m := &ls[i]
 		if allowed {
 			if m.ok {
+				// A key listed twice is written once per listing, the last
+				// holding: never leased (check.lua, checkMany).
+				if m.spec.Lease.Size > 0 && !m.logOnly && m.vkey == "" && (m.unique || len(ls) == 1) {
+					s.lease(m, now)
+				}
 				s.write(m, now)
 			}
 		} else if !m.ok && !m.logOnly && m.vkey != "" && !m.blocked {
@@ -223,13 +271,43 @@ func (s *Memory) decide(ls []memLimit, now int64, consume bool) bool {
 func ceilInt(f float64) int64  { return int64(math.Ceil(f)) }
 func floorInt(f float64) int64 { return int64(math.Floor(f)) }
 
+// tbNow is a token bucket's tokens at now and its lease generations alive
+// at now (check.lua's tbNow: the refill stops at the burst minus what live
+// leases hold, segment by segment between their expiries).
+func tbNow(e *entry, spec *rules.LimitSpec, now int64) (float64, leaseGens) {
+	capa, limit, w := float64(spec.Burst), float64(spec.Limit), float64(spec.WindowMS)
+	if e == nil {
+		return capa, leaseGens{}
+	}
+	g := e.gens
+	tokens, t := e.tokens, e.ts
+	d1, d2 := g.lae, g.lbe
+	if d2 < d1 {
+		d1, d2 = d2, d1
+	}
+	if d1 > t && d1 < now {
+		tokens = min(max(0, capa-float64(g.held(t))), tokens+float64(d1-t)*limit/w)
+		t = d1
+	}
+	if d2 > t && d2 < now {
+		tokens = min(max(0, capa-float64(g.held(t))), tokens+float64(d2-t)*limit/w)
+		t = d2
+	}
+	tokens = min(max(0, capa-float64(g.held(t))), tokens+float64(max(0, now-t))*limit/w)
+	if g.lae <= now {
+		g.la = 0
+	}
+	if g.lbe <= now {
+		g.lb = 0
+	}
+	return tokens, g
+}
+
 func (s *Memory) tokenBucket(m *memLimit, now int64) {
 	capa, limit, w, cost := float64(m.spec.Burst), float64(m.spec.Limit), float64(m.spec.WindowMS), float64(m.spec.Cost)
 	m.cap = m.spec.Burst
-	tokens := capa
-	if e := s.get(m.key, now); e != nil {
-		tokens = min(capa, e.tokens+float64(max(0, now-e.ts))*limit/w)
-	}
+	tokens, gens := tbNow(s.get(m.key, now), &m.spec, now)
+	m.gens = gens
 	m.ok = tokens >= cost
 	after := tokens
 	if m.ok {
@@ -358,24 +436,169 @@ func (s *Memory) fixedWindow(m *memLimit, now int64) {
 	m.ttl = (idx+1)*W - now + 1000
 }
 
-// write stores the state decided for an admitted limit.
+// lease grants an allowed limit a lease of up to its lease size of what
+// its check left (check.lua's lease).
+func (s *Memory) lease(m *memLimit, now int64) {
+	size, ttl, limit, W := m.spec.Lease.Size, m.spec.Lease.TTLMS, m.spec.Limit, m.spec.WindowMS
+	var n int64
+	switch m.spec.Algorithm {
+	case rules.TokenBucket:
+		n = min(size, floorInt(m.tokens))
+	case rules.SlidingWindow:
+		n = min(size, m.remaining)
+	case rules.SlidingLog:
+		n = min(size, limit-(m.count+m.spec.Cost))
+	default:
+		n = min(size, limit-m.c)
+	}
+	if n < max(1, m.spec.Cost) {
+		return
+	}
+	switch m.spec.Algorithm {
+	case rules.TokenBucket:
+		g := &m.gens
+		if g.la > 0 && g.lb == 0 {
+			g.lb, g.lbe, g.bg, g.la, g.lae = g.la, g.lae, g.ag, 0, 0
+		}
+		if g.la == 0 {
+			g.ag, g.lae = max(now, g.ag+1, g.bg+1), 0
+		}
+		g.la, g.lae = g.la+n, max(g.lae, now+2*ttl) // held twice the ttl, as check.lua does
+		m.tokens -= float64(n)
+		m.remaining = floorInt(m.tokens)
+		m.reset = now + ceilInt((float64(m.spec.Burst)-m.tokens)*float64(W)/float64(limit))
+		m.grant = rules.LeaseGrant{Units: n, TTLMS: ttl, Tag: g.ag}
+	case rules.SlidingLog:
+		m.remaining -= n
+		m.reset = max(m.reset, now+ttl+W)
+		m.grant = rules.LeaseGrant{Units: n, TTLMS: ttl, Tag: now + ttl}
+	default:
+		m.c += n
+		m.remaining -= n
+		m.grant = rules.LeaseGrant{Units: n, TTLMS: min(ttl, (m.w+1)*W-now), Tag: m.w}
+	}
+}
+
+// tbTTL is how long a token bucket's key lives: until it refilled from
+// empty, and past the expiry of its live leases.
+func tbTTL(spec *rules.LimitSpec, g *leaseGens, now int64) int64 {
+	ttl := ceilInt(float64(spec.Burst)*float64(spec.WindowMS)/float64(spec.Limit)) + 1000
+	if g.la > 0 {
+		ttl = max(ttl, g.lae-now+1000)
+	}
+	if g.lb > 0 {
+		ttl = max(ttl, g.lbe-now+1000)
+	}
+	return ttl
+}
+
+// write stores the state decided for an admitted limit, with its lease.
 func (s *Memory) write(m *memLimit, now int64) {
 	e := s.put(m.key, now)
 	switch m.spec.Algorithm {
 	case rules.TokenBucket:
-		e.tokens, e.ts = m.tokens, now
+		e.tokens, e.ts, e.gens = m.tokens, now, m.gens
+		m.ttl = tbTTL(&m.spec, &m.gens, now)
 	case rules.SlidingWindow:
 		e.w, e.c, e.p = m.w, m.c, m.p
 	case rules.SlidingLog:
-		from, _ := slices.BinarySearch(e.log, now-m.spec.WindowMS+1)
+		cut := now - m.spec.WindowMS
+		from, _ := slices.BinarySearch(e.log, cut+1)
 		e.log = append(e.log[:0], e.log[from:]...)
-		for range m.spec.Cost {
-			e.log = append(e.log, now)
+		for score := range e.leased {
+			if score <= cut {
+				delete(e.leased, score)
+			}
+		}
+		e.log = insertTimes(e.log, now, m.spec.Cost)
+		if g := m.grant; g.Units > 0 {
+			e.log = insertTimes(e.log, g.Tag, g.Units)
+			if e.leased == nil {
+				e.leased = map[int64]int64{}
+			}
+			e.leased[g.Tag] += g.Units
+		}
+		m.ttl = m.spec.WindowMS
+		if n := len(e.log); n > 0 {
+			m.ttl = max(m.ttl, e.log[n-1]+m.spec.WindowMS-now)
+		} else {
+			m.ttl = 0 // Redis deletes an empty ZSET (a renewal adds none)
 		}
 	default:
 		e.w, e.c = m.w, m.c
 	}
 	e.expireAt = now + m.ttl
+}
+
+// insertTimes adds n times t to an ascending log.
+func insertTimes(log []int64, t, n int64) []int64 {
+	at, _ := slices.BinarySearch(log, t+1)
+	for range n {
+		log = slices.Insert(log, at, t)
+	}
+	return log
+}
+
+// giveBack takes back the units a limit hands back of an earlier lease,
+// when the store still holds them (check.lua's giveBack).
+func (s *Memory) giveBack(m *memLimit, now int64) {
+	r, W := m.ret, m.spec.WindowMS
+	e := s.get(m.key, now)
+	switch m.spec.Algorithm {
+	case rules.TokenBucket:
+		tokens, g := tbNow(e, &m.spec, now)
+		switch {
+		case r.Tag == g.ag && g.la > 0:
+			g.la = max(0, g.la-r.Granted)
+		case r.Tag == g.bg && g.lb > 0:
+			g.lb = max(0, g.lb-r.Granted)
+		default:
+			return
+		}
+		e = s.put(m.key, now)
+		e.tokens, e.ts, e.gens = min(max(0, float64(m.spec.Burst)-float64(g.la+g.lb)), tokens+float64(r.Units)), now, g
+		e.expireAt = now + tbTTL(&m.spec, &g, now)
+	case rules.SlidingWindow:
+		idx := now / W
+		var cur, prev int64
+		if e != nil {
+			if e.w == idx {
+				cur, prev = e.c, e.p
+			} else if e.w == idx-1 {
+				prev = e.c
+			}
+		}
+		switch r.Tag {
+		case idx:
+			cur = max(0, cur-r.Units)
+		case idx - 1:
+			prev = max(0, prev-r.Units)
+		default:
+			return
+		}
+		e = s.put(m.key, now)
+		e.w, e.c, e.p, e.expireAt = idx, cur, prev, now+2*W+1000
+	case rules.SlidingLog:
+		if e == nil || e.leased[r.Tag] == 0 {
+			return
+		}
+		k := min(r.Units, e.leased[r.Tag])
+		if e.leased[r.Tag] -= k; e.leased[r.Tag] == 0 {
+			delete(e.leased, r.Tag)
+		}
+		at, _ := slices.BinarySearch(e.log, r.Tag)
+		e.log = slices.Delete(e.log, at, at+int(k))
+		if len(e.log) == 0 {
+			e.expireAt = now // Redis deletes an empty ZSET
+		}
+	default:
+		idx := now / W
+		if r.Tag != idx || e == nil || e.w != idx {
+			return
+		}
+		e.c = max(0, e.c-r.Units)
+		e.expireAt = now + (idx+1)*W - now + 1000
+	}
 }
 
 // violate records a violation and blocks the limit once there are enough.

@@ -418,6 +418,7 @@ func (s *Redis) Check(ctx context.Context, deadline time.Time, req *rules.CheckR
 		return errors.New("check: no limits")
 	}
 	resp.Decisions = append(resp.Decisions[:0], make([]rules.Decision, len(req.Limits))...)
+	mode := opMode(req)
 	if s.split {
 		if gs := groupBySlot(req.Limits); len(gs) > 1 {
 			if deadline.IsZero() {
@@ -425,15 +426,29 @@ func (s *Redis) Check(ctx context.Context, deadline time.Time, req *rules.CheckR
 			}
 			ctx, cancel := context.WithDeadline(ctx, deadline) // bounds the refunds too
 			defer cancel()
-			return s.checkGroups(ctx, req, gs, resp)
+			return s.checkGroups(ctx, req, gs, mode, resp)
 		}
 	}
-	c, err := s.run(ctx, deadline, scriptCall{mode: modeCheck, ls: req.Limits})
+	c, err := s.run(ctx, deadline, scriptCall{mode: mode, ls: req.Limits})
 	if err != nil {
 		return err
 	}
 	_, err = c.result(resp)
 	return err
+}
+
+// opMode readies req for check.lua and returns the script's mode for it:
+// a renewal is decided at cost 0, a return only peeks (and hands back).
+func opMode(req *rules.CheckRequest) scriptMode {
+	switch req.Op {
+	case rules.OpRenew:
+		for i := range req.Limits {
+			req.Limits[i].Spec.Cost = 0
+		}
+	case rules.OpReturn:
+		return modePeek
+	}
+	return modeCheck
 }
 
 // groupBySlot splits limits by Redis Cluster slot, keeping their order.
@@ -455,8 +470,16 @@ func groupBySlot(ls []rules.LimitRequest) []group {
 
 // checkGroups decides a check whose keys span several slots: one script call
 // per slot, each consuming only when its own limits allow; when another slot
-// denied, the slots that consumed are refunded.
-func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []group, resp *rules.CheckResponse) error {
+// denied, the slots that consumed are refunded. Such a request is never
+// leased: a refund gives back what the request took, not a lease.
+// Renewals and returns are not decisions of a request: their slots are
+// not refunded.
+func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []group, mode scriptMode, resp *rules.CheckResponse) error {
+	if req.Op == rules.OpDecide {
+		for i := range req.Limits {
+			req.Limits[i].Spec.Lease = rules.Lease{}
+		}
+	}
 	type result struct {
 		c   *call
 		err error
@@ -465,7 +488,7 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 	var wg sync.WaitGroup
 	for g := range gs {
 		wg.Go(func() {
-			res[g].c, res[g].err = s.run(ctx, time.Time{}, scriptCall{mode: modeCheck, ls: req.Limits, idx: gs[g].idx})
+			res[g].c, res[g].err = s.run(ctx, time.Time{}, scriptCall{mode: mode, ls: req.Limits, idx: gs[g].idx})
 		})
 	}
 	wg.Wait()
@@ -490,7 +513,7 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 			}
 		}
 	}
-	if !resp.Allowed {
+	if !resp.Allowed && req.Op == rules.OpDecide {
 		for g := range gs {
 			if consumed[g] {
 				if err := s.refund(ctx, req.Limits, gs[g].idx, resp.Decisions); err != nil {
@@ -546,6 +569,7 @@ func (s *Redis) Peek(ctx context.Context, deadline time.Time, l *rules.LimitRequ
 func peekCall(l *rules.LimitRequest) scriptCall {
 	ls := []rules.LimitRequest{*l}
 	ls[0].Spec.Cost = 0
+	ls[0].Spec.Lease, ls[0].Return = rules.Lease{}, rules.LeaseReturn{}
 	return scriptCall{mode: modePeek, ls: ls}
 }
 

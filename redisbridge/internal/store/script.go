@@ -27,14 +27,17 @@ import (
 //	KEYS  per check, per limit: its counter key (base key + algorithm
 //	      suffix), then, with a penalty, its violations and block keys
 //	ARGV  violations cap, number of specs, then per spec: algorithm id,
-//	      limit, window_ms, burst, cost, log_only (0/1), penalty
-//	      window_ms (0: no penalty) [, threshold, number of multipliers,
-//	      multipliers...]; then the number of checks, then per check: its
-//	      number of limits (negative: a peek, which writes nothing), then
-//	      per limit: its spec's number (from 1)
+//	      limit, window_ms, burst, cost, log_only (0/1), lease size (0:
+//	      none), lease ttl_ms, penalty window_ms (0: no penalty) [,
+//	      threshold, number of multipliers, multipliers...]; then the
+//	      number of checks, then per check: its number of limits
+//	      (negative: a peek, which writes nothing but lease returns), then
+//	      per limit: its spec's number (from 1), negative when a lease
+//	      return follows: units, tag, granted
 //	reply now_ms, then per check: allowed (0/1; or, for a check that
 //	      failed, its error as text), then per limit: allowed, limit,
-//	      remaining, reset_ms, retry_after_ms
+//	      remaining, reset_ms, retry_after_ms, lease units, lease ttl_ms,
+//	      lease tag
 //
 // A spec is what limits share (the same rule for many clients): sent and
 // parsed once per call, it leaves one argument per limit.
@@ -119,13 +122,14 @@ func scriptAlgorithm(a rules.Algorithm) int64 {
 // ARGV and reply layout of check.lua.
 const (
 	checkHeadArgs  = 3 // violations cap, number of specs, number of checks
-	specArgs       = 7 // algorithm .. penalty window_ms
+	specArgs       = 9 // algorithm .. penalty window_ms
 	penaltyArgs    = 2 // threshold, number of multipliers (then the multipliers)
 	checkArgs      = 1 // per check: number of limits (negative: a peek)
-	limitArgs      = 1 // per limit: its spec's number
+	limitArgs      = 1 // per limit: its spec's number (negative: a return follows)
+	returnArgs     = 3 // a lease return: units, tag, granted
 	replyHead      = 1 // now_ms
 	replyPerCheck  = 1 // allowed, or the check's error
-	replyPerLimit  = 5 // allowed, limit, remaining, reset_ms, retry_after_ms
+	replyPerLimit  = 8 // allowed, limit, remaining, reset_ms, retry_after_ms, lease units, ttl_ms, tag
 	refundHeadArgs = 1 // number of limits
 	refundArgs     = 3 // algorithm, burst, cost
 )
@@ -208,7 +212,8 @@ func (t *specTable) number(cs []*call) {
 func sameSpec(a, b *rules.LimitRequest) bool {
 	sa, sb := &a.Spec, &b.Spec
 	if a.LogOnly != b.LogOnly || scriptAlgorithm(sa.Algorithm) != scriptAlgorithm(sb.Algorithm) ||
-		sa.Limit != sb.Limit || sa.WindowMS != sb.WindowMS || sa.Burst != sb.Burst || sa.Cost != sb.Cost {
+		sa.Limit != sb.Limit || sa.WindowMS != sb.WindowMS || sa.Burst != sb.Burst || sa.Cost != sb.Cost ||
+		sa.Lease != sb.Lease {
 		return false
 	}
 	pa, okA := penalized(a)
@@ -228,8 +233,12 @@ func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable)
 	for _, c := range cs {
 		for j := range c.limits() {
 			keys++
-			if _, ok := penalized(c.limit(j)); ok {
+			l := c.limit(j)
+			if _, ok := penalized(l); ok {
 				keys += 2
+			}
+			if l.Return.Units > 0 {
+				args += returnArgs
 			}
 		}
 	}
@@ -271,6 +280,8 @@ func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable)
 		w.int(sp.Burst)
 		w.int(sp.Cost)
 		w.int(boolArg(l.LogOnly))
+		w.int(sp.Lease.Size)
+		w.int(sp.Lease.TTLMS)
 		if p, ok := penalized(l); ok {
 			w.int(p.DetectionWindowMS)
 			w.int(p.ViolationThreshold)
@@ -291,8 +302,15 @@ func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable)
 		} else {
 			w.int(int64(n))
 		}
-		for _, r := range ref[:n] {
-			w.int(r)
+		for j, r := range ref[:n] {
+			if ret := &c.limit(j).Return; ret.Units > 0 {
+				w.int(-r)
+				w.int(ret.Units)
+				w.int(ret.Tag)
+				w.int(ret.Granted)
+			} else {
+				w.int(r)
+			}
 		}
 		ref = ref[n:]
 	}
@@ -312,7 +330,7 @@ type replyReader interface {
 }
 
 // readCheckReply reads the reply of the call deciding cs into each
-// check's vals (now_ms, allowed, then per limit its five values, as
+// check's vals (now_ms, allowed, then per limit its eight values, as
 // scriptCall.readReply reads them) or err: the error reply of the whole
 // call, or the check's own error. It returns an error only when the
 // reply is malformed or could not be read; the transport's stream is
@@ -377,7 +395,7 @@ func boolArg(b bool) int64 {
 }
 
 // readReply copies the check's part of a check.lua reply (now_ms,
-// allowed, then per limit five values: vals as readCheckReply leaves
+// allowed, then per limit eight values: vals as readCheckReply leaves
 // them) into resp.Decisions (at c.idx when set) and returns the check's
 // allowed flag; with c.idx nil it sets resp.Allowed too. resp.NowMS
 // becomes the latest time seen.
@@ -393,7 +411,8 @@ func (c *scriptCall) readReply(v []int64, resp *rules.CheckResponse) (bool, erro
 			i = c.idx[j]
 		}
 		r := v[replyHead+replyPerCheck+replyPerLimit*j:]
-		resp.Decisions[i] = rules.Decision{Allowed: r[0] == 1, Limit: r[1], Remaining: r[2], ResetMS: r[3], RetryAfterMS: r[4]}
+		resp.Decisions[i] = rules.Decision{Allowed: r[0] == 1, Limit: r[1], Remaining: r[2], ResetMS: r[3], RetryAfterMS: r[4],
+			Lease: rules.LeaseGrant{Units: r[5], TTLMS: r[6], Tag: r[7]}}
 	}
 	allowed := v[1] == 1
 	if c.idx == nil {

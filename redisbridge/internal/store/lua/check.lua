@@ -8,20 +8,39 @@
 -- ARGV[1] violations kept per key at most
 -- ARGV[2] number of specs, then per spec (what limits share, sent once):
 --   alg (1 token_bucket, 2 sliding_window, 3 sliding_log, 4 fixed_window),
---   limit, window_ms, burst, cost, log_only (0/1),
---   penalty window_ms (0: no penalty) [, threshold, #multipliers, multipliers...]
+--   limit, window_ms, burst, cost, log_only (0/1), lease size (0: none),
+--   lease ttl_ms, penalty window_ms (0: no penalty) [, threshold,
+--   #multipliers, multipliers...]
 -- then the number of checks, then per check: its number of limits
---   (negative: a peek, which writes nothing), then per limit its spec's number.
+--   (negative: a peek, which writes nothing but returns), then per limit
+--   its spec's number, negative when a lease return follows: units, tag,
+--   granted.
 -- KEYS: per check, per limit its counter key, then with a penalty its ":v" and ":b" keys.
 -- Returns {now_ms, per check: allowed (0/1, or the error of a check that
--- failed, as text), then per limit: allowed, limit, remaining, reset_ms, retry_after_ms}.
+-- failed, as text), then per limit: allowed, limit, remaining, reset_ms,
+-- retry_after_ms, lease units, lease ttl_ms, lease tag}.
+--
+-- Leases (docs/bridge.md, Leases): an allowed check deducts a lease's
+-- units with its own cost, in the same call, and names the grant by a tag.
+-- Units handed back are given back before the check is decided. How
+-- depends on the algorithm: fixed and sliding window leases end with
+-- their window (tag: the window's index; units come back while it lasts);
+-- sliding log leases are members scored at the lease's expiry, named
+-- "L...", which a return removes (tag: that score); a token bucket keeps
+-- the units of live leases in two generations (la/lae/ag, lb/lbe/bg:
+-- units, expiry, tag: field g, "la,lae,ag,lb,lbe,bg", written once a
+-- bucket is first leased), each held until twice the ttl after its last
+-- grant, and never refills beyond burst minus them, so tokens plus the
+-- units leases still hold never exceed the burst. A bucket never leased
+-- is read and written as before leases existed.
 --
 -- This runs in Redis's only thread for every request, so it is written for
 -- speed: each spec parsed once per call, no closures or tables built per
 -- check (a check of one limit, the usual, keeps its state in locals; the
 -- limit tables of longer checks are reused from one check to the next),
 -- and every HASH counter read and written once per call (below).
-local call, tonumber, format, pcall, type, tostring = redis.call, tonumber, string.format, pcall, type, tostring
+local call, tonumber, format, pcall, type, tostring, unpack, sub, match =
+  redis.call, tonumber, string.format, pcall, type, tostring, unpack, string.sub, string.match
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
@@ -42,6 +61,185 @@ local vcap = tonumber(ARGV[1])
 -- fields are what Redis would hold.
 local cache, dirty, nd = {}, {}, 0
 local seq = 0 -- members added by this call (sliding logs, violations)
+local function fields(key, alg)
+  local s = cache[key]
+  if not s then
+    if alg == 2 then s = call('HMGET', key, 'w', 'c', 'p')
+    elseif alg == 1 then s = call('HMGET', key, 'tokens', 'ts', 'g')
+    else s = call('HMGET', key, 'w', 'c') end
+    s[4], s[5] = alg, false -- the algorithm; the expiry in ms, once written
+    cache[key] = s
+  end
+  return s
+end
+
+-- What leases need (docs/bridge.md, Leases) is made on first use, once
+-- per call: most calls hold no lease, and every function a script defines
+-- is made again each time it runs.
+local LX
+local function leasing()
+  if LX then return LX end
+  LX = {}
+
+  -- held is what a token bucket's live leases hold at time t.
+  local function held(t, la, lae, lb, lbe)
+    local n = 0
+    if t < lae then n = la end
+    if t < lbe then n = n + lb end
+    return n
+  end
+
+  -- gens returns a token bucket's lease generations as stored, {la, lae,
+  -- ag, lb, lbe, bg}, parsed once into s[6]; false when it was never leased.
+  local function gens(s)
+    local g = s[6]
+    if g == nil then
+      g = false
+      if s[3] then
+        local a, b, c, d, e, f = match(s[3], '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+        if a then g = {tonumber(a), tonumber(b), tonumber(c), tonumber(d), tonumber(e), tonumber(f)} end
+      end
+      s[6] = g
+    end
+    return g
+  end
+
+  -- tbNow is a token bucket's tokens at now. The refill stops at burst
+  -- minus what live leases hold, a bound that rises when a generation of
+  -- leases expires: so the refill is added segment by segment, up to each
+  -- expiry in turn. It also returns what each generation holds at now
+  -- (0 once it expired), kept in s[7] and s[8] for the write.
+  local function tbNow(s, limit, W, cap)
+    local g = gens(s)
+    if not g then
+      if s[1] then return min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W), 0, 0 end
+      return cap, 0, 0
+    end
+    local la, lae, lb, lbe = g[1], g[2], g[4], g[5]
+    local tokens = cap
+    if s[1] then
+      tokens = tonumber(s[1])
+      local t = tonumber(s[2])
+      local d1, d2 = lae, lbe
+      if d2 < d1 then d1, d2 = d2, d1 end
+      if d1 > t and d1 < now then
+        tokens = min(max(0, cap - held(t, la, lae, lb, lbe)), tokens + (d1 - t) * limit / W)
+        t = d1
+      end
+      if d2 > t and d2 < now then
+        tokens = min(max(0, cap - held(t, la, lae, lb, lbe)), tokens + (d2 - t) * limit / W)
+        t = d2
+      end
+      tokens = min(max(0, cap - held(t, la, lae, lb, lbe)), tokens + max(0, now - t) * limit / W)
+    end
+    if lae <= now then la = 0 end
+    if lbe <= now then lb = 0 end
+    return tokens, la, lb
+  end
+
+  -- tbWrite stores a token bucket's tokens at now, with its generations as
+  -- they hold at now (s[7], s[8]).
+  local function tbWrite(key, s, tokens, limit, W, cap)
+    if not s[5] then nd = nd + 1; dirty[nd] = key end
+    local exp = ceil(cap * W / limit) + 1000
+    local g = s[6]
+    if g then
+      g[1], g[4] = s[7], s[8]
+      if g[1] > 0 then exp = max(exp, g[2] - now + 1000) end
+      if g[4] > 0 then exp = max(exp, g[5] - now + 1000) end
+    end
+    s[1], s[2], s[5] = tokens, now, exp
+  end
+
+  -- addMembers adds n members of score to a ZSET, named prefix..k..suffix
+  -- for k from k0 + 1 on, skipping names taken (a return may have removed
+  -- members, so counts alone do not keep names apart).
+  local margs = {}
+  local function addMembers(key, score, prefix, k, suffix, n)
+    while n > 0 do
+      local j = 0
+      for i = 1, min(n, 64) do
+        k = k + 1
+        margs[j + 1], margs[j + 2] = score, prefix .. k .. suffix
+        j = j + 2
+      end
+      n = n - call('ZADD', key, 'NX', unpack(margs, 1, j))
+    end
+  end
+
+  -- giveBack takes back the unspent units ru of a lease granted with tag rt
+  -- and rg units, when the store still holds them (see the head).
+  local function giveBack(alg, key, limit, W, cap, rt, rg, ru)
+    if alg == 1 then
+      local s = fields(key, 1)
+      local tokens, la, lb = tbNow(s, limit, W, cap)
+      local g = s[6]
+      if not g then return end
+      if rt == g[3] and la > 0 then la = max(0, la - rg)
+      elseif rt == g[6] and lb > 0 then lb = max(0, lb - rg)
+      else return end
+      s[7], s[8] = la, lb
+      tbWrite(key, s, min(max(0, cap - (la + lb)), tokens + ru), limit, W, cap)
+    elseif alg == 2 then
+      local idx = floor(now / W)
+      local s = fields(key, 2)
+      local cur, prev, w = 0, 0, tonumber(s[1])
+      if w == idx then cur, prev = tonumber(s[2]), tonumber(s[3])
+      elseif w == idx - 1 then prev = tonumber(s[2]) end
+      if rt == idx then cur = max(0, cur - ru)
+      elseif rt == idx - 1 then prev = max(0, prev - ru)
+      else return end
+      if not s[5] then nd = nd + 1; dirty[nd] = key end
+      s[1], s[2], s[3], s[5] = idx, cur, prev, 2 * W + 1000
+    elseif alg == 3 then
+      local ms = call('ZREVRANGEBYSCORE', key, format('%d', rt), format('%d', rt), 'LIMIT', 0, ru)
+      local j = 0
+      for i = 1, #ms do
+        if sub(ms[i], 1, 1) == 'L' then j = j + 1; margs[j] = ms[i] end
+      end
+      if j > 0 then call('ZREM', key, unpack(margs, 1, j)) end
+    else
+      local idx = floor(now / W)
+      local s = fields(key, 4)
+      if rt ~= idx or tonumber(s[1]) ~= idx then return end
+      if not s[5] then nd = nd + 1; dirty[nd] = key end
+      s[2], s[5] = max(0, tonumber(s[2]) - ru), (idx + 1) * W - now + 1000
+    end
+  end
+
+  -- lease grants an allowed limit a lease of up to sp[10] units of what its
+  -- check left (at least its cost, else none). It returns the units, their
+  -- ttl_ms and tag, and after, remaining and reset with them deducted.
+  local function lease(alg, sp, key, cap, cost, after, remaining, reset, idx)
+    local size, ttl, limit, W = sp[10], sp[11], sp[2], sp[3]
+    local n
+    if alg == 1 then n = min(size, floor(after))
+    elseif alg == 2 then n = min(size, remaining)
+    else n = min(size, limit - after) end
+    if n < max(1, cost) then return 0, 0, 0, after, remaining, reset end
+    if alg == 1 then
+      local s = cache[key]
+      local g = s[6]
+      if not g then g = {0, 0, 0, 0, 0, 0}; s[6] = g end
+      local la, lae, ag, lb, lbe, bg = s[7] or 0, g[2], g[3], s[8] or 0, g[5], g[6]
+      if la > 0 and lb == 0 then la, lae, ag, lb, lbe, bg = 0, 0, ag, la, lae, ag end
+      if la == 0 then ag, lae = max(now, ag + 1, bg + 1), 0 end
+      -- Held for twice the ttl: units handed back at the lease's end (a
+      -- proxy notices within a tick) find their generation still there.
+      la, lae = la + n, max(lae, now + 2 * ttl)
+      g[2], g[3], g[5], g[6] = lae, ag, lbe, bg
+      s[7], s[8] = la, lb
+      after = after - n
+      return n, ttl, ag, after, floor(after), now + ceil((cap - after) * W / limit)
+    elseif alg == 3 then
+      return n, ttl, now + ttl, after + n, remaining - n, max(reset, now + ttl + W)
+    end
+    return n, min(ttl, (idx + 1) * W - now), idx, after + n, remaining - n, reset
+  end
+
+  LX.tbNow, LX.tbWrite, LX.addMembers, LX.giveBack, LX.lease = tbNow, tbWrite, addMembers, giveBack, lease
+  return LX
+end
 
 -- decideLimit decides one limit without writing. It returns ok, remaining,
 -- reset, retry, cap (the limit reported), and the state to write when the
@@ -50,19 +248,14 @@ local seq = 0 -- members added by this call (sliding logs, violations)
 -- of its functions anew, which a batch of one check notices.
 local function decideLimit(alg, key, limit, W, cap, cost)
   local s
-  if alg ~= 3 then
-    s = cache[key]
-    if not s then
-      if alg == 2 then s = call('HMGET', key, 'w', 'c', 'p')
-      elseif alg == 1 then s = call('HMGET', key, 'tokens', 'ts')
-      else s = call('HMGET', key, 'w', 'c') end
-      s[4], s[5] = alg, false -- the algorithm; the expiry in ms, once written
-      cache[key] = s
-    end
-  end
-  if alg == 1 then -- token bucket: HASH tokens, ts
+  if alg ~= 3 then s = fields(key, alg) end
+  if alg == 1 then -- token bucket: HASH tokens, ts, g (leases)
     local tokens = cap
-    if s[1] then
+    if s[3] or s[6] then
+      local la, lb
+      tokens, la, lb = leasing().tbNow(s, limit, W, cap)
+      s[7], s[8] = la, lb
+    elseif s[1] then
       tokens = min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W)
     end
     local ok = tokens >= cost
@@ -130,12 +323,17 @@ local function decideLimit(alg, key, limit, W, cap, cost)
   return ok, limit - after, reset, retry, limit, after, idx, 0, 0
 end
 
--- consume writes what an allowed limit takes.
-local function consume(alg, key, limit, W, cap, cost, after, idx, prev, count)
+-- consume writes what an allowed limit takes, with the lease of ln units
+-- and tag lt granted with it. i is the limit's place in its check.
+local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count, ln, lt)
   if alg == 1 then
     local s = cache[key]
-    if not s[5] then nd = nd + 1; dirty[nd] = key end
-    s[1], s[2], s[5] = after, now, ceil(cap * W / limit) + 1000
+    if s[6] then
+      leasing().tbWrite(key, s, after, limit, W, cap)
+    else
+      if not s[5] then nd = nd + 1; dirty[nd] = key end
+      s[1], s[2], s[5] = after, now, ceil(cap * W / limit) + 1000
+    end
   elseif alg == 2 then
     local s = cache[key]
     if not s[5] then nd = nd + 1; dirty[nd] = key end
@@ -150,7 +348,16 @@ local function consume(alg, key, limit, W, cap, cost, after, idx, prev, count)
       seq = seq + 1
       call('ZADD', key, nowStr, format('%s-%06d.%d', stamp, count + j, seq))
     end
-    call('PEXPIRE', key, format('%d', W))
+    -- A lease's units are members scored at its expiry: every unit it
+    -- admits is in the log for a window from then, as if admitted then.
+    -- The limit's index keeps a key listed twice apart in their names.
+    if ln > 0 then
+      local tag = ''
+      if i > 1 then tag = '.' .. i end
+      leasing().addMembers(key, lt, format('L%d-', lt), count, tag, ln)
+    end
+    local top = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) or now
+    call('PEXPIRE', key, format('%d', max(W, top + W - now)))
   else
     local s = cache[key]
     if not s[5] then nd = nd + 1; dirty[nd] = key end
@@ -179,12 +386,14 @@ end
 local out, o = {now}, 2
 
 -- The specs the batch's limits refer to, each sent once per call:
--- {alg, limit, window, burst, cost, log_only, penalty window, threshold, multipliers}.
+-- {alg, limit, window, burst, cost, log_only, penalty window, threshold,
+-- multipliers, lease size, lease ttl}.
 local SP, a = {}, 3
 for i = 1, tonumber(ARGV[2]) do
   local sp = {tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), ARGV[a + 5] == '1', tonumber(ARGV[a + 6]), 0, false}
-  a = a + 7
+    tonumber(ARGV[a + 4]), ARGV[a + 5] == '1', tonumber(ARGV[a + 8]), 0, false,
+    tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])}
+  a = a + 9
   if sp[7] > 0 then
     local mult = {}
     for j = 1, tonumber(ARGV[a + 1]) do mult[j] = tonumber(ARGV[a + 1 + j]) end
@@ -194,9 +403,14 @@ for i = 1, tonumber(ARGV[2]) do
   SP[i] = sp
 end
 
--- checkOne decides a check of one limit, all in locals.
-local function checkOne(sp, key, vkey, bkey, write)
+-- A limit is leased when it asks for a lease (sp[10] > 0) and is
+-- enforced, without a penalty: a penalty's violations are counted here.
+
+-- checkOne decides a check of one limit, all in locals; ru, rt, rg hand
+-- back a lease first.
+local function checkOne(sp, key, vkey, bkey, write, ru, rt, rg)
   local alg, limit, W, cost, logOnly, pw = sp[1], sp[2], sp[3], sp[5], sp[6], sp[7]
+  if ru > 0 then leasing().giveBack(alg, key, limit, W, sp[4], rt, rg, ru) end
   local ok, remaining, reset, retry, cap, after, idx, prev, count = decideLimit(alg, key, limit, W, sp[4], cost)
   local blocked = false
   if pw > 0 then
@@ -204,20 +418,28 @@ local function checkOne(sp, key, vkey, bkey, write)
     if b and b > now then ok, blocked, remaining, retry, reset = false, true, 0, b - now, max(reset, b) end
   end
   local allowed = ok or logOnly
+  local ln, lt, lg = 0, 0, 0
   if write then
     if ok and allowed then
-      consume(alg, key, limit, W, cap, cost, after, idx, prev, count)
+      if sp[10] > 0 and not logOnly and pw == 0 then
+        ln, lt, lg, after, remaining, reset = leasing().lease(alg, sp, key, cap, cost, after, remaining, reset, idx)
+      end
+      consume(1, alg, key, limit, W, cap, cost, after, idx, prev, count, ln, lg)
     elseif not allowed and pw > 0 and not blocked then
       retry, reset = violate(vkey, bkey, pw, sp[8], sp[9], W, retry, reset)
     end
   end
-  out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
-    allowed and 1 or 0, ok and 1 or 0, cap, remaining, reset, retry
+  out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6], out[o + 7], out[o + 8] =
+    allowed and 1 or 0, ok and 1 or 0, cap, remaining, reset, retry, ln, lt, lg
 end
 
 -- checkMany decides a check of n limits, L[1..n], all-or-nothing.
 local L = {}
 local function checkMany(n, write)
+  for i = 1, n do
+    local l = L[i]
+    if l.ru > 0 then leasing().giveBack(l.sp[1], l.key, l.sp[2], l.sp[3], l.sp[4], l.rt, l.rg, l.ru) end
+  end
   local allowed = true
   for i = 1, n do
     local l = L[i]
@@ -235,9 +457,23 @@ local function checkMany(n, write)
     for i = 1, n do
       local l = L[i]
       local sp = l.sp
+      l.ln, l.lt, l.lg = 0, 0, 0
       if allowed then
         if l.ok then
-          consume(sp[1], l.key, sp[2], sp[3], l.cap, sp[5], l.after, l.idx, l.prev, l.count)
+          -- A key listed twice is written once per listing, the last
+          -- write holding: a lease of it could be granted twice for one
+          -- deduction, so such a key is never leased.
+          if sp[10] > 0 and not sp[6] and sp[7] == 0 then
+            local once = true
+            for j = 1, n do
+              if j ~= i and L[j].key == l.key then once = false end
+            end
+            if once then
+              l.ln, l.lt, l.lg, l.after, l.remaining, l.reset =
+                leasing().lease(sp[1], sp, l.key, l.cap, sp[5], l.after, l.remaining, l.reset, l.idx)
+            end
+          end
+          consume(i, sp[1], l.key, sp[2], sp[3], l.cap, sp[5], l.after, l.idx, l.prev, l.count, l.ln, l.lg)
         end
       elseif not l.ok and not sp[6] and l.vkey and not l.blocked then
         l.retry, l.reset = violate(l.vkey, l.bkey, sp[7], sp[8], sp[9], sp[3], l.retry, l.reset)
@@ -248,8 +484,10 @@ local function checkMany(n, write)
   local p = o
   for i = 1, n do
     local l = L[i]
-    out[p + 1], out[p + 2], out[p + 3], out[p + 4], out[p + 5] = l.ok and 1 or 0, l.cap, l.remaining, l.reset, l.retry
-    p = p + 5
+    if not write then l.ln, l.lt, l.lg = 0, 0, 0 end
+    out[p + 1], out[p + 2], out[p + 3], out[p + 4], out[p + 5], out[p + 6], out[p + 7], out[p + 8] =
+      l.ok and 1 or 0, l.cap, l.remaining, l.reset, l.retry, l.ln, l.lt, l.lg
+    p = p + 8
   end
 end
 
@@ -262,12 +500,18 @@ for c = 1, nc do
   a = a + 1
   local ok, err
   if n == 1 then
-    local sp = SP[tonumber(ARGV[a])]
+    local r, ru, rt, rg = tonumber(ARGV[a]), 0, 0, 0
+    if r < 0 then
+      r, ru, rt, rg = -r, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+      a = a + 3
+    end
+    a = a + 1
+    local sp = SP[r]
     if sp[7] > 0 then
-      ok, err = pcall(checkOne, sp, KEYS[k], KEYS[k + 1], KEYS[k + 2], write)
+      ok, err = pcall(checkOne, sp, KEYS[k], KEYS[k + 1], KEYS[k + 2], write, ru, rt, rg)
       k = k + 3
     else
-      ok, err = pcall(checkOne, sp, KEYS[k], false, false, write)
+      ok, err = pcall(checkOne, sp, KEYS[k], false, false, write, ru, rt, rg)
       k = k + 1
     end
   else
@@ -275,10 +519,18 @@ for c = 1, nc do
       local l = L[i]
       if not l then
         l = {sp = false, key = false, vkey = false, bkey = false, ok = false, remaining = 0, reset = 0,
-          retry = 0, cap = 0, after = 0, idx = 0, prev = 0, count = 0, blocked = false}
+          retry = 0, cap = 0, after = 0, idx = 0, prev = 0, count = 0, blocked = false,
+          ru = 0, rt = 0, rg = 0, ln = 0, lt = 0, lg = 0}
         L[i] = l
       end
-      local sp = SP[tonumber(ARGV[a + i - 1])]
+      local r = tonumber(ARGV[a])
+      a = a + 1
+      l.ru, l.rt, l.rg = 0, 0, 0
+      if r < 0 then
+        r, l.ru, l.rt, l.rg = -r, tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+        a = a + 3
+      end
+      local sp = SP[r]
       l.sp, l.key = sp, KEYS[k]
       if sp[7] > 0 then
         l.vkey, l.bkey = KEYS[k + 1], KEYS[k + 2]
@@ -290,15 +542,14 @@ for c = 1, nc do
     end
     ok, err = pcall(checkMany, n, write)
   end
-  a = a + n
   -- A check that fails (a key of another type, say) fails alone: the
   -- checks after it are still decided.
   if not ok then
     if type(err) == 'table' then err = err.err end
     out[o] = tostring(err)
-    for i = 1, 5 * n do out[o + i] = 0 end
+    for i = 1, 8 * n do out[o + i] = 0 end
   end
-  o = o + 1 + 5 * n
+  o = o + 1 + 8 * n
 end
 
 for i = 1, nd do
@@ -308,7 +559,14 @@ for i = 1, nd do
   if alg == 1 then
     -- %.17g: the tokens read back are exactly the float written; ts is
     -- always now.
-    call('HSET', key, 'tokens', format('%.17g', s[1]), 'ts', nowStr)
+    local g = s[6]
+    if g then
+      -- A bucket ever leased keeps its generations, and its tags only grow.
+      call('HSET', key, 'tokens', format('%.17g', s[1]), 'ts', nowStr,
+        'g', format('%d,%d,%d,%d,%d,%d', g[1], g[2], g[3], g[4], g[5], g[6]))
+    else
+      call('HSET', key, 'tokens', format('%.17g', s[1]), 'ts', nowStr)
+    end
   elseif alg == 2 then
     call('HSET', key, 'w', format('%d', s[1]), 'c', format('%d', s[2]), 'p', format('%d', s[3]))
   else
