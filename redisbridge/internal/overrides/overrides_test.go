@@ -112,6 +112,7 @@ type stepBackend struct {
 	fail    error
 	loads   chan struct{} // a Load happened
 	changed chan struct{} // releases one Wait
+	waits   chan struct{} // a Wait began: what the Load before it read is applied
 }
 
 func (b *stepBackend) Load(context.Context) (int64, []Override, error) {
@@ -138,6 +139,13 @@ func (b *stepBackend) Delete(context.Context, string, string) (Override, bool, i
 }
 
 func (b *stepBackend) Wait(ctx context.Context, _ int64) error {
+	if b.waits != nil {
+		select {
+		case b.waits <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	select {
 	case <-b.changed:
 		return nil
@@ -150,11 +158,11 @@ func (b *stepBackend) Wait(ctx context.Context, _ int64) error {
 // backend cannot be read the last overrides read stay in force.
 func TestSet_FollowsBackend(t *testing.T) {
 	o := Override{User: "u", Endpoint: "/e", Algorithm: rules.FixedWindow, Limit: 9, WindowMS: 1000}
-	b := &stepBackend{next: []Override{o}, version: 1, loads: make(chan struct{}), changed: make(chan struct{})}
+	b := &stepBackend{next: []Override{o}, version: 1, loads: make(chan struct{}), changed: make(chan struct{}), waits: make(chan struct{})}
 	s := newSet(b, nil, time.Millisecond)
 	defer s.Close()
 	<-b.loads
-	<-s.Loaded()
+	<-b.waits
 	if got, ok := s.Lookup("u", "/e"); !ok || got != o {
 		t.Fatalf("after the first load: %+v %v", got, ok)
 	}
@@ -171,7 +179,15 @@ func TestSet_FollowsBackend(t *testing.T) {
 	b.mu.Lock()
 	b.fail, b.next, b.version = nil, []Override{o2}, 2
 	b.mu.Unlock()
-	<-b.loads // the retry
+	// Failed retries may still come before the one that reads o2; a Wait
+	// begins only once a read succeeded and was applied.
+	for applied := false; !applied; {
+		select {
+		case <-b.loads:
+		case <-b.waits:
+			applied = true
+		}
+	}
 	if got, _ := s.Lookup("u", "/e"); got != o2 {
 		t.Fatalf("after the backend came back: %+v, want %+v", got, o2)
 	}
