@@ -37,6 +37,10 @@ type Action uint8
 const (
 	Reject  Action = iota + 1 // answer 429
 	LogOnly                   // log and count a denial, let the request pass
+	// Throttle holds a request in the proxy until the limit lets it
+	// through, reserving its slot when it is decided, and answers 429
+	// only when the wait would exceed the limit's max_delay.
+	Throttle
 )
 
 func (a Action) String() string {
@@ -45,6 +49,8 @@ func (a Action) String() string {
 		return "reject"
 	case LogOnly:
 		return "log_only"
+	case Throttle:
+		return "throttle"
 	}
 	return ""
 }
@@ -119,7 +125,27 @@ type Config struct {
 	Headers     HeaderConfig
 	Deny        DenyConfig
 	LocalCache  LocalCacheConfig
+	Throttle    ThrottleConfig
 }
+
+// ThrottleConfig bounds what throttle limits hold in one proxy VM.
+type ThrottleConfig struct {
+	// MaxWaiting is how many requests one VM holds at once; a throttled
+	// request that finds them all taken is decided as if it could not
+	// wait (429 unless it can pass at once), consuming nothing.
+	MaxWaiting int64
+}
+
+// Throttle bounds. A held request waits in the proxy, not in the bridge:
+// the bound is the proxy's stream timeouts (Envoy's stream_idle_timeout
+// is 5 minutes by default, its request_timeout off), which must exceed
+// max_delay; half a minute keeps a held client well inside them.
+const (
+	DefaultMaxDelayMS  = 1000
+	MaxMaxDelayMS      = 30_000
+	DefaultMaxWaiting  = 1000
+	MaxMaxWaitingPerVM = 100_000
+)
 
 // Bridge is where the plugin sends check requests.
 type Bridge struct {
@@ -218,6 +244,9 @@ type Tier struct {
 	Spec      LimitSpec
 	Scope     Scope // default user
 	Endpoints []EndpointOverride
+	Action    Action // for the tier limit and its endpoint overrides
+	// MaxDelayMS is how long a throttle limit may hold a request.
+	MaxDelayMS int64
 
 	keyName string // "tier.<name>"
 }
@@ -237,6 +266,8 @@ type Category struct {
 	Spec   LimitSpec
 	Scope  Scope
 	Action Action
+	// MaxDelayMS is how long a throttle limit may hold a request.
+	MaxDelayMS int64
 }
 
 // Rule is an explicit limit for matching requests.
@@ -248,6 +279,8 @@ type Rule struct {
 	Action   Action
 	Priority int // lower first; equal priorities keep config order
 	Enabled  bool
+	// MaxDelayMS is how long a throttle limit may hold a request.
+	MaxDelayMS int64
 }
 
 // LimitSpec is how much may pass.
@@ -328,7 +361,7 @@ type HeaderConfig struct {
 
 	// Header names with the prefix applied, built once at parse time so
 	// rendering does not concatenate per request.
-	limitName, remainingName, resetName, strategyName string
+	limitName, remainingName, resetName, strategyName, delayName string
 }
 
 // DenyConfig shapes the 429 answer.

@@ -7,10 +7,11 @@ func (h *HeaderConfig) compile() {
 	h.remainingName = h.Prefix + "Remaining"
 	h.resetName = h.Prefix + "Reset"
 	h.strategyName = h.Prefix + "Strategy"
+	h.delayName = h.Prefix + "Delay"
 }
 
-// maxResponseHeaders is the most headers Render writes.
-const maxResponseHeaders = 7
+// maxResponseHeaders is the most headers Render and AddDelay write.
+const maxResponseHeaders = 8
 
 // ResponseHeaders is a fixed set of rendered headers. Values point into
 // buf, so rendering reuses one ResponseHeaders per request without
@@ -110,6 +111,15 @@ func (h *HeaderConfig) Render(out *ResponseHeaders, l *PlannedLimit, d *Decision
 			return strconv.AppendInt(b, t, 10)
 		})
 	}
+}
+
+// AddDelay adds to out the header that tells a client its request was
+// held delayMS milliseconds by a throttle limit (X-RateLimit-Delay).
+func (h *HeaderConfig) AddDelay(out *ResponseHeaders, delayMS int64) {
+	if h.Disabled {
+		return
+	}
+	out.add(h.delayName, func(b []byte) []byte { return strconv.AppendInt(b, delayMS, 10) })
 }
 
 // RetryAfterSeconds is the Retry-After value for a denial: whole seconds,

@@ -188,7 +188,7 @@ func (p *parser) strings(v gjson.Result, path string, each func(s, path string) 
 func (p *parser) config(root gjson.Result) *Config {
 	c := &Config{}
 	if !p.object(root, "", "enabled", "failure_mode", "bridge", "identity", "tiers", "categories",
-		"rules", "rules_from", "exemptions", "penalty", "headers", "deny", "local_cache") {
+		"rules", "rules_from", "exemptions", "penalty", "headers", "deny", "local_cache", "throttle") {
 		return nil
 	}
 	c.Enabled = p.boolean(root.Get("enabled"), "enabled", true)
@@ -215,6 +215,7 @@ func (p *parser) config(root gjson.Result) *Config {
 	c.Headers = p.headers(root.Get("headers"), "headers")
 	c.Deny = p.deny(root.Get("deny"), "deny")
 	c.LocalCache = p.localCache(root.Get("local_cache"), "local_cache")
+	c.Throttle = p.throttleConfig(root.Get("throttle"), "throttle")
 	if p.err != nil {
 		return nil
 	}
@@ -279,6 +280,15 @@ func (p *parser) callTarget(v gjson.Result, path string, cluster, authority, cal
 	if !strings.HasPrefix(*callPath, "/") {
 		p.fail(join(path, "path"), `must start with "/"`)
 	}
+}
+
+func (p *parser) throttleConfig(v gjson.Result, path string) ThrottleConfig {
+	c := ThrottleConfig{MaxWaiting: DefaultMaxWaiting}
+	if !v.Exists() || !p.object(v, path, "max_waiting") {
+		return c
+	}
+	c.MaxWaiting = p.integer(v.Get("max_waiting"), join(path, "max_waiting"), c.MaxWaiting, 1, MaxMaxWaitingPerVM)
+	return c
 }
 
 func (p *parser) localCache(v gjson.Result, path string) LocalCacheConfig {

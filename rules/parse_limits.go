@@ -127,24 +127,61 @@ func (p *parser) scope(v gjson.Result, path, def string) Scope {
 	return s
 }
 
-// noLogOnlyLease refuses a lease on a log_only limit: it never denies, so
-// it is counted at the bridge on every request.
-func (p *parser) noLogOnlyLease(a Action, s *LimitSpec, path string) {
-	if a == LogOnly && s.Lease.Size > 0 {
-		p.fail(join(path, "lease"), "a log_only limit is never leased (the bridge counts what it would deny)")
-	}
-}
-
 func (p *parser) action(v gjson.Result, path string) Action {
 	switch a := p.str(v, path, "reject"); a {
 	case "reject":
 		return Reject
 	case "log_only":
 		return LogOnly
+	case "throttle":
+		return Throttle
 	default:
-		p.fail(path, `must be "reject" or "log_only", got %q`, a)
+		p.fail(path, `must be "reject", "throttle" or "log_only", got %q`, a)
 	}
 	return Reject
+}
+
+// limitAction checks what a limit's action asks of its spec s, read from
+// the object v at path, and returns its max_delay (throttle only).
+func (p *parser) limitAction(v gjson.Result, path string, a Action, s *LimitSpec) int64 {
+	md := v.Get("max_delay")
+	var maxDelay int64
+	if a == Throttle {
+		maxDelay = p.duration(md, join(path, "max_delay"), DefaultMaxDelayMS, 1, MaxMaxDelayMS)
+	} else if md.Exists() {
+		p.fail(join(path, "max_delay"), `only for action "throttle"`)
+	}
+	p.actionSpec(path, a, s)
+	return maxDelay
+}
+
+// actionDefault is the spec a limit with action a starts from, def
+// otherwise: a throttle limit reserves a slot for each request it holds,
+// which only an exact count can do, so one whose algorithm is left out is
+// a token bucket (throttled, it spaces requests as a leaky bucket does)
+// rather than the estimating sliding_window.
+func actionDefault(def LimitSpec, a Action) LimitSpec {
+	if a == Throttle && (def.Algorithm == 0 || def.Algorithm == SlidingWindow) {
+		def.Algorithm, def.Burst = TokenBucket, 0
+	}
+	return def
+}
+
+// actionSpec checks the spec s of a limit with action a, read at path. A
+// log_only limit never denies, so the bridge counts it on every request:
+// it is never leased. Nor is a throttle limit, each request it holds
+// reserving its own slot; and it cannot be a sliding_window, an estimate
+// (actionDefault).
+func (p *parser) actionSpec(path string, a Action, s *LimitSpec) {
+	switch {
+	case a == LogOnly && s.Lease.Size > 0:
+		p.fail(join(path, "lease"), "a log_only limit is never leased (the bridge counts what it would deny)")
+	case a != Throttle:
+	case s.Algorithm == SlidingWindow:
+		p.fail(join(path, "algorithm"), "a throttle limit needs token_bucket, fixed_window or sliding_log: sliding_window estimates its count and cannot reserve a request's slot")
+	case s.Lease.Size > 0:
+		p.fail(join(path, "lease"), "a throttle limit is never leased (each request it holds reserves its own slot at the bridge)")
+	}
 }
 
 // name validates a rule, category or tier name: it becomes part of counter

@@ -43,7 +43,7 @@ func sortRules(rs []Rule) {
 }
 
 // ruleFields are the fields of a rule object.
-var ruleFields = append([]string{"name", "match", "scope", "action", "priority", "enabled"}, limitFields...)
+var ruleFields = append([]string{"name", "match", "scope", "action", "max_delay", "priority", "enabled"}, limitFields...)
 
 // rule validates one rule object at path. It is the one validation of a
 // rule: for the rules of a configuration, for a rule on its own
@@ -62,8 +62,8 @@ func (p *parser) rule(e gjson.Result, rp string, defPenalty *Penalty) Rule {
 		Priority: int(p.integer(e.Get("priority"), join(rp, "priority"), 100, -1_000_000, 1_000_000)),
 		Enabled:  p.boolean(e.Get("enabled"), join(rp, "enabled"), true),
 	}
-	r.Spec = p.limitSpec(e, rp, LimitSpec{}, defPenalty)
-	p.noLogOnlyLease(r.Action, &r.Spec, rp)
+	r.Spec = p.limitSpec(e, rp, actionDefault(LimitSpec{}, r.Action), defPenalty)
+	r.MaxDelayMS = p.limitAction(e, rp, r.Action, &r.Spec)
 	return r
 }
 
@@ -149,7 +149,7 @@ func (p *parser) categories(v gjson.Result, path string, defPenalty *Penalty) []
 		return nil
 	}
 	var out []Category
-	fields := append([]string{"name", "paths", "scope", "action"}, limitFields...)
+	fields := append([]string{"name", "paths", "scope", "action", "max_delay"}, limitFields...)
 	for i, e := range v.Array() {
 		cp := index(path, i)
 		if !p.object(e, cp, fields...) {
@@ -171,8 +171,8 @@ func (p *parser) categories(v gjson.Result, path string, defPenalty *Penalty) []
 		}
 		c.Scope = p.scope(e.Get("scope"), join(cp, "scope"), defScope)
 		c.Action = p.action(e.Get("action"), join(cp, "action"))
-		c.Spec = p.limitSpec(e, cp, def, defPenalty)
-		p.noLogOnlyLease(c.Action, &c.Spec, cp)
+		c.Spec = p.limitSpec(e, cp, actionDefault(def, c.Action), defPenalty)
+		c.MaxDelayMS = p.limitAction(e, cp, c.Action, &c.Spec)
 		for j := range out {
 			if out[j].Name == c.Name && p.err == nil {
 				p.fail(join(cp, "name"), "%q is already the name of %s", c.Name, index(path, j))

@@ -3,6 +3,7 @@ package rules
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -122,7 +123,19 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"scope unknown", rule(`,"limit":1,"window":"1s","scope":"planet"`), "rules[1].scope", "unknown scope"},
 		{"scope global combo", rule(`,"limit":1,"window":"1s","scope":"global+ip"`), "rules[1].scope", "cannot be combined"},
 		{"scope twice", rule(`,"limit":1,"window":"1s","scope":"ip+ip"`), "rules[1].scope", "twice"},
-		{"action", rule(`,"limit":1,"window":"1s","action":"throttle"`), "rules[1].action", "log_only"},
+		{"action", rule(`,"limit":1,"window":"1s","action":"delay"`), "rules[1].action", `must be "reject", "throttle" or "log_only"`},
+		{"max_delay without throttle", rule(`,"limit":1,"window":"1s","max_delay":"1s"`), "rules[1].max_delay", `only for action "throttle"`},
+		{"max_delay too long", rule(`,"limit":1,"window":"1s","action":"throttle","max_delay":"31s"`), "rules[1].max_delay", "must be from 1ms to 30s"},
+		{"max_delay number", rule(`,"limit":1,"window":"1s","action":"throttle","max_delay":5`), "rules[1].max_delay", "duration string"},
+		{"throttle sliding window", rule(`,"limit":1,"window":"1s","action":"throttle","algorithm":"sliding_window"`), "rules[1].algorithm", "cannot reserve"},
+		{"throttle lease", rule(`,"limit":10,"window":"1s","action":"throttle","lease":{"size":2}`), "rules[1].lease", "throttle limit is never leased"},
+		{"throttle category sliding window", `{"categories":[{"name":"chat","paths":["/c"],"action":"throttle","algorithm":"sliding_window"}]}`, "categories[0].algorithm", "cannot reserve"},
+		{"throttle tier override", `{"tiers":{"list":[{"name":"t","limit":100,"window":"1s","action":"throttle","endpoints":{"/a":{"limit":20,"algorithm":"sliding_window"}}}]}}`, `tiers.list[0].endpoints["/a"].algorithm`, "cannot reserve"},
+		{"tier action", `{"tiers":{"list":[{"name":"t","limit":100,"window":"1s","action":"wait"}]}}`, "tiers.list[0].action", `must be "reject"`},
+		{"unlimited tier action", `{"tiers":{"list":[{"name":"u","unlimited":true,"action":"throttle"}]}}`, "tiers.list[0].action", "no limits"},
+		{"log_only tier lease", `{"tiers":{"list":[{"name":"t","limit":100,"window":"1s","action":"log_only","lease":{"size":5}}]}}`, "tiers.list[0].lease", "log_only"},
+		{"throttle max_waiting", `{"throttle":{"max_waiting":0}}`, "throttle.max_waiting", "must be from 1 to 100000"},
+		{"throttle field", `{"throttle":{"max_delay":"1s"}}`, "throttle.max_delay", "unknown field"},
 		{"lease size missing", rule(`,"limit":10,"window":"1s","lease":{"ttl":"1s"}`), "rules[1].lease.size", "required"},
 		{"lease size over limit", rule(`,"limit":10,"window":"1s","lease":{"size":11}`), "rules[1].lease.size", "more than the limit 10"},
 		{"lease size under cost", rule(`,"limit":10,"window":"1s","cost":3,"lease":{"size":2}`), "rules[1].lease.size", "less than the cost 3"},
@@ -293,6 +306,78 @@ func TestParseConfig_EndpointOverrideTightens(t *testing.T) {
 		cfg := `{"tiers":{"list":[{"name":"f","limit":20,"window":"1m","endpoints":` + endpoints + `}]}}`
 		if _, err := ParseConfig([]byte(cfg)); err != nil {
 			t.Errorf("%s: %v", endpoints, err)
+		}
+	}
+}
+
+// TestParseConfig_Throttle: what a throttle limit reads as on rules,
+// categories and tiers, and the limits a request's plan carries.
+func TestParseConfig_Throttle(t *testing.T) {
+	c, err := ParseConfig([]byte(`{
+	  "throttle": {"max_waiting": 200},
+	  "rules": [
+	    {"name": "hooks", "match": {"paths": ["/hooks"]}, "limit": 50, "window": "1s", "action": "throttle", "max_delay": "5s"},
+	    {"name": "batch", "match": {"paths": ["/batch"]}, "limit": 10, "window": "1s", "burst": 2, "action": "throttle"},
+	    {"name": "logs", "match": {"paths": ["/logs"]}, "limit": 10, "window": "1m", "algorithm": "sliding_log", "action": "throttle", "max_delay": "250ms"}
+	  ],
+	  "categories": [{"name": "upload", "paths": ["/up"], "action": "throttle"}],
+	  "tiers": {"list": [{"name": "free", "limit": 100, "window": "1m", "algorithm": "fixed_window", "action": "throttle", "max_delay": "2s",
+	    "endpoints": {"/slow": 10, "/log": {"limit": 5, "algorithm": "sliding_log"}}}]}
+	}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Throttle.MaxWaiting != 200 {
+		t.Errorf("max_waiting %d, want 200", c.Throttle.MaxWaiting)
+	}
+	type want struct {
+		alg        Algorithm
+		burst      int64
+		maxDelayMS int64
+	}
+	got := func(a Action, s *LimitSpec, maxDelay int64) want {
+		if a != Throttle {
+			t.Errorf("action %v, want throttle", a)
+		}
+		return want{s.Algorithm, s.Burst, maxDelay}
+	}
+	for i, w := range []want{{TokenBucket, 50, 5000}, {TokenBucket, 2, 1000}, {SlidingLog, 10, 250}} {
+		r := &c.Rules[i]
+		if g := got(r.Action, &r.Spec, r.MaxDelayMS); g != w {
+			t.Errorf("rules[%d]: %+v, want %+v", i, g, w)
+		}
+	}
+	// A category's default algorithm (sliding_window) gives way too.
+	if g := got(c.Categories[0].Action, &c.Categories[0].Spec, c.Categories[0].MaxDelayMS); g != (want{TokenBucket, 2, 1000}) {
+		t.Errorf("category: %+v", g)
+	}
+	tier := &c.Tiers.List[0]
+	if g := got(tier.Action, &tier.Spec, tier.MaxDelayMS); g != (want{FixedWindow, 100, 2000}) {
+		t.Errorf("tier: %+v", g)
+	}
+	if a := tier.Endpoints[1].Spec.Algorithm; a != SlidingLog {
+		t.Errorf("tier override algorithm %v", a)
+	}
+
+	var plan Plan
+	for _, tc := range []struct {
+		path     string
+		maxDelay []int64
+	}{
+		{"/hooks", []int64{5000, 2000}},
+		{"/slow", []int64{2000}},
+		{"/up", []int64{1000, 2000}},
+	} {
+		c.Evaluate(&Request{Method: "GET", Path: tc.path, Source: "10.0.0.1:1", Headers: mapHeaders{}}, &plan)
+		var ds []int64
+		for _, l := range plan.Limits {
+			if l.Action != Throttle {
+				t.Errorf("%s: %s has action %v", tc.path, l.Rule, l.Action)
+			}
+			ds = append(ds, l.MaxDelayMS)
+		}
+		if !slices.Equal(ds, tc.maxDelay) {
+			t.Errorf("%s: max delays %v, want %v", tc.path, ds, tc.maxDelay)
 		}
 	}
 }

@@ -25,7 +25,7 @@ func (p *parser) tiers(v gjson.Result, path string, defPenalty *Penalty) TierCon
 		p.fail(lp, "must be a non-empty array of tiers")
 		return t
 	}
-	fields := append([]string{"name", "unlimited", "scope", "endpoints"}, limitFields...)
+	fields := append([]string{"name", "unlimited", "scope", "endpoints", "action", "max_delay"}, limitFields...)
 	for i, e := range list.Array() {
 		tp := index(lp, i)
 		if !p.object(e, tp, fields...) {
@@ -35,14 +35,16 @@ func (p *parser) tiers(v gjson.Result, path string, defPenalty *Penalty) TierCon
 		tier.Unlimited = p.boolean(e.Get("unlimited"), join(tp, "unlimited"), false)
 		tier.Scope = p.scope(e.Get("scope"), join(tp, "scope"), "user")
 		if tier.Unlimited {
-			for _, f := range append([]string{"endpoints"}, limitFields...) {
+			for _, f := range append([]string{"endpoints", "action", "max_delay"}, limitFields...) {
 				if e.Get(f).Exists() {
 					p.fail(join(tp, f), "an unlimited tier has no limits")
 				}
 			}
 		} else {
-			tier.Spec = p.limitSpec(e, tp, LimitSpec{}, defPenalty)
-			tier.Endpoints = p.endpointOverrides(e.Get("endpoints"), join(tp, "endpoints"), tier.Spec, defPenalty)
+			tier.Action = p.action(e.Get("action"), join(tp, "action"))
+			tier.Spec = p.limitSpec(e, tp, actionDefault(LimitSpec{}, tier.Action), defPenalty)
+			tier.MaxDelayMS = p.limitAction(e, tp, tier.Action, &tier.Spec)
+			tier.Endpoints = p.endpointOverrides(e.Get("endpoints"), join(tp, "endpoints"), tier.Spec, tier.Action, defPenalty)
 		}
 		for j := range t.List {
 			if t.List[j].Name == tier.Name && p.err == nil {
@@ -65,7 +67,9 @@ func (p *parser) tiers(v gjson.Result, path string, defPenalty *Penalty) TierCon
 }
 
 // endpointOverrides reads {"/path": 50} or {"/path": {"limit": 50, "window": "1m"}}.
-func (p *parser) endpointOverrides(v gjson.Result, path string, base LimitSpec, defPenalty *Penalty) []EndpointOverride {
+// An override takes its tier's action; a throttle tier's overrides are
+// checked as throttle limits.
+func (p *parser) endpointOverrides(v gjson.Result, path string, base LimitSpec, action Action, defPenalty *Penalty) []EndpointOverride {
 	if !v.Exists() {
 		return nil
 	}
@@ -105,6 +109,7 @@ func (p *parser) endpointOverrides(v gjson.Result, path string, base LimitSpec, 
 				inherited.Burst = 0 // recomputed from the new limit unless given
 			}
 			o.Spec = p.limitSpec(e, ep, inherited, defPenalty)
+			p.actionSpec(ep, action, &o.Spec)
 		}
 		if p.err == nil && looser(&o.Spec, &base) {
 			p.fail(ep, "%s is looser than the tier's %s: an endpoint override can only tighten its tier (the most restrictive limit wins)",

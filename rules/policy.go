@@ -112,10 +112,10 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 	for _, m := range plan.matched {
 		if m >= 0 {
 			rule := &c.Rules[m]
-			plan.add(c, rule.Name, &rule.Spec, rule.Action, rule.Scope, id, r.Method)
+			plan.add(c, rule.Name, &rule.Spec, rule.Action, rule.MaxDelayMS, rule.Scope, id, r.Method)
 		} else {
 			cat := &c.Categories[^m]
-			plan.add(c, cat.Name, &cat.Spec, cat.Action, cat.Scope, id, r.Method)
+			plan.add(c, cat.Name, &cat.Spec, cat.Action, cat.MaxDelayMS, cat.Scope, id, r.Method)
 		}
 	}
 	if tier := c.Tiers.Find(id.Tier); tier != nil && !tier.Unlimited {
@@ -126,7 +126,7 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 				break
 			}
 		}
-		plan.add(c, name, spec, Reject, tier.Scope, id, r.Method)
+		plan.add(c, name, spec, tier.Action, tier.MaxDelayMS, tier.Scope, id, r.Method)
 	}
 	// Keys were appended to one buffer that may have moved while growing;
 	// slice it only now.
@@ -137,11 +137,11 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 	}
 }
 
-func (p *Plan) add(c *Config, name string, spec *LimitSpec, action Action, scope Scope, id *Identity, method string) {
+func (p *Plan) add(c *Config, name string, spec *LimitSpec, action Action, maxDelayMS int64, scope Scope, id *Identity, method string) {
 	p.keys = AppendKey(p.keys, name, scope, id, c.Identity.Anonymous, method, p.Endpoint)
 	p.ends = append(p.ends, len(p.keys))
 	p.Limits = append(p.Limits, PlannedLimit{
-		Rule: name, Spec: spec, Action: action, PerUser: scope.Has(ScopeUser),
+		Rule: name, Spec: spec, Action: action, MaxDelayMS: maxDelayMS, PerUser: scope.Has(ScopeUser),
 	})
 }
 

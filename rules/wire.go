@@ -38,6 +38,11 @@ type LimitRequest struct {
 	// the bridge's config API for (User, Endpoint) replace their Spec.
 	PerUser bool
 	Return  LeaseReturn // units of an earlier grant handed back, before the check is decided
+	// Throttle: the limit's action is throttle. When it cannot take the
+	// request now, the store reserves the request's slot up to MaxDelayMS
+	// ahead (CheckResponse.DelayMS), or denies it consuming nothing.
+	Throttle   bool
+	MaxDelayMS int64
 }
 
 // Op is what a check asks of the bridge.
@@ -101,8 +106,11 @@ type Decision struct {
 
 // CheckResponse answers a CheckRequest, one decision per limit in order.
 type CheckResponse struct {
-	Allowed   bool  // every enforced (not log_only) decision allowed
-	NowMS     int64 // the store's clock, so callers can age cache entries
+	Allowed bool  // every enforced (not log_only) decision allowed
+	NowMS   int64 // the store's clock, so callers can age cache entries
+	// DelayMS, when allowed: the request may pass this long after NowMS,
+	// at the slot its throttle limits reserved; 0: at once.
+	DelayMS   int64
 	Decisions []Decision
 }
 
@@ -114,6 +122,9 @@ type PlannedLimit struct {
 	Spec    *LimitSpec // points into the Config
 	Action  Action
 	PerUser bool
+	// MaxDelayMS: how long a throttle limit may hold the request. The
+	// caller may lower it before encoding (0: the request cannot wait).
+	MaxDelayMS int64
 	// Set by the caller before encoding: ask for a lease of Spec.Lease,
 	// and hand back the units of an earlier grant.
 	AskLease bool
@@ -144,7 +155,11 @@ func appendPlanned(dst []byte, l *PlannedLimit) []byte {
 	if l.AskLease {
 		lease = l.Spec.Lease
 	}
-	return appendLimit(dst, l.Key, l.Rule, l.Spec, l.Action == LogOnly, l.PerUser, lease, l.Return)
+	maxDelay := int64(-1)
+	if l.Action == Throttle {
+		maxDelay = l.MaxDelayMS
+	}
+	return appendLimit(dst, l.Key, l.Rule, l.Spec, l.Action == LogOnly, l.PerUser, maxDelay, lease, l.Return)
 }
 
 // AppendCheckRequestFrom encodes an already decoded request (bridge tests, tools).
@@ -155,7 +170,11 @@ func AppendCheckRequestFrom(dst []byte, req *CheckRequest) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.LogOnly, l.PerUser, l.Spec.Lease, l.Return)
+		maxDelay := int64(-1)
+		if l.Throttle {
+			maxDelay = l.MaxDelayMS
+		}
+		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.LogOnly, l.PerUser, maxDelay, l.Spec.Lease, l.Return)
 	}
 	return append(dst, "]}"...)
 }
@@ -198,7 +217,8 @@ func appendCheckHead(dst []byte, op Op, requestID, user, endpoint string) []byte
 	return append(dst, `"limits":[`...)
 }
 
-func appendLimit(dst, key []byte, rule string, s *LimitSpec, logOnly, perUser bool, lease Lease, ret LeaseReturn) []byte {
+// appendLimit appends one limit; maxDelay < 0: not a throttle limit.
+func appendLimit(dst, key []byte, rule string, s *LimitSpec, logOnly, perUser bool, maxDelay int64, lease Lease, ret LeaseReturn) []byte {
 	dst = append(dst, `{"key":`...)
 	dst = AppendJSONBytes(dst, key)
 	dst = append(dst, `,"rule":`...)
@@ -218,6 +238,9 @@ func appendLimit(dst, key []byte, rule string, s *LimitSpec, logOnly, perUser bo
 	}
 	if perUser {
 		dst = append(dst, `,"per_user":true`...)
+	}
+	if maxDelay >= 0 {
+		dst = appendInt(dst, `,"max_delay_ms":`, maxDelay)
 	}
 	if p := s.Penalty; p != nil && p.Enabled {
 		dst = append(dst, `,"penalty":{"detection_window_ms":`...)
@@ -361,7 +384,7 @@ func firstField(dst *gjson.Result, v gjson.Result) {
 
 // wireLimitFields are the fields of one limit object.
 type wireLimitFields struct {
-	key, rule, algorithm, limit, window, burst, cost, logOnly, perUser, penalty, lease, ret gjson.Result
+	key, rule, algorithm, limit, window, burst, cost, logOnly, perUser, maxDelay, penalty, lease, ret gjson.Result
 }
 
 func decodeLimit(v gjson.Result, l *LimitRequest) error {
@@ -389,6 +412,8 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 			firstField(&f.logOnly, v)
 		case "per_user":
 			firstField(&f.perUser, v)
+		case "max_delay_ms":
+			firstField(&f.maxDelay, v)
 		case "penalty":
 			firstField(&f.penalty, v)
 		case "lease":
@@ -430,6 +455,18 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 	if l.PerUser, err = wireBoolField(f.perUser, "per_user"); err != nil {
 		return err
 	}
+	if f.maxDelay.Exists() {
+		if l.MaxDelayMS, err = wireIntField(f.maxDelay, "max_delay_ms", 0, MaxMaxDelayMS, 0); err != nil {
+			return err
+		}
+		switch {
+		case l.LogOnly:
+			return errors.New("max_delay_ms: a log_only limit is not throttled")
+		case l.Spec.Algorithm == SlidingWindow:
+			return errors.New("max_delay_ms: a sliding_window limit is not throttled (it estimates its count)")
+		}
+		l.Throttle = true
+	}
 	if p := f.penalty; p.Exists() {
 		if !p.IsObject() {
 			return errors.New("penalty: must be an object")
@@ -469,6 +506,9 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 		if l.Spec.Lease.TTLMS, err = wireInt(v, "ttl_ms", 1, MaxLeaseTTLMS, 0); err != nil {
 			return fmt.Errorf("lease.%w", err)
 		}
+	}
+	if l.Throttle && l.Spec.Lease.Size > 0 {
+		return errors.New("lease: a throttle limit is not leased")
 	}
 	if v := f.ret; v.Exists() {
 		if !v.IsObject() {
@@ -530,6 +570,9 @@ func AppendCheckResponse(dst []byte, resp *CheckResponse) []byte {
 	dst = strconv.AppendBool(dst, resp.Allowed)
 	dst = append(dst, `,"now_ms":`...)
 	dst = strconv.AppendInt(dst, resp.NowMS, 10)
+	if resp.DelayMS > 0 {
+		dst = appendInt(dst, `,"delay_ms":`, resp.DelayMS)
+	}
 	dst = append(dst, `,"decisions":[`...)
 	for i := range resp.Decisions {
 		d := &resp.Decisions[i]
@@ -584,7 +627,16 @@ func decodeCanonicalResponse(b []byte, want int, resp *CheckResponse) bool {
 		return false
 	}
 	now, ok := c.integer()
-	if !ok || !c.lit(`,"decisions":[`) {
+	if !ok {
+		return false
+	}
+	var delay int64
+	if c.lit(`,"delay_ms":`) {
+		if delay, ok = c.integer(); !ok || delay <= 0 {
+			return false
+		}
+	}
+	if !c.lit(`,"decisions":[`) {
 		return false
 	}
 	resp.Decisions = resp.Decisions[:0]
@@ -631,7 +683,7 @@ func decodeCanonicalResponse(b []byte, want int, resp *CheckResponse) bool {
 	if len(c.b) != 0 || len(resp.Decisions) != want {
 		return false
 	}
-	resp.Allowed, resp.NowMS = allowed, now
+	resp.Allowed, resp.NowMS, resp.DelayMS = allowed, now, delay
 	return true
 }
 
@@ -697,6 +749,8 @@ func decodeResponseJSON(body []byte, want int, resp *CheckResponse) error {
 	}
 	resp.Allowed = allowed.Type == gjson.True
 	resp.NowMS = root.Get("now_ms").Int()
+	// A delay counts only when positive, as the fast path reads it.
+	resp.DelayMS = max(0, root.Get("delay_ms").Int())
 	resp.Decisions = resp.Decisions[:0]
 	var bad error
 	root.Get("decisions").ForEach(func(_, d gjson.Result) bool {

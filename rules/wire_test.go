@@ -13,20 +13,31 @@ func TestCheckRequest_RoundTrip(t *testing.T) {
 	specs := []LimitSpec{
 		{Algorithm: TokenBucket, Limit: 10, WindowMS: 1000, Burst: 20, Cost: 2, Penalty: pen},
 		{Algorithm: SlidingLog, Limit: 5, WindowMS: 60_000, Burst: 5, Cost: 1},
+		{Algorithm: FixedWindow, Limit: 50, WindowMS: 1000, Burst: 50, Cost: 1},
 	}
 	limits := []PlannedLimit{
 		{Key: []byte(`rl:{u:"al\ice"}:r`), Rule: "r", Spec: &specs[0], Action: Reject, PerUser: true},
 		{Key: []byte("rl:{g}:s"), Rule: "s", Spec: &specs[1], Action: LogOnly},
+		{Key: []byte("rl:{g}:t"), Rule: "t", Spec: &specs[2], Action: Throttle, MaxDelayMS: 5000},
+		{Key: []byte("rl:{g}:u"), Rule: "u", Spec: &specs[2], Action: Throttle}, // may not wait
 	}
 	body := AppendCheckRequest(nil, "req-1", "alice", "/v1/x", limits)
 	req, err := DecodeCheckRequest(body)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, body)
 	}
-	if req.RequestID != "req-1" || req.User != "alice" || req.Endpoint != "/v1/x" || len(req.Limits) != 2 {
+	if req.RequestID != "req-1" || req.User != "alice" || req.Endpoint != "/v1/x" || len(req.Limits) != 4 {
 		t.Fatalf("decoded %+v", req)
 	}
 	a, b := req.Limits[0], req.Limits[1]
+	for i, w := range []struct {
+		throttle bool
+		maxDelay int64
+	}{{false, 0}, {false, 0}, {true, 5000}, {true, 0}} {
+		if l := req.Limits[i]; l.Throttle != w.throttle || l.MaxDelayMS != w.maxDelay {
+			t.Errorf("limit %d: throttle %v max delay %d, want %+v", i, l.Throttle, l.MaxDelayMS, w)
+		}
+	}
 	if a.Key != `rl:{u:"al\ice"}:r` || a.Rule != "r" || a.LogOnly || !a.PerUser || a.Spec.Algorithm != TokenBucket ||
 		a.Spec.Limit != 10 || a.Spec.WindowMS != 1000 || a.Spec.Burst != 20 || a.Spec.Cost != 2 {
 		t.Errorf("limit 0: %+v", a)
@@ -105,6 +116,11 @@ func TestDecodeCheckRequest_Errors(t *testing.T) {
 		{"lease not object", lim(`,"lease":5`), "limits[0].lease: must be an object"},
 		{"return units", lim(`,"lease_return":{"tag":1,"granted":5,"units":6}`), "limits[0].lease_return.units"},
 		{"return granted", lim(`,"lease_return":{"tag":1,"units":1}`), "limits[0].lease_return.granted"},
+		{"max delay", lim(`,"max_delay_ms":30001`), "limits[0].max_delay_ms: must be an integer from 0 to 30000"},
+		{"max delay negative", lim(`,"max_delay_ms":-1`), "limits[0].max_delay_ms"},
+		{"max delay log_only", lim(`,"log_only":true,"max_delay_ms":5`), "limits[0].max_delay_ms: a log_only limit"},
+		{"max delay sliding window", `{"limits":[{"key":"k","algorithm":"sliding_window","limit":1,"window_ms":1000,"max_delay_ms":5}]}`, "limits[0].max_delay_ms: a sliding_window limit"},
+		{"max delay lease", lim(`,"max_delay_ms":5,"lease":{"size":1,"ttl_ms":100}`), "limits[0].lease: a throttle limit is not leased"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -130,7 +146,18 @@ func TestCheckResponse_RoundTrip(t *testing.T) {
 	if err := DecodeCheckResponse(AppendCheckResponse(nil, &lease), 2, &got); err != nil || !reflect.DeepEqual(got, lease) {
 		t.Errorf("lease: got %+v (%v), want %+v", got, err, lease)
 	}
-	body := AppendCheckResponse(nil, &in)
+	delayed := CheckResponse{Allowed: true, NowMS: 1700000000123, DelayMS: 740, Decisions: []Decision{{Allowed: true, Limit: 50, ResetMS: 1700000002000}}}
+	body := AppendCheckResponse(nil, &delayed)
+	if !strings.Contains(string(body), `"now_ms":1700000000123,"delay_ms":740,`) {
+		t.Errorf("delayed answer: %s", body)
+	}
+	if err := DecodeCheckResponse(body, 1, &got); err != nil || !reflect.DeepEqual(got, delayed) {
+		t.Errorf("delay: got %+v (%v), want %+v", got, err, delayed)
+	}
+	body = AppendCheckResponse(nil, &in)
+	if strings.Contains(string(body), "delay_ms") {
+		t.Errorf("an answer without a delay says one: %s", body)
+	}
 	var out CheckResponse
 	if err := DecodeCheckResponse(body, 2, &out); err != nil {
 		t.Fatal(err)
@@ -187,9 +214,11 @@ func inRange(n, lo, hi int64) int64 {
 // field, whatever bytes the client-controlled strings hold (they come back
 // UTF-8, or are left out when they cannot).
 func FuzzCheckRequest_RoundTrip(f *testing.F) {
-	f.Add("req-1", "josé", "/v1/café", "rl:{u:jos\xc3\xa9}:chat", "chat", uint8(1), int64(10), int64(60_000), int64(20), int64(1), true, false, int64(3600_000), int64(3), []byte{1, 2, 4})
-	f.Add("\xff", "\xff", strings.Repeat("/", 600), "k\"\\\n", "tier.free.0", uint8(4), int64(-1), int64(0), int64(0), int64(0), false, true, int64(0), int64(0), []byte{})
-	f.Fuzz(func(t *testing.T, id, user, endpoint, key, rule string, alg uint8, limit, window, burst, cost int64, logOnly, perUser bool, penWindow, penThreshold int64, mults []byte) {
+	f.Add("req-1", "josé", "/v1/café", "rl:{u:jos\xc3\xa9}:chat", "chat", uint8(1), int64(10), int64(60_000), int64(20), int64(1), true, false, int64(3600_000), int64(3), []byte{1, 2, 4}, int64(-1))
+	f.Add("\xff", "\xff", strings.Repeat("/", 600), "k\"\\\n", "tier.free.0", uint8(4), int64(-1), int64(0), int64(0), int64(0), false, true, int64(0), int64(0), []byte{}, int64(-1))
+	f.Add("r", "u", "/e", "rl:{g}:t", "t", uint8(3), int64(50), int64(1000), int64(50), int64(1), false, false, int64(0), int64(0), []byte{}, int64(5000))
+	f.Add("r", "u", "/e", "rl:{g}:t", "t", uint8(0), int64(50), int64(1000), int64(50), int64(1), false, false, int64(0), int64(0), []byte{}, int64(0))
+	f.Fuzz(func(t *testing.T, id, user, endpoint, key, rule string, alg uint8, limit, window, burst, cost int64, logOnly, perUser bool, penWindow, penThreshold int64, mults []byte, maxDelay int64) {
 		wantKey, wantRule := validPerByte(key), validPerByte(rule)
 		if key == "" || len(wantKey) > MaxKeyLen || len(wantRule) > MaxRuleNameLen+8 {
 			return // the plugin never builds such keys or names
@@ -211,9 +240,24 @@ func FuzzCheckRequest_RoundTrip(f *testing.F) {
 		if logOnly {
 			action, other = LogOnly, Reject
 		}
+		// maxDelay >= 0 makes the enforced one of the two a throttle limit
+		// (a sliding window never is one).
+		throttle := maxDelay >= 0 && spec.Algorithm != SlidingWindow
+		if throttle {
+			maxDelay = inRange(maxDelay, 0, MaxMaxDelayMS)
+		} else {
+			maxDelay = 0
+		}
 		limits := []PlannedLimit{
 			{Key: []byte(key), Rule: rule, Spec: &spec, Action: action, PerUser: perUser},
 			{Key: []byte(key), Rule: rule, Spec: &plain, Action: other, PerUser: !perUser},
+		}
+		enforced := &limits[0]
+		if logOnly {
+			enforced = &limits[1]
+		}
+		if throttle {
+			enforced.Action, enforced.MaxDelayMS = Throttle, maxDelay
 		}
 		body := AppendCheckRequest(nil, id, user, endpoint, limits)
 		got, err := DecodeCheckRequest(body)
@@ -224,6 +268,13 @@ func FuzzCheckRequest_RoundTrip(f *testing.F) {
 			{Key: wantKey, Rule: wantRule, Spec: spec, LogOnly: logOnly, PerUser: perUser},
 			{Key: wantKey, Rule: wantRule, Spec: plain, LogOnly: !logOnly, PerUser: !perUser},
 		}}
+		if throttle {
+			w := &want.Limits[0]
+			if logOnly {
+				w = &want.Limits[1]
+			}
+			w.Throttle, w.MaxDelayMS = true, maxDelay
+		}
 		if len(id) <= MaxRequestIDLen && utf8.ValidString(id) {
 			want.RequestID = id
 		}
@@ -249,6 +300,8 @@ func FuzzDecodeCheckResponse(f *testing.F) {
 	f.Add([]byte(`{"allowed":true,"decisions":{"a":1}}`), 0)
 	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0,"lease":{"units":5,"ttl_ms":200,"tag":7}}]}`), 1)
 	f.Add([]byte(`{"allowed":false,"now_ms":-9223372036854775808,"decisions":[{"allowed":false,"limit":9223372036854775807,"remaining":-1,"reset_ms":1099511627776,"retry_after_ms":9007199254740993}]}`), 1)
+	f.Add([]byte(`{"allowed":true,"now_ms":1,"delay_ms":250,"decisions":[{"allowed":true,"limit":10,"remaining":0,"reset_ms":2,"retry_after_ms":0}]}`), 1)
+	f.Add([]byte(`{"allowed":true,"now_ms":1,"delay_ms":-3,"decisions":[]}`), 0)
 	f.Fuzz(func(t *testing.T, body []byte, want int) {
 		if want < 0 || want > MaxLimitsPerCheck {
 			return
@@ -358,6 +411,8 @@ func FuzzDecodeCheckResponse_Canonical(f *testing.F) {
 	f.Add([]byte(`{"allowed":true,"now_ms":01,"decisions":[]}`), 0)
 	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0,"lease":{"units":5,"ttl_ms":200,"tag":7}}]}`), 1)
 	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0,"lease":{"units":0,"ttl_ms":200,"tag":7}}]}`), 1)
+	f.Add([]byte(`{"allowed":true,"now_ms":1,"delay_ms":250,"decisions":[]}`), 0)
+	f.Add([]byte(`{"allowed":true,"now_ms":1,"delay_ms":0,"decisions":[]}`), 0)
 	f.Fuzz(func(t *testing.T, body []byte, want int) {
 		if want < 0 || want > MaxLimitsPerCheck {
 			return
@@ -380,6 +435,7 @@ func TestDecodeCheckResponse_CanonicalTakesEncoderOutput(t *testing.T) {
 		{Allowed: true, NowMS: 1_700_000_000_123, Decisions: []Decision{{Allowed: true, Limit: 10, Remaining: 9, ResetMS: 1_700_000_060_000}}},
 		{Allowed: false, NowMS: -1, Decisions: []Decision{{Limit: 1 << 62, Remaining: -5, RetryAfterMS: 999}, {Allowed: true, Limit: 0}}},
 		{Allowed: true, NowMS: 5, Decisions: []Decision{{Allowed: true, Limit: 9, Lease: LeaseGrant{Units: 50, TTLMS: 200, Tag: -3}}, {Allowed: true}}},
+		{Allowed: true, NowMS: 5, DelayMS: 1, Decisions: []Decision{{Allowed: true, Limit: 9}}},
 		{Allowed: true},
 	} {
 		var got CheckResponse
