@@ -113,18 +113,24 @@ func (s *Server) decide(ctx context.Context, deadline time.Time, req *rules.Chec
 		s.m.returns.Inc()
 		return nil
 	}
-	if resp.Allowed {
+	switch {
+	case resp.Allowed && resp.DelayMS > 0:
+		s.m.checkThrottled.Inc()
+		s.m.delays.Observe(float64(resp.DelayMS) / 1000)
+	case resp.Allowed:
 		s.m.checkAllowed.Inc()
-	} else {
+	default:
 		s.m.checkDenied.Inc()
 	}
 	for i := range resp.Decisions {
 		res := "allowed"
-		if !resp.Decisions[i].Allowed {
+		switch {
+		case !resp.Decisions[i].Allowed && req.Limits[i].LogOnly:
+			res = "log_only_denied"
+		case !resp.Decisions[i].Allowed:
 			res = "denied"
-			if req.Limits[i].LogOnly {
-				res = "log_only_denied"
-			}
+		case resp.Allowed && resp.DelayMS > 0 && req.Limits[i].Throttle:
+			res = "throttled"
 		}
 		s.m.decision(res, req.Limits[i].Spec.Algorithm, req.Limits[i].Rule).Inc()
 	}

@@ -25,6 +25,8 @@ type metrics struct {
 	// Children of the vectors the check path uses, looked up once: a
 	// WithLabelValues per check costs label hashing and a lock.
 	checkAllowed, checkDenied, checkError, checkInvalid prometheus.Counter
+	checkThrottled                                      prometheus.Counter
+	delays                                              prometheus.Histogram // delays of throttled checks
 	storeCheck                                          prometheus.Observer
 	unitsGranted, unitsReturned, renewals, returns      prometheus.Counter
 
@@ -45,7 +47,7 @@ const maxRuleLabels = 500
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry(), rules: map[string]struct{}{}, dec: map[decisionKey]prometheus.Counter{}}
 	m.checks = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_bridge_checks_total", Help: "Check requests by result (allowed, denied, error, invalid).",
+		Name: "sluice_bridge_checks_total", Help: "Check requests by result (allowed, throttled: allowed after a delay, denied, error, invalid).",
 	}, []string{"result"})
 	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_bridge_decisions_total", Help: "Limit decisions by result, algorithm and rule.",
@@ -79,8 +81,12 @@ func newMetrics() *metrics {
 	m.leaseCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_bridge_lease_calls_total", Help: "Checks that only renew leases or hand units back, by op (renew, return).",
 	}, []string{"op"})
+	m.delays = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "sluice_bridge_throttle_delay_seconds", Help: "Delays of checks allowed after a delay (throttle limits).",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	})
 	m.reg.MustRegister(m.checks, m.decisions, m.checkDur, m.storeDur, m.storeErrors, m.adminOps, m.idemReplays,
-		m.leaseGrants, m.leaseUnits, m.leaseCalls,
+		m.leaseGrants, m.leaseUnits, m.leaseCalls, m.delays,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.unitsGranted = m.leaseUnits.WithLabelValues("granted")
 	m.unitsReturned = m.leaseUnits.WithLabelValues("returned")
@@ -88,6 +94,7 @@ func newMetrics() *metrics {
 	m.returns = m.leaseCalls.WithLabelValues("return")
 	m.checkAllowed = m.checks.WithLabelValues("allowed")
 	m.checkDenied = m.checks.WithLabelValues("denied")
+	m.checkThrottled = m.checks.WithLabelValues("throttled")
 	m.checkError = m.checks.WithLabelValues("error")
 	m.checkInvalid = m.checks.WithLabelValues("invalid")
 	m.storeCheck = m.storeDur.WithLabelValues("check")

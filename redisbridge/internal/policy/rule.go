@@ -30,8 +30,11 @@ type Rule struct {
 	Penalty   json.RawMessage
 	Lease     json.RawMessage // as written (migrations/0003_rule_lease.sql)
 	Action    string
-	Priority  int
-	Enabled   bool
+	// MaxDelayMS is a throttle rule's max_delay, default filled in; 0 for
+	// other actions (migrations/0004_rule_max_delay.sql).
+	MaxDelayMS int64
+	Priority   int
+	Enabled    bool
 
 	CreatedAt, UpdatedAt time.Time
 	UpdatedBy            string
@@ -53,7 +56,7 @@ func ParseRule(body []byte) (Rule, error) {
 		Name: pr.Name, Scope: pr.Scope.String(), Algorithm: pr.Spec.Algorithm.String(),
 		Limit: pr.Spec.Limit, WindowMS: pr.Spec.WindowMS, Cost: pr.Spec.Cost,
 		Methods: pr.Match.Methods, Hosts: pr.Match.Hosts,
-		Action: pr.Action.String(), Priority: pr.Priority, Enabled: pr.Enabled,
+		Action: pr.Action.String(), Priority: pr.Priority, Enabled: pr.Enabled, MaxDelayMS: pr.MaxDelayMS,
 	}
 	if root.Get("burst").Exists() {
 		r.Burst = pr.Spec.Burst
@@ -129,6 +132,7 @@ type ruleDoc struct {
 	Match     *matchDoc       `json:"match,omitempty"`
 	Scope     string          `json:"scope"`
 	Action    string          `json:"action"`
+	MaxDelay  string          `json:"max_delay,omitempty"`
 	Priority  int             `json:"priority"`
 	Enabled   bool            `json:"enabled"`
 	Algorithm string          `json:"algorithm"`
@@ -154,6 +158,9 @@ func (r Rule) MarshalJSON() ([]byte, error) {
 		Name: r.Name, Scope: r.Scope, Action: r.Action, Priority: r.Priority, Enabled: r.Enabled,
 		Algorithm: r.Algorithm, Limit: r.Limit, Window: rules.FormatDurationMS(r.WindowMS),
 		Burst: r.Burst, Cost: r.Cost, Penalty: r.Penalty, Lease: r.Lease,
+	}
+	if r.MaxDelayMS > 0 {
+		d.MaxDelay = rules.FormatDurationMS(r.MaxDelayMS)
 	}
 	if len(r.Paths)+len(r.Methods)+len(r.Hosts)+len(r.Headers) > 0 {
 		d.Match = &matchDoc{Paths: r.Paths, Methods: r.Methods, Hosts: r.Hosts, Headers: r.Headers}

@@ -167,6 +167,8 @@ func TestRule_RoundTrip(t *testing.T) {
 		`{"name":"d","limit":10,"window":"1m","penalty":{"violation_threshold":5,"multipliers":[1,2],"violation_threshold":9}}`,
 		`{"name":"e","limit":10,"window":"1m","penalty":{"enabled":false}}`,
 		`{"name":"f","limit":10,"window":"1m","match":{"paths":["/x&y<z>"]}}`,
+		`{"name":"g","limit":50,"window":"1s","algorithm":"sliding_log","action":"throttle","max_delay":"5s"}`,
+		`{"name":"h","limit":50,"window":"1s","action":"throttle"}`,
 	} {
 		want, err := rules.ParseRule([]byte(body))
 		if err != nil {
@@ -448,6 +450,24 @@ func TestStore_TooManyRules(t *testing.T) {
 	}
 }
 
+// A throttle rule keeps its action and max_delay through the database:
+// the plugin reads them back from the policy the store serves.
+func TestStore_ThrottleRule(t *testing.T) {
+	s := open(t, pgtest.Shared(t).NewDatabase(t), time.Second)
+	hooks := mustRule(t, `{"name":"hooks","limit":50,"window":"1s","action":"throttle","max_delay":"4s"}`)
+	if _, _, _, err := s.PutRule(context.Background(), hooks, who); err != nil {
+		t.Fatal(err)
+	}
+	base, _ := rules.ParseConfig([]byte(`{}`))
+	cfg, _, err := base.WithPolicy(s.Snapshot().Doc)
+	if err != nil || len(cfg.Rules) != 1 {
+		t.Fatalf("the plugin reads %s: %v", s.Snapshot().Doc, err)
+	}
+	if r := cfg.Rules[0]; r.Action != rules.Throttle || r.MaxDelayMS != 4000 || r.Spec.Algorithm != rules.TokenBucket {
+		t.Fatalf("rule %+v", r)
+	}
+}
+
 // PostgreSQL killed: the last policy stays in force, writes fail as
 // unavailable, the store reports it; restarted: everything acknowledged
 // is there and the store follows again.
@@ -502,6 +522,7 @@ func FuzzParseRule_RoundTrip(f *testing.F) {
 		`{"name":"d","limit":10,"window":"1m","penalty":{"violation_threshold":5,"multipliers":[1,2],"violation\u005fthreshold":9}}`,
 		`{"name":"e","limit":10,"limit":3,"window":"1m","penalty":{"enabled":false,"enabled":true}}`,
 		`{"name":"f","limit":100,"window":"1s","lease":{"size":10,"ttl":"250ms","size":20}}`,
+		`{"name":"g","limit":50,"window":"1s","action":"throttle","max_delay":"2500ms","burst":5}`,
 	} {
 		f.Add([]byte(seed))
 	}

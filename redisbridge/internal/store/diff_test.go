@@ -19,16 +19,24 @@ import (
 // one clock with the same random checks (every algorithm, costs above the
 // limit, log-only limits, penalties, keys repeated within a check, specs
 // that change under a key, peeks, leases asked for, renewed and handed
-// back (with the tags of earlier grants, and made-up ones), and batches
-// of these decided in one script call) and requires identical answers:
-// every decision, remaining count, reset and retry time, and lease
-// granted. The memory store decides a batch's checks one after the other
+// back (with the tags of earlier grants, and made-up ones), throttle
+// limits that reserve slots ahead, alone and several in one check, and
+// batches of these decided in one script call) and requires identical
+// answers: every decision, remaining count, reset and retry time, lease
+// granted and delay. The memory store decides a batch's checks one after the other
 // at the batch's time.
 func TestStore_MemoryEqualsScript(t *testing.T) {
 	srv := redistest.Start(t)
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
-			compareStores(t, srv, seed, 600)
+			compareStores(t, srv, seed, 600, false)
+		})
+	}
+	// Every enforced limit throttled, the clock moving in small steps:
+	// slots are reserved ahead, several limits of a check meet at one.
+	for seed := uint64(100); seed < 104; seed++ {
+		t.Run(fmt.Sprint("throttled seed ", seed), func(t *testing.T) {
+			compareStores(t, srv, seed, 600, true)
 		})
 	}
 }
@@ -57,6 +65,9 @@ func (s diffStep) String() string {
 	for _, l := range s.req.Limits {
 		fmt.Fprintf(&b, "\n    %s %s limit %d window %d burst %d cost %d log_only %v", l.Key, l.Spec.Algorithm,
 			l.Spec.Limit, l.Spec.WindowMS, l.Spec.Burst, l.Spec.Cost, l.LogOnly)
+		if l.Throttle {
+			fmt.Fprintf(&b, " max_delay %d", l.MaxDelayMS)
+		}
 		if l.Spec.Lease.Size > 0 {
 			fmt.Fprintf(&b, " lease %+v", l.Spec.Lease)
 		}
@@ -78,7 +89,11 @@ func (s diffStep) String() string {
 // step took, so Redis cannot drop a key before the memory store does with
 // the same time to live, and before each step the keys the memory store
 // has expired are deleted from Redis too (syncExpiry).
-func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) {
+//
+// With throttled, every limit that is not log_only is a throttle limit and
+// the clock moves by at most a quarter of a second at a time, so limits
+// stay exhausted and requests queue for slots.
+func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int, throttled bool) {
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rc.Close()
 	if err := rc.FlushAll(context.Background()).Err(); err != nil {
@@ -99,6 +114,18 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 	for i := range keys {
 		keys[i] = rules.LimitRequest{Key: fmt.Sprintf("rl:{u:diff}:k%d", i), Rule: "r", Spec: randomSpec(rng)}
 		keys[i].LogOnly = rng.IntN(5) == 0
+		if !keys[i].LogOnly && (throttled || rng.IntN(3) == 0) {
+			keys[i].Throttle, keys[i].MaxDelayMS = true, []int64{0, 300, 2500, 30_000}[rng.IntN(4)]
+			if throttled {
+				keys[i].MaxDelayMS = []int64{0, 2500, 30_000, 30_000}[rng.IntN(4)]
+				if keys[i].Spec.Algorithm == rules.SlidingWindow { // never throttled
+					keys[i].Spec.Algorithm = []rules.Algorithm{rules.TokenBucket, rules.SlidingLog, rules.FixedWindow}[rng.IntN(3)]
+				}
+				if rng.IntN(4) != 0 { // a penalty's block keeps a key refused
+					keys[i].Spec.Penalty = nil
+				}
+			}
+		}
 	}
 	var history []diffStep
 	ctx := context.Background()
@@ -134,8 +161,12 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 		}
 		return diffStep{now: now.Load(), req: req, peek: req.Op == rules.OpDecide && rng.IntN(8) == 0, batch: batch}
 	}
-	defer func() { t.Logf("%d leases granted, %d steps", len(grants), steps) }()
+	delayed := 0
+	defer func() { t.Logf("%d leases granted, %d checks delayed, %d steps", len(grants), delayed, steps) }()
 	seen := func(req *rules.CheckRequest, resp *rules.CheckResponse) {
+		if resp.DelayMS > 0 {
+			delayed++
+		}
 		for i, d := range resp.Decisions {
 			if d.Lease.Units > 0 {
 				grants = append(grants, grantSeen{req.Limits[i].Key, d.Lease.Tag, d.Lease.Units})
@@ -145,7 +176,11 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 	for step := 0; step < steps; {
 		elapsed := time.Since(last)
 		last = time.Now()
-		now.Add(int64(elapsed/time.Millisecond) + 1 + randomStep(rng))
+		move := randomStep(rng)
+		if throttled {
+			move %= 250
+		}
+		now.Add(int64(elapsed/time.Millisecond) + 1 + move)
 		syncExpiry(t, mem, rc, now.Load())
 		if rng.IntN(3) == 0 {
 			// A batch: what a pipeline sends when checks queued while it
@@ -183,7 +218,7 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int) 
 		if err := rs.Check(ctx, time.Time{}, &reqR, &rr); err != nil {
 			t.Fatalf("step %d: redis: %v", step, err)
 		}
-		if rm.Allowed != rr.Allowed || rm.NowMS != rr.NowMS || !slices.Equal(rm.Decisions, rr.Decisions) {
+		if rm.Allowed != rr.Allowed || rm.NowMS != rr.NowMS || rm.DelayMS != rr.DelayMS || !slices.Equal(rm.Decisions, rr.Decisions) {
 			t.Fatalf("step %d: answers differ:\nmemory %+v\nscript %+v\n%s", step, rm, rr, explain(history))
 		}
 		seen(&st.req, &rm)
@@ -236,7 +271,7 @@ func compareBatch(t *testing.T, step int, mem *Memory, rs *Redis, batch, history
 		if _, err := cs[i].result(&rr); err != nil {
 			t.Fatalf("step %d: redis: %v", step+i, err)
 		}
-		if rm.Allowed != rr.Allowed || rm.NowMS != rr.NowMS || !slices.Equal(rm.Decisions, rr.Decisions) {
+		if rm.Allowed != rr.Allowed || rm.NowMS != rr.NowMS || rm.DelayMS != rr.DelayMS || !slices.Equal(rm.Decisions, rr.Decisions) {
 			t.Fatalf("step %d: answers differ:\nmemory %+v\nscript %+v\n%s", step+i, rm, rr, explain(history))
 		}
 		seen(&st.req, &rm)

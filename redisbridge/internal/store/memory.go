@@ -174,6 +174,12 @@ type memLimit struct {
 	ret     rules.LeaseReturn // handed back before the check is decided
 	grant   rules.LeaseGrant  // granted with it
 	unique  bool              // its key is listed once in the check
+	// A throttle limit: how long it may hold the request, the earliest
+	// time it can take it, and what reserve needs (check.lua's slotOf).
+	throttle bool
+	maxDelay int64
+	slot     int64
+	top      int64 // sliding log: the latest member's score
 }
 
 // Check implements Store.
@@ -184,7 +190,8 @@ func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, 
 	for i := range req.Limits {
 		l := &req.Limits[i]
 		m := &ls[i]
-		m.spec, m.logOnly, m.ret = l.Spec, l.LogOnly, l.Return
+		m.spec, m.logOnly, m.ret, m.maxDelay = l.Spec, l.LogOnly, l.Return, maxDelay(l)
+		m.throttle = m.maxDelay >= 0
 		if req.Op == rules.OpRenew {
 			m.spec.Cost = 0
 		}
@@ -212,7 +219,7 @@ func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, 
 			s.giveBack(m, now)
 		}
 	}
-	resp.Allowed = s.decide(ls, now, consume)
+	resp.Allowed, resp.DelayMS = s.decide(ls, now, consume)
 	resp.Decisions = resp.Decisions[:0]
 	for i := range ls {
 		m := &ls[i]
@@ -223,17 +230,21 @@ func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, 
 	return nil
 }
 
-// decide is check.lua's main part. The shards of all keys must be locked.
-func (s *Memory) decide(ls []memLimit, now int64, consume bool) bool {
-	allowed := true
+// decide is check.lua's main part: the throttle limits at the latest of
+// their slots, the others at now. It returns whether the check is allowed
+// and, when it is, its delay. The shards of all keys must be locked.
+func (s *Memory) decide(ls []memLimit, now int64, consume bool) (bool, int64) {
+	allowed, at := true, now
 	for i := range ls {
 		m := &ls[i]
-		switch m.spec.Algorithm {
-		case rules.TokenBucket:
+		switch {
+		case m.throttle:
+			s.slotOf(m, now)
+		case m.spec.Algorithm == rules.TokenBucket:
 			s.tokenBucket(m, now)
-		case rules.SlidingWindow:
+		case m.spec.Algorithm == rules.SlidingWindow:
 			s.slidingWindow(m, now)
-		case rules.SlidingLog:
+		case m.spec.Algorithm == rules.SlidingLog:
 			s.slidingLog(m, now)
 		default:
 			s.fixedWindow(m, now)
@@ -243,17 +254,33 @@ func (s *Memory) decide(ls []memLimit, now int64, consume bool) bool {
 				m.ok, m.blocked, m.remaining, m.retry, m.reset = false, true, 0, b.until-now, max(m.reset, b.until)
 			}
 		}
+		if m.throttle && m.ok {
+			at = max(at, m.slot)
+		}
+	}
+	for i := range ls {
+		m := &ls[i]
+		if m.throttle && m.ok && at-now > m.maxDelay {
+			m.ok, m.retry = false, at-now-m.maxDelay
+		}
 		if !m.ok && !m.logOnly {
 			allowed = false
 		}
 	}
+	delay := int64(0)
+	if allowed {
+		delay = at - now
+	}
 	if !consume {
-		return allowed
+		return allowed, delay
 	}
 	for i := range ls {
 		m := &ls[i]
 		if allowed {
-			if m.ok {
+			switch {
+			case m.throttle:
+				s.reserve(m, now, at)
+			case m.ok:
 				// A key listed twice is written once per listing, the last
 				// holding: never leased (check.lua, checkMany).
 				if m.spec.Lease.Size > 0 && !m.logOnly && m.vkey == "" && (m.unique || len(ls) == 1) {
@@ -265,7 +292,7 @@ func (s *Memory) decide(ls []memLimit, now int64, consume bool) bool {
 			s.violate(m, now)
 		}
 	}
-	return allowed
+	return allowed, delay
 }
 
 func ceilInt(f float64) int64  { return int64(math.Ceil(f)) }
@@ -313,7 +340,7 @@ func (s *Memory) tokenBucket(m *memLimit, now int64) {
 	if m.ok {
 		after = tokens - cost
 	}
-	m.remaining = floorInt(after)
+	m.remaining = max(0, floorInt(after))
 	m.reset = now + ceilInt((capa-after)*w/limit)
 	if !m.ok {
 		if cost > capa {
@@ -323,7 +350,6 @@ func (s *Memory) tokenBucket(m *memLimit, now int64) {
 		}
 	}
 	m.tokens = after
-	m.ttl = ceilInt(capa*w/limit) + 1000
 }
 
 func (s *Memory) slidingWindow(m *memLimit, now int64) {
@@ -410,16 +436,13 @@ func (s *Memory) fixedWindow(m *memLimit, now int64) {
 	limit, W, cost := m.spec.Limit, m.spec.WindowMS, m.spec.Cost
 	m.cap = limit
 	idx := now / W
-	var cur int64
-	if e := s.get(m.key, now); e != nil && e.w == idx {
-		cur = e.c
-	}
+	cur := fwCount(s.get(m.key, now), idx, limit)
 	m.ok = cur+cost <= limit
 	after := cur
 	if m.ok {
 		after = cur + cost
 	}
-	m.remaining = limit - after
+	m.remaining = max(0, limit-after)
 	if after > 0 {
 		m.reset = (idx + 1) * W
 	} else {
@@ -434,6 +457,127 @@ func (s *Memory) fixedWindow(m *memLimit, now int64) {
 	}
 	m.w, m.c = idx, after
 	m.ttl = (idx+1)*W - now + 1000
+}
+
+// fwCount is a fixed window's count in window idx (check.lua's fwCount):
+// the units counted from the stored window on, less the windows that
+// ended since, of limit units each.
+func fwCount(e *entry, idx, limit int64) int64 {
+	switch {
+	case e == nil:
+		return 0
+	case e.w >= idx:
+		return e.c
+	}
+	return max(0, e.c-(idx-e.w)*limit)
+}
+
+// slotOf finds when a throttle limit can take its request (check.lua's
+// slotOf): m.slot, with ok false when it never can, and the limit's
+// remaining and reset as it stands.
+func (s *Memory) slotOf(m *memLimit, now int64) {
+	limit, W, cost := m.spec.Limit, m.spec.WindowMS, m.spec.Cost
+	capa := limit
+	e := s.get(m.key, now)
+	switch m.spec.Algorithm {
+	case rules.TokenBucket:
+		capa = m.spec.Burst
+		fl, fw, fc := float64(limit), float64(W), float64(capa)
+		tokens, gens := tbNow(e, &m.spec, now)
+		m.tokens, m.gens = tokens, gens
+		m.slot = now
+		if tokens < float64(cost) {
+			m.slot = now + ceilInt(float64((float64(cost)-tokens)*fw)/fl)
+		}
+		m.remaining, m.reset = max(0, floorInt(tokens)), now+ceilInt(float64((fc-tokens)*fw)/fl)
+	case rules.FixedWindow:
+		idx := now / W
+		cur := fwCount(e, idx, limit)
+		j := cur / limit
+		if cur-j*limit+cost > limit {
+			j++
+		}
+		m.slot = now
+		if j > 0 {
+			m.slot = (idx + j) * W
+		}
+		m.remaining, m.reset = max(0, limit-cur), now
+		if cur > 0 {
+			m.reset = (idx + (cur-1)/limit + 1) * W
+		}
+		m.c = cur
+	default: // sliding log
+		var log []int64
+		if e != nil {
+			log = e.log
+		}
+		from, _ := slices.BinarySearch(log, now-W+1)
+		m.count = int64(len(log) - from)
+		m.top = now
+		if n := len(log); n > 0 {
+			m.top = log[n-1]
+		}
+		m.slot = max(now, m.top)
+		// The window ending at the slot may hold limit - cost members: the
+		// one before them, counted from the top, must have left it.
+		if k := int64(len(log)) - (limit - cost + 1); k >= 0 && limit-cost+1 > 0 {
+			m.slot = max(m.slot, log[k]+W)
+		}
+		m.remaining, m.reset = max(0, limit-m.count), now
+		if m.count > 0 {
+			m.reset = m.top + W
+		}
+	}
+	m.cap = capa
+	m.ok = cost <= capa
+	if !m.ok {
+		m.retry = W
+	}
+}
+
+// reserve writes what a throttle limit takes for a request passing at at,
+// its slot or later (check.lua's reserve).
+func (s *Memory) reserve(m *memLimit, now, at int64) {
+	limit, W, cost := m.spec.Limit, m.spec.WindowMS, m.spec.Cost
+	e := s.put(m.key, now)
+	switch m.spec.Algorithm {
+	case rules.TokenBucket:
+		fl, fw, fc := float64(limit), float64(W), float64(m.spec.Burst)
+		// Taken at at: the tokens then, capped, less cost, as tokens at now.
+		after := m.tokens - float64(cost) - max(0, m.tokens+float64(float64(at-now)*fl)/fw-fc)
+		e.tokens, e.ts, e.gens = after, now, m.gens
+		e.expireAt = now + tbTTL(&m.spec, &m.gens, now, after)
+		m.remaining, m.reset = max(0, floorInt(after)), now+ceilInt(float64((fc-after)*fw)/fl)
+	case rules.FixedWindow:
+		idx := now / W
+		c := max(m.c, (at/W-idx)*limit) + cost
+		last, reset := idx, now
+		if c > 0 {
+			last = idx + (c-1)/limit
+			reset = (last + 1) * W
+		}
+		e.w, e.c = idx, c
+		e.expireAt = now + (last+1)*W - now + 1000
+		m.remaining, m.reset = max(0, limit-c), reset
+	default: // sliding log
+		from, _ := slices.BinarySearch(e.log, now-W+1)
+		e.log = append(e.log[:0], e.log[from:]...)
+		for score := range e.leased {
+			if score <= now-W {
+				delete(e.leased, score)
+			}
+		}
+		e.log = insertTimes(e.log, at, cost)
+		top := max(m.top, at)
+		e.expireAt = now + top + W - now
+		if len(e.log) == 0 {
+			e.expireAt = now // Redis deletes an empty ZSET (a renewal adds none)
+		}
+		m.remaining, m.reset = 0, top+W
+		if at == now {
+			m.remaining = max(0, limit-m.count-cost)
+		}
+	}
 }
 
 // lease grants an allowed limit a lease of up to its lease size of what
@@ -480,9 +624,10 @@ func (s *Memory) lease(m *memLimit, now int64) {
 }
 
 // tbTTL is how long a token bucket's key lives: until it refilled from
-// empty, and past the expiry of its live leases.
-func tbTTL(spec *rules.LimitSpec, g *leaseGens, now int64) int64 {
-	ttl := ceilInt(float64(spec.Burst)*float64(spec.WindowMS)/float64(spec.Limit)) + 1000
+// tokens (or from empty, when there are more), and past the expiry of its
+// live leases.
+func tbTTL(spec *rules.LimitSpec, g *leaseGens, now int64, tokens float64) int64 {
+	ttl := ceilInt(float64((float64(spec.Burst)-min(0, tokens))*float64(spec.WindowMS))/float64(spec.Limit)) + 1000
 	if g.la > 0 {
 		ttl = max(ttl, g.lae-now+1000)
 	}
@@ -498,7 +643,7 @@ func (s *Memory) write(m *memLimit, now int64) {
 	switch m.spec.Algorithm {
 	case rules.TokenBucket:
 		e.tokens, e.ts, e.gens = m.tokens, now, m.gens
-		m.ttl = tbTTL(&m.spec, &m.gens, now)
+		m.ttl = tbTTL(&m.spec, &m.gens, now, m.tokens)
 	case rules.SlidingWindow:
 		e.w, e.c, e.p = m.w, m.c, m.p
 	case rules.SlidingLog:
@@ -557,7 +702,7 @@ func (s *Memory) giveBack(m *memLimit, now int64) {
 		}
 		e = s.put(m.key, now)
 		e.tokens, e.ts, e.gens = min(max(0, float64(m.spec.Burst)-float64(g.la+g.lb)), tokens+float64(r.Units)), now, g
-		e.expireAt = now + tbTTL(&m.spec, &g, now)
+		e.expireAt = now + tbTTL(&m.spec, &g, now, e.tokens)
 	case rules.SlidingWindow:
 		idx := now / W
 		var cur, prev int64
@@ -621,7 +766,8 @@ func (s *Memory) violate(m *memLimit, now int64) {
 	}
 }
 
-// Peek implements Store.
+// Peek implements Store: the limit as a request it would refuse or take
+// now sees it (a throttle limit too).
 func (s *Memory) Peek(_ context.Context, _ time.Time, l *rules.LimitRequest) (rules.Decision, error) {
 	spec := l.Spec
 	spec.Cost = 0

@@ -471,13 +471,15 @@ func groupBySlot(ls []rules.LimitRequest) []group {
 // checkGroups decides a check whose keys span several slots: one script call
 // per slot, each consuming only when its own limits allow; when another slot
 // denied, the slots that consumed are refunded. Such a request is never
-// leased: a refund gives back what the request took, not a lease.
-// Renewals and returns are not decisions of a request: their slots are
-// not refunded.
+// leased: a refund gives back what the request took, not a lease. Nor is
+// it delayed: the slots cannot agree on one time to reserve at, so its
+// throttle limits take it now or deny it. Renewals and returns are not
+// decisions of a request: their slots are not refunded.
 func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []group, mode scriptMode, resp *rules.CheckResponse) error {
 	if req.Op == rules.OpDecide {
 		for i := range req.Limits {
 			req.Limits[i].Spec.Lease = rules.Lease{}
+			req.Limits[i].MaxDelayMS = 0
 		}
 	}
 	type result struct {
@@ -516,7 +518,7 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 	if !resp.Allowed && req.Op == rules.OpDecide {
 		for g := range gs {
 			if consumed[g] {
-				if err := s.refund(ctx, req.Limits, gs[g].idx, resp.Decisions); err != nil {
+				if err := s.refund(ctx, req.Limits, gs[g].idx, resp.Decisions, resp.NowMS); err != nil {
 					s.log.Error("refund failed; the limits of this slot stay consumed", "slot", gs[g].slot, "err", err)
 				}
 			}
@@ -526,9 +528,9 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 }
 
 // refund gives back what the limits idx of ls consumed.
-func (s *Redis) refund(ctx context.Context, ls []rules.LimitRequest, idx []int, ds []rules.Decision) error {
+func (s *Redis) refund(ctx context.Context, ls []rules.LimitRequest, idx []int, ds []rules.Decision, nowMS int64) error {
 	var args goRedisArgs
-	if !writeRefund(&args, ls, idx, ds) {
+	if !writeRefund(&args, ls, idx, ds, nowMS) {
 		return nil
 	}
 	err := s.c.Do(ctx, args...).Err()
@@ -565,11 +567,13 @@ func (s *Redis) Peek(ctx context.Context, deadline time.Time, l *rules.LimitRequ
 	return c.peekResult()
 }
 
-// peekCall is the script's check that peeks at l: l at cost 0.
+// peekCall is the script's check that peeks at l: l at cost 0, as a
+// request it would refuse or take now sees it (a throttle limit too).
 func peekCall(l *rules.LimitRequest) scriptCall {
 	ls := []rules.LimitRequest{*l}
 	ls[0].Spec.Cost = 0
 	ls[0].Spec.Lease, ls[0].Return = rules.Lease{}, rules.LeaseReturn{}
+	ls[0].Throttle = false
 	return scriptCall{mode: modePeek, ls: ls}
 }
 

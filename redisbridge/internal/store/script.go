@@ -28,14 +28,17 @@ import (
 //	      suffix), then, with a penalty, its violations and block keys
 //	ARGV  violations cap, number of specs, then per spec: algorithm id,
 //	      limit, window_ms, burst, cost, log_only (0/1), lease size (0:
-//	      none), lease ttl_ms, penalty window_ms (0: no penalty) [,
-//	      threshold, number of multipliers, multipliers...]; then the
+//	      none), lease ttl_ms, max_delay_ms (-1: not throttled), penalty
+//	      window_ms (0: no penalty) [, threshold, number of multipliers,
+//	      multipliers...]; then the
 //	      number of checks, then per check: its number of limits
 //	      (negative: a peek, which writes nothing but lease returns), then
 //	      per limit: its spec's number (from 1), negative when a lease
 //	      return follows: units, tag, granted
-//	reply now_ms, then per check: allowed (0/1; or, for a check that
-//	      failed, its error as text), then per limit: allowed, limit,
+//	reply now_ms, then per check: allowed (1; 0: denied; -D: allowed
+//	      to pass D ms from now, at the slot its throttle limits
+//	      reserved; or, for a check that failed, its error as text), then
+//	      per limit: allowed, limit,
 //	      remaining, reset_ms, retry_after_ms, lease units, lease ttl_ms,
 //	      lease tag
 //
@@ -45,7 +48,8 @@ import (
 // refund.lua
 //
 //	KEYS  the counter keys to refund
-//	ARGV  number of limits, then per limit: algorithm id, burst, cost
+//	ARGV  number of limits, the check's now_ms, then per limit:
+//	      algorithm id, capacity (token bucket: burst; others: limit), cost
 
 var (
 	//go:embed lua/check.lua
@@ -121,17 +125,17 @@ func scriptAlgorithm(a rules.Algorithm) int64 {
 
 // ARGV and reply layout of check.lua.
 const (
-	checkHeadArgs  = 3 // violations cap, number of specs, number of checks
-	specArgs       = 9 // algorithm .. penalty window_ms
-	penaltyArgs    = 2 // threshold, number of multipliers (then the multipliers)
-	checkArgs      = 1 // per check: number of limits (negative: a peek)
-	limitArgs      = 1 // per limit: its spec's number (negative: a return follows)
-	returnArgs     = 3 // a lease return: units, tag, granted
-	replyHead      = 1 // now_ms
-	replyPerCheck  = 1 // allowed, or the check's error
-	replyPerLimit  = 8 // allowed, limit, remaining, reset_ms, retry_after_ms, lease units, ttl_ms, tag
-	refundHeadArgs = 1 // number of limits
-	refundArgs     = 3 // algorithm, burst, cost
+	checkHeadArgs  = 3  // violations cap, number of specs, number of checks
+	specArgs       = 10 // algorithm .. penalty window_ms
+	penaltyArgs    = 2  // threshold, number of multipliers (then the multipliers)
+	checkArgs      = 1  // per check: number of limits (negative: a peek)
+	limitArgs      = 1  // per limit: its spec's number (negative: a return follows)
+	returnArgs     = 3  // a lease return: units, tag, granted
+	replyHead      = 1  // now_ms
+	replyPerCheck  = 1  // allowed, or the check's error
+	replyPerLimit  = 8  // allowed, limit, remaining, reset_ms, retry_after_ms, lease units, ttl_ms, tag
+	refundHeadArgs = 2  // number of limits, the check's now_ms
+	refundArgs     = 3  // algorithm, capacity, cost
 )
 
 // maxTextReply bounds the error text of a failed check in a reply.
@@ -166,6 +170,16 @@ type argWriter interface {
 	begin(parts int)  // the command has this many parts, its name included
 	bulk(a, b string) // one part: a followed by b
 	int(n int64)      // one part: n in decimal
+}
+
+// maxDelay is a limit's max_delay_ms as the stores read it: -1 when it is
+// not throttled. A sliding window estimates, so it never is: a per-user
+// override may have made a throttle limit one.
+func maxDelay(l *rules.LimitRequest) int64 {
+	if !l.Throttle || l.Spec.Algorithm == rules.SlidingWindow {
+		return -1
+	}
+	return l.MaxDelayMS
 }
 
 // penalized returns l's penalty when it has one.
@@ -213,7 +227,7 @@ func sameSpec(a, b *rules.LimitRequest) bool {
 	sa, sb := &a.Spec, &b.Spec
 	if a.LogOnly != b.LogOnly || scriptAlgorithm(sa.Algorithm) != scriptAlgorithm(sb.Algorithm) ||
 		sa.Limit != sb.Limit || sa.WindowMS != sb.WindowMS || sa.Burst != sb.Burst || sa.Cost != sb.Cost ||
-		sa.Lease != sb.Lease {
+		sa.Lease != sb.Lease || maxDelay(a) != maxDelay(b) {
 		return false
 	}
 	pa, okA := penalized(a)
@@ -282,6 +296,7 @@ func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable)
 		w.int(boolArg(l.LogOnly))
 		w.int(sp.Lease.Size)
 		w.int(sp.Lease.TTLMS)
+		w.int(maxDelay(l))
 		if p, ok := penalized(l); ok {
 			w.int(p.DetectionWindowMS)
 			w.int(p.ViolationThreshold)
@@ -397,7 +412,7 @@ func boolArg(b bool) int64 {
 // readReply copies the check's part of a check.lua reply (now_ms,
 // allowed, then per limit eight values: vals as readCheckReply leaves
 // them) into resp.Decisions (at c.idx when set) and returns the check's
-// allowed flag; with c.idx nil it sets resp.Allowed too. resp.NowMS
+// allowed flag; with c.idx nil it sets resp.Allowed and resp.DelayMS too. resp.NowMS
 // becomes the latest time seen.
 func (c *scriptCall) readReply(v []int64, resp *rules.CheckResponse) (bool, error) {
 	n := c.limits()
@@ -414,17 +429,18 @@ func (c *scriptCall) readReply(v []int64, resp *rules.CheckResponse) (bool, erro
 		resp.Decisions[i] = rules.Decision{Allowed: r[0] == 1, Limit: r[1], Remaining: r[2], ResetMS: r[3], RetryAfterMS: r[4],
 			Lease: rules.LeaseGrant{Units: r[5], TTLMS: r[6], Tag: r[7]}}
 	}
-	allowed := v[1] == 1
+	allowed := v[1] == 1 || v[1] < 0
 	if c.idx == nil {
 		resp.Allowed = allowed
+		resp.DelayMS = max(0, -v[1])
 	}
 	return allowed, nil
 }
 
 // writeRefund writes the EVALSHA of refund.lua giving back what the
-// limits idx of ls consumed (those whose decision allowed). It returns
-// false, writing nothing, when none did.
-func writeRefund(w argWriter, ls []rules.LimitRequest, idx []int, ds []rules.Decision) bool {
+// limits idx of ls consumed (those whose decision allowed) in a check
+// decided at nowMS. It returns false, writing nothing, when none did.
+func writeRefund(w argWriter, ls []rules.LimitRequest, idx []int, ds []rules.Decision, nowMS int64) bool {
 	n := 0
 	for _, i := range idx {
 		if ds[i].Allowed {
@@ -444,11 +460,16 @@ func writeRefund(w argWriter, ls []rules.LimitRequest, idx []int, ds []rules.Dec
 		}
 	}
 	w.int(int64(n))
+	w.int(nowMS)
 	for _, i := range idx {
 		if ds[i].Allowed {
 			sp := &ls[i].Spec
 			w.int(scriptAlgorithm(sp.Algorithm))
-			w.int(sp.Burst)
+			if sp.Algorithm == rules.TokenBucket {
+				w.int(sp.Burst)
+			} else {
+				w.int(sp.Limit)
+			}
 			w.int(sp.Cost)
 		}
 	}

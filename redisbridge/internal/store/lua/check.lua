@@ -9,16 +9,17 @@
 -- ARGV[2] number of specs, then per spec (what limits share, sent once):
 --   alg (1 token_bucket, 2 sliding_window, 3 sliding_log, 4 fixed_window),
 --   limit, window_ms, burst, cost, log_only (0/1), lease size (0: none),
---   lease ttl_ms, penalty window_ms (0: no penalty) [, threshold,
---   #multipliers, multipliers...]
+--   lease ttl_ms, max_delay_ms (-1: not a throttle limit), penalty
+--   window_ms (0: no penalty) [, threshold, #multipliers, multipliers...]
 -- then the number of checks, then per check: its number of limits
 --   (negative: a peek, which writes nothing but returns), then per limit
 --   its spec's number, negative when a lease return follows: units, tag,
 --   granted.
 -- KEYS: per check, per limit its counter key, then with a penalty its ":v" and ":b" keys.
--- Returns {now_ms, per check: allowed (0/1, or the error of a check that
--- failed, as text), then per limit: allowed, limit, remaining, reset_ms,
--- retry_after_ms, lease units, lease ttl_ms, lease tag}.
+-- Returns {now_ms, per check: allowed (1; 0: denied; -D: allowed to pass
+-- D ms from now; or the error of a check that failed, as text), then per
+-- limit: allowed, limit, remaining, reset_ms, retry_after_ms, lease
+-- units, lease ttl_ms, lease tag}.
 --
 -- Leases (docs/bridge.md, Leases): an allowed check deducts a lease's
 -- units with its own cost, in the same call, and names the grant by a tag.
@@ -33,6 +34,21 @@
 -- grant, and never refills beyond burst minus them, so tokens plus the
 -- units leases still hold never exceed the burst. A bucket never leased
 -- is read and written as before leases existed.
+--
+-- Throttle limits (docs/config.md, throttle; max_delay_ms >= 0): one that
+-- cannot take a request now reserves the earliest time it can, its slot,
+-- up to max_delay_ms ahead; the request passes then (the proxy holds it),
+-- and the limit counts it from this call on, so whoever comes next finds
+-- the slot taken. A check's throttle limits all reserve at the latest of
+-- their slots, T, and each stays exact at any time from its slot on: a
+-- token bucket's tokens go below zero (its refill is spoken for until T);
+-- a fixed window's count c, from the start of window w, runs on into the
+-- windows after it, filled one after the other (a unit never straddles
+-- two); a sliding log holds members scored at T, and a slot is never
+-- earlier than the latest member, so the log's windows ending after T
+-- hold no more than the one ending at T. The other limits of the check are
+-- decided at now, as ever. A throttle limit that would have to wait more
+-- than max_delay_ms denies, consuming nothing.
 --
 -- This runs in Redis's only thread for every request, so it is written for
 -- speed: each spec parsed once per call, no closures or tables built per
@@ -141,7 +157,7 @@ local function leasing()
   -- they hold at now (s[7], s[8]).
   local function tbWrite(key, s, tokens, limit, W, cap)
     if not s[5] then nd = nd + 1; dirty[nd] = key end
-    local exp = ceil(cap * W / limit) + 1000
+    local exp = ceil((cap - min(0, tokens)) * W / limit) + 1000
     local g = s[6]
     if g then
       g[1], g[4] = s[7], s[8]
@@ -241,6 +257,18 @@ local function leasing()
   return LX
 end
 
+-- fwCount is a fixed window's count in window idx: the units counted from
+-- the stored window w on, less the windows that ended since, of limit
+-- units each (a throttle limit's count runs on into later windows). A
+-- window after idx (the clock went back) counts as this one.
+local function fwCount(s, idx, limit)
+  local w = tonumber(s[1])
+  if not w then return 0 end
+  local c = tonumber(s[2])
+  if w >= idx then return c end
+  return max(0, c - (idx - w) * limit)
+end
+
 -- decideLimit decides one limit without writing. It returns ok, remaining,
 -- reset, retry, cap (the limit reported), and the state to write when the
 -- check is allowed: after, idx, prev (sliding window), count (sliding
@@ -263,7 +291,7 @@ local function decideLimit(alg, key, limit, W, cap, cost)
     if ok then after = tokens - cost
     elseif cost > cap then retry = W
     else retry = ceil((cost - tokens) * W / limit) end
-    return ok, floor(after), now + ceil((cap - after) * W / limit), retry, cap, after, 0, 0, 0
+    return ok, max(0, floor(after)), now + ceil((cap - after) * W / limit), retry, cap, after, 0, 0, 0
   elseif alg == 2 then -- sliding window, weighted: HASH w (window index), c (count), p (previous count)
     local idx = floor(now / W)
     local cur, prev, w = 0, 0, tonumber(s[1])
@@ -309,10 +337,9 @@ local function decideLimit(alg, key, limit, W, cap, cost)
     end
     return ok, limit - after, reset, retry, limit, after, 0, 0, count
   end
-  -- fixed window: HASH w (window index), c (count)
+  -- fixed window: HASH w (window index), c (count, see fwCount)
   local idx = floor(now / W)
-  local cur = 0
-  if tonumber(s[1]) == idx then cur = tonumber(s[2]) end
+  local cur = fwCount(s, idx, limit)
   local ok = cur + cost <= limit
   local after, reset, retry = cur, now, 0
   if ok then after = cur + cost end
@@ -320,7 +347,92 @@ local function decideLimit(alg, key, limit, W, cap, cost)
   if not ok then
     if cost > limit then retry = W else retry = (idx + 1) * W - now end
   end
-  return ok, limit - after, reset, retry, limit, after, idx, 0, 0
+  return ok, max(0, limit - after), reset, retry, limit, after, idx, 0, 0
+end
+
+-- slotOf returns, for a throttle limit, the earliest time from now on at
+-- which it can take cost (false when it never can: cost above cap),
+-- remaining and reset as the limit stands, and what reserve needs: the
+-- tokens (token bucket), the count (fixed window, sliding log) and the
+-- latest member's score (sliding log).
+local function slotOf(alg, key, limit, W, cap, cost)
+  local slot, remaining, reset, st, top
+  if alg == 1 then
+    local s = fields(key, 1)
+    st = cap
+    if s[3] or s[6] then
+      local la, lb
+      st, la, lb = leasing().tbNow(s, limit, W, cap)
+      s[7], s[8] = la, lb
+    elseif s[1] then
+      st = min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W)
+    end
+    slot = now
+    if st < cost then slot = now + ceil((cost - st) * W / limit) end
+    remaining, reset = max(0, floor(st)), now + ceil((cap - st) * W / limit)
+  elseif alg == 4 then
+    local idx = floor(now / W)
+    st = fwCount(fields(key, 4), idx, limit)
+    local j = floor(st / limit)
+    if st - j * limit + cost > limit then j = j + 1 end
+    slot = now
+    if j > 0 then slot = (idx + j) * W end
+    remaining, reset = max(0, limit - st), now
+    if st > 0 then reset = (idx + floor((st - 1) / limit) + 1) * W end
+  else
+    st = call('ZCOUNT', key, '(' .. format('%d', now - W), '+inf')
+    top = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) or now
+    slot = max(now, top)
+    -- The window ending at the slot may hold limit - cost members: the
+    -- one before them, counted from the top, must have left it.
+    local r = call('ZRANGE', key, cost - limit - 1, cost - limit - 1, 'WITHSCORES')
+    if r[2] then slot = max(slot, tonumber(r[2]) + W) end
+    remaining, reset = max(0, limit - st), now
+    if st > 0 then reset = top + W end
+  end
+  if cost > cap then slot = false end
+  return slot, remaining, reset, st, top
+end
+
+-- reserve writes what a throttle limit takes for a request passing at T,
+-- its slot or later, from what slotOf returned; it returns remaining and
+-- reset after.
+local function reserve(alg, key, limit, W, cap, cost, T, st, top)
+  if alg == 1 then
+    -- Taken at T: the tokens at T, capped at cap, less cost, as tokens at now.
+    local after = st - cost - max(0, st + (T - now) * limit / W - cap)
+    local s = cache[key]
+    if s[6] then
+      leasing().tbWrite(key, s, after, limit, W, cap)
+    else
+      if not s[5] then nd = nd + 1; dirty[nd] = key end
+      s[1], s[2], s[5] = after, now, ceil((cap - min(0, after)) * W / limit) + 1000
+    end
+    return max(0, floor(after)), now + ceil((cap - after) * W / limit)
+  elseif alg == 4 then
+    local idx = floor(now / W)
+    local c = max(st, (floor(T / W) - idx) * limit) + cost
+    local last, reset = idx, now
+    if c > 0 then
+      last = idx + floor((c - 1) / limit)
+      reset = (last + 1) * W
+    end
+    local s = cache[key]
+    if not s[5] then nd = nd + 1; dirty[nd] = key end
+    s[1], s[2], s[5] = idx, c, (last + 1) * W - now + 1000
+    return max(0, limit - c), reset
+  end
+  call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now - W))
+  local at = format('%d', T)
+  for j = 1, cost do
+    seq = seq + 1
+    call('ZADD', key, at, format('%s-%06d.%d', stamp, st + j, seq))
+  end
+  top = max(top, T)
+  call('PEXPIRE', key, format('%d', top + W - now))
+  local remaining = 0
+  if T == now then remaining = max(0, limit - st - cost) end
+  return remaining, top + W
 end
 
 -- consume writes what an allowed limit takes, with the lease of ln units
@@ -332,7 +444,7 @@ local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count
       leasing().tbWrite(key, s, after, limit, W, cap)
     else
       if not s[5] then nd = nd + 1; dirty[nd] = key end
-      s[1], s[2], s[5] = after, now, ceil(cap * W / limit) + 1000
+      s[1], s[2], s[5] = after, now, ceil((cap - min(0, after)) * W / limit) + 1000
     end
   elseif alg == 2 then
     local s = cache[key]
@@ -387,13 +499,16 @@ local out, o = {now}, 2
 
 -- The specs the batch's limits refer to, each sent once per call:
 -- {alg, limit, window, burst, cost, log_only, penalty window, threshold,
--- multipliers, lease size, lease ttl}.
+-- multipliers, lease size, lease ttl, max delay}.
 local SP, a = {}, 3
 for i = 1, tonumber(ARGV[2]) do
   local sp = {tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), ARGV[a + 5] == '1', tonumber(ARGV[a + 8]), 0, false,
-    tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])}
-  a = a + 9
+    tonumber(ARGV[a + 4]), ARGV[a + 5] == '1', tonumber(ARGV[a + 9]), 0, false,
+    tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])}
+  -- A sliding window estimates: it is never throttled (script.go sends
+  -- none; this keeps a slip from reading its HASH as a log).
+  if sp[1] == 2 then sp[12] = -1 end
+  a = a + 10
   if sp[7] > 0 then
     local mult = {}
     for j = 1, tonumber(ARGV[a + 1]) do mult[j] = tonumber(ARGV[a + 1 + j]) end
@@ -406,11 +521,37 @@ end
 -- A limit is leased when it asks for a lease (sp[10] > 0) and is
 -- enforced, without a penalty: a penalty's violations are counted here.
 
+-- throttleOne decides a check of one throttle limit (see the head).
+local function throttleOne(sp, key, vkey, bkey, write)
+  local alg, limit, W, cap, cost, pw, md = sp[1], sp[2], sp[3], sp[4], sp[5], sp[7], sp[12]
+  if alg ~= 1 then cap = limit end
+  local slot, remaining, reset, st, top = slotOf(alg, key, limit, W, cap, cost)
+  local ok, blocked, retry, T = slot ~= false, false, 0, slot or now
+  if not ok then retry = W end
+  if pw > 0 then
+    local b = tonumber(call('GET', bkey))
+    if b and b > now then ok, blocked, remaining, retry, reset = false, true, 0, b - now, max(reset, b) end
+  end
+  if ok and T - now > md then ok, retry = false, T - now - md end
+  if write then
+    if ok then
+      remaining, reset = reserve(alg, key, limit, W, cap, cost, T, st, top)
+    elseif pw > 0 and not blocked then
+      retry, reset = violate(vkey, bkey, pw, sp[8], sp[9], W, retry, reset)
+    end
+  end
+  local head = 0
+  if ok then head = now - T; if head == 0 then head = 1 end end
+  out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6], out[o + 7], out[o + 8] =
+    head, ok and 1 or 0, cap, remaining, reset, retry, 0, 0, 0
+end
+
 -- checkOne decides a check of one limit, all in locals; ru, rt, rg hand
 -- back a lease first.
 local function checkOne(sp, key, vkey, bkey, write, ru, rt, rg)
   local alg, limit, W, cost, logOnly, pw = sp[1], sp[2], sp[3], sp[5], sp[6], sp[7]
   if ru > 0 then leasing().giveBack(alg, key, limit, W, sp[4], rt, rg, ru) end
+  if sp[12] >= 0 then return throttleOne(sp, key, vkey, bkey, write) end
   local ok, remaining, reset, retry, cap, after, idx, prev, count = decideLimit(alg, key, limit, W, sp[4], cost)
   local blocked = false
   if pw > 0 then
@@ -433,25 +574,41 @@ local function checkOne(sp, key, vkey, bkey, write, ru, rt, rg)
     allowed and 1 or 0, ok and 1 or 0, cap, remaining, reset, retry, ln, lt, lg
 end
 
--- checkMany decides a check of n limits, L[1..n], all-or-nothing.
+-- checkMany decides a check of n limits, L[1..n], all-or-nothing: the
+-- throttle limits at T, the latest of their slots, the others at now.
 local L = {}
 local function checkMany(n, write)
   for i = 1, n do
     local l = L[i]
     if l.ru > 0 then leasing().giveBack(l.sp[1], l.key, l.sp[2], l.sp[3], l.sp[4], l.rt, l.rg, l.ru) end
   end
-  local allowed = true
+  local allowed, T = true, now
   for i = 1, n do
     local l = L[i]
     local sp = l.sp
-    l.ok, l.remaining, l.reset, l.retry, l.cap, l.after, l.idx, l.prev, l.count =
-      decideLimit(sp[1], l.key, sp[2], sp[3], sp[4], sp[5])
+    local slot
+    if sp[12] >= 0 then
+      l.cap = sp[4]
+      if sp[1] ~= 1 then l.cap = sp[2] end
+      slot, l.remaining, l.reset, l.after, l.top = slotOf(sp[1], l.key, sp[2], sp[3], l.cap, sp[5])
+      l.ok, l.retry = slot ~= false, 0
+      if not l.ok then l.retry = sp[3] end
+    else
+      l.ok, l.remaining, l.reset, l.retry, l.cap, l.after, l.idx, l.prev, l.count =
+        decideLimit(sp[1], l.key, sp[2], sp[3], sp[4], sp[5])
+    end
     l.blocked = false
     if l.bkey then
       local b = tonumber(call('GET', l.bkey))
       if b and b > now then l.ok, l.blocked, l.remaining, l.retry, l.reset = false, true, 0, b - now, max(l.reset, b) end
     end
-    if not l.ok and not sp[6] then allowed = false end
+    if sp[12] >= 0 and l.ok then T = max(T, slot) end
+  end
+  for i = 1, n do
+    local l = L[i]
+    local md = l.sp[12]
+    if md >= 0 and l.ok and T - now > md then l.ok, l.retry = false, T - now - md end
+    if not l.ok and not l.sp[6] then allowed = false end
   end
   if write then
     for i = 1, n do
@@ -459,7 +616,9 @@ local function checkMany(n, write)
       local sp = l.sp
       l.ln, l.lt, l.lg = 0, 0, 0
       if allowed then
-        if l.ok then
+        if sp[12] >= 0 then
+          l.remaining, l.reset = reserve(sp[1], l.key, sp[2], sp[3], l.cap, sp[5], T, l.after, l.top)
+        elseif l.ok then
           -- A key listed twice is written once per listing, the last
           -- write holding: a lease of it could be granted twice for one
           -- deduction, so such a key is never leased.
@@ -480,7 +639,11 @@ local function checkMany(n, write)
       end
     end
   end
-  out[o] = allowed and 1 or 0
+  out[o] = 0
+  if allowed then
+    out[o] = now - T
+    if T == now then out[o] = 1 end
+  end
   local p = o
   for i = 1, n do
     local l = L[i]
@@ -520,7 +683,7 @@ for c = 1, nc do
       if not l then
         l = {sp = false, key = false, vkey = false, bkey = false, ok = false, remaining = 0, reset = 0,
           retry = 0, cap = 0, after = 0, idx = 0, prev = 0, count = 0, blocked = false,
-          ru = 0, rt = 0, rg = 0, ln = 0, lt = 0, lg = 0}
+          ru = 0, rt = 0, rg = 0, ln = 0, lt = 0, lg = 0, top = 0}
         L[i] = l
       end
       local r = tonumber(ARGV[a])
