@@ -127,6 +127,22 @@ func (abiHost) AddCounter(id uint32, n int64) {
 	}
 }
 
+func (abiHost) DefineGauge(name string) uint32 {
+	id, _ := proxywasm.DefineMetric(proxywasm.MetricGauge, name)
+	return id
+}
+
+// AddGauge adds n, which may be negative: Envoy adds to or takes from a
+// gauge by the increment's sign.
+func (abiHost) AddGauge(id uint32, n int64) { _ = proxywasm.IncrementMetric(id, n) }
+
+func (abiHost) DefineHistogram(name string) uint32 {
+	id, _ := proxywasm.DefineMetric(proxywasm.MetricHistogram, name)
+	return id
+}
+
+func (abiHost) Record(id uint32, v int64) { _ = proxywasm.RecordMetric(id, uint64(max(v, 0))) }
+
 func (abiHost) LogLevel() proxywasm.LogLevel {
 	l, err := proxywasm.GetLogLevel()
 	if err != nil {

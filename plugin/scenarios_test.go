@@ -12,16 +12,17 @@ package main
 
 import (
 	"fmt"
-	"github.com/sluicehq/sluice/internal/benchtable"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/benchtable"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -32,6 +33,7 @@ import (
 type fakeBridge struct {
 	mu     sync.Mutex
 	counts map[string]int64
+	next   map[string]int64 // throttle limits: a key's next free slot, unix ms
 	calls  atomic.Int64
 	delay  time.Duration
 	status int    // non-200 answers
@@ -60,6 +62,10 @@ func (b *fakeBridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now().UnixMilli()
+	if len(req.Limits) == 1 && req.Limits[0].Throttle {
+		w.Write(rules.AppendCheckResponse(nil, b.throttle(&req.Limits[0], now)))
+		return
+	}
 	resp := rules.CheckResponse{Allowed: true, NowMS: now}
 	for i := range req.Limits {
 		l := &req.Limits[i]
@@ -95,6 +101,23 @@ func (b *fakeBridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.Write(rules.AppendCheckResponse(nil, &resp))
+}
+
+// throttle decides a check of one throttle limit as a token bucket of
+// burst 1 would: one slot every window/limit, reserved when it fits in
+// max_delay_ms.
+func (b *fakeBridge) throttle(l *rules.LimitRequest, now int64) *rules.CheckResponse {
+	slot := max(now, b.next[l.Key])
+	d := rules.Decision{Allowed: true, Limit: l.Spec.Limit, ResetMS: slot + l.Spec.WindowMS}
+	if wait := slot - now; wait > l.MaxDelayMS {
+		d.Allowed, d.RetryAfterMS = false, wait-l.MaxDelayMS
+		return &rules.CheckResponse{NowMS: now, Decisions: []rules.Decision{d}}
+	}
+	if b.next == nil {
+		b.next = map[string]int64{}
+	}
+	b.next[l.Key] = slot + l.Spec.WindowMS/l.Spec.Limit
+	return &rules.CheckResponse{Allowed: true, NowMS: now, DelayMS: slot - now, Decisions: []rules.Decision{d}}
 }
 
 const wasmConfig = `{
@@ -365,6 +388,84 @@ func scenarioLease(t *testing.T, start startEngine) {
 		t.Errorf("%d VM failures", n)
 	}
 	t.Logf("70 requests: %d passed, %d from leases, %d call-outs, VMs %v", passed, hits, calls, vms)
+}
+
+// A throttle limit of 10 a second (a slot every 100 ms) that may hold a
+// request for 1 s: a burst of 16 requests at once, on both worker VMs,
+// passes one every 100 ms, each no earlier than its slot, and says how
+// long it waited; those whose slot is more than a second away get 429 at
+// once.
+func scenarioThrottle(t *testing.T, start startEngine) {
+	h := startProxy(t, start, engineSetup{config: `{
+  "bridge": {"cluster": "bridge", "timeout": "1s"},
+  "rules": [{"name": "hooks", "match": {"paths": ["/hooks/**"]}, "scope": "global", "limit": 10, "window": "1s",
+             "algorithm": "fixed_window", "action": "throttle", "max_delay": "1s"}]
+}`})
+	type result struct {
+		o        outcome
+		took     time.Duration
+		doneAt   time.Time
+		delayHdr string
+	}
+	const n = 16
+	results := make([]result, n)
+	begin := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			o := h.do("/hooks/in", nil, 200)
+			results[i] = result{o: o, took: time.Since(begin), doneAt: time.Now(), delayHdr: o.headers["x-ratelimit-delay"]}
+		})
+	}
+	wg.Wait()
+	var passed, refused []result
+	for _, r := range results {
+		switch r.o.status {
+		case 200:
+			passed = append(passed, r)
+		case 429:
+			refused = append(refused, r)
+		default:
+			t.Fatalf("status %d: %+v", r.o.status, r.o)
+		}
+	}
+	// Slots 0, 100, ..., 1000 ms fit in the 1 s max_delay: 11 pass.
+	if len(passed) != 11 || len(refused) != n-11 {
+		t.Fatalf("%d passed, %d refused; want 11 and 5", len(passed), len(refused))
+	}
+	for _, r := range refused {
+		if r.took > 500*time.Millisecond {
+			t.Errorf("a refusal took %v: it must not wait", r.took)
+		}
+	}
+	// Each passed no earlier than the delay it reports, and the delays are
+	// the slots 0, 100, ..., 1000.
+	var delays []int
+	for _, r := range passed {
+		var d int
+		if r.delayHdr != "" {
+			fmt.Sscan(r.delayHdr, &d)
+		}
+		if r.took < time.Duration(d)*time.Millisecond {
+			t.Errorf("passed after %v, before its delay of %d ms", r.took, d)
+		}
+		delays = append(delays, d)
+	}
+	slices.Sort(delays)
+	for i, d := range delays {
+		// The bridge's clock started the slots a little after begin.
+		if d < 100*i-20 || d > 100*i {
+			t.Errorf("delays %v: want one slot every 100 ms", delays)
+			break
+		}
+	}
+	if h.metric("sluice_throttled_total") != 10 || h.metric("sluice_throttle_too_long_total") != 5 || h.metric("sluice_throttle_waiting") != 0 {
+		t.Errorf("metrics: throttled %d too long %d waiting %d", h.metric("sluice_throttled_total"),
+			h.metric("sluice_throttle_too_long_total"), h.metric("sluice_throttle_waiting"))
+	}
+	if n := h.failures(); n != 0 {
+		t.Errorf("%d VM failures", n)
+	}
 }
 
 func scenarioLogOnly(t *testing.T, start startEngine) {

@@ -110,6 +110,7 @@ func wazeroHost(p *proxy) *wasmhost.Host { return p.engine.(*wazeroEngine).host 
 func TestWasm_LimitHeadersAndDenial(t *testing.T) { scenarioLimitHeadersAndDenial(t, startWazero) }
 func TestWasm_LogOnly(t *testing.T)               { scenarioLogOnly(t, startWazero) }
 func TestWasm_Lease(t *testing.T)                 { scenarioLease(t, startWazero) }
+func TestWasm_Throttle(t *testing.T)              { scenarioThrottle(t, startWazero) }
 func TestWasm_FailureModes(t *testing.T)          { scenarioFailureModes(t, startWazero) }
 func TestWasm_Environment(t *testing.T)           { scenarioEnvironment(t, startWazero) }
 func TestWasm_ConfigRefused(t *testing.T)         { scenarioConfigRefused(t, startWazero) }

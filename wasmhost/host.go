@@ -294,6 +294,9 @@ func (h *Host) Metric(name string) (int64, bool) { return h.metrics.value(name) 
 // changes, as wasmcustom.<name>; its Prometheus output drops that prefix.
 func (h *Host) MetricNames() []string { return h.metrics.names() }
 
+// MetricType returns the type a metric was defined with.
+func (h *Host) MetricType(name string) (MetricType, bool) { return h.metrics.typeOf(name) }
+
 // Histogram returns the samples recorded in a histogram.
 func (h *Host) Histogram(name string) []uint64 { return h.metrics.samples(name) }
 

@@ -183,6 +183,16 @@ func (m *metricStore) names() []string {
 	return out
 }
 
+func (m *metricStore) typeOf(name string) (MetricType, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id, ok := m.byName[name]
+	if !ok {
+		return 0, false
+	}
+	return m.list[id-1].typ, true
+}
+
 func (m *metricStore) samples(name string) []uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -34,7 +34,11 @@ import (
 // proxy exports it with.
 type catalog struct {
 	bridge map[string]map[string]map[string]bool // series name → label → values
-	plugin map[string]string                     // exported name → name the plugin defined
+	// plugin maps the series a proxy exports to the name the plugin
+	// defined: one series for a counter or gauge; _bucket (with le), _sum
+	// and _count for a histogram, whose buckets are in pluginBuckets.
+	plugin        map[string]string
+	pluginBuckets map[string]bool
 }
 
 // targetLabels are attached by Prometheus (job, instance) or by the
@@ -183,7 +187,7 @@ func buildCatalog(policyURL string) (*catalog, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bridge /metrics: %w", err)
 	}
-	c := &catalog{bridge: map[string]map[string]map[string]bool{}, plugin: map[string]string{}}
+	c := &catalog{bridge: map[string]map[string]map[string]bool{}, plugin: map[string]string{}, pluginBuckets: map[string]bool{}}
 	for name, fam := range fams {
 		for _, m := range fam.GetMetric() {
 			for _, s := range seriesOf(name, fam.GetType(), m) {
@@ -205,6 +209,15 @@ func buildCatalog(policyURL string) (*catalog, error) {
 		exported, ok := envoyPrometheusName(envoyStatNamespace + "." + name)
 		if !ok {
 			return nil, fmt.Errorf("plugin metric %q: Envoy leaves it out of /stats/prometheus", name)
+		}
+		// Envoy exports a histogram as Prometheus does (prometheus_stats.cc,
+		// outputHistogram): _bucket with le, _sum and _count.
+		if typ, _ := host.MetricType(name); typ == wasmhost.MetricHistogram {
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				c.plugin[exported+suffix] = name
+			}
+			c.pluginBuckets[exported+"_bucket"] = true
+			continue
 		}
 		c.plugin[exported] = name
 	}

@@ -68,7 +68,7 @@ func (c *catalog) known(name string) bool {
 // checkLabel reports a label that the series name does not carry, and for an
 // equality matcher, a value the bridge never produced.
 func checkLabel(c *catalog, name string, m *labels.Matcher, add func(string, ...any)) {
-	if targetLabels[m.Name] || !c.known(name) {
+	if targetLabels[m.Name] || !c.known(name) || m.Name == "le" && c.pluginBuckets[name] {
 		return
 	}
 	ls, bridge := c.bridge[name]

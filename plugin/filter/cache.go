@@ -34,7 +34,7 @@ func keyHash(key []byte) uint64 {
 func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, h uint64, ok bool) {
 	for i := range s.plan.Limits {
 		l := &s.plan.Limits[i]
-		if l.Action != rules.Reject {
+		if l.Action == rules.LogOnly {
 			continue
 		}
 		h := keyHash(l.Key)

@@ -41,6 +41,12 @@ type Host interface {
 	DefineCounter(name string) uint32
 	IncCounter(id uint32)
 	AddCounter(id uint32, n int64)
+	// A gauge, summed over the proxy's VMs (each adds and takes back its
+	// own), and a histogram of values.
+	DefineGauge(name string) uint32
+	AddGauge(id uint32, n int64)
+	DefineHistogram(name string) uint32
+	Record(id uint32, v int64)
 	// LogLevel is the host's log level; SetTickPeriod starts OnTick calls.
 	LogLevel() proxywasm.LogLevel
 	SetTickPeriod(ms uint32)
@@ -75,6 +81,15 @@ const (
 	MetricUnitsSpent      = "sluice_lease_units_spent_total"
 	MetricUnitsReturned   = "sluice_lease_units_returned_total"
 	MetricUnitsUnreturned = "sluice_lease_units_unreturned_total"
+	// Throttle limits (throttle.go): requests held and for how long (in
+	// total and as a histogram, ms), requests held now, and refusals
+	// because the wait would exceed max_delay or every place was taken.
+	MetricThrottled       = "sluice_throttled_total"
+	MetricThrottleDelayMS = "sluice_throttle_delay_ms_total"
+	MetricThrottleDelay   = "sluice_throttle_delay_ms"
+	MetricThrottleWaiting = "sluice_throttle_waiting"
+	MetricThrottleTooLong = "sluice_throttle_too_long_total"
+	MetricThrottleFull    = "sluice_throttle_full_total"
 )
 
 // tokenCacheSlots bounds the verified-token cache of one VM (at most 2 KiB
@@ -85,6 +100,7 @@ type metrics struct {
 	requests, allowed, denied, logOnlyDenied, bridgeErrors, failOpen, failClosed, cacheHits, exempt, configRefused, panics uint32
 	policyApplied, policyRefused, policyErrors                                                                             uint32
 	leaseHits, leaseGrants, unitsGranted, unitsSpent, unitsReturned, unitsUnreturned                                       uint32
+	throttled, throttleDelayMS, throttleDelay, throttleWaiting, throttleTooLong, throttleFull                              uint32
 }
 
 // Plugin is the root context of one VM.
@@ -124,6 +140,9 @@ type Plugin struct {
 	slotBuf       []byte
 	evicted       []byte
 	evictedSpec   rules.LimitSpec
+	thr           throttleState // requests held for their slot (throttle.go)
+	// basePeriod is the tick's period when no request is held.
+	basePeriod uint32
 	// Shared scratch for one callback at a time (a VM is single-threaded).
 	scratch []byte
 	event   []byte
@@ -144,6 +163,9 @@ func NewPlugin(host Host, contextID uint32) *Plugin {
 		leaseHits:    host.DefineCounter(MetricLeaseHits), leaseGrants: host.DefineCounter(MetricLeaseGrants),
 		unitsGranted: host.DefineCounter(MetricUnitsGranted), unitsSpent: host.DefineCounter(MetricUnitsSpent),
 		unitsReturned: host.DefineCounter(MetricUnitsReturned), unitsUnreturned: host.DefineCounter(MetricUnitsUnreturned),
+		throttled: host.DefineCounter(MetricThrottled), throttleDelayMS: host.DefineCounter(MetricThrottleDelayMS),
+		throttleDelay: host.DefineHistogram(MetricThrottleDelay), throttleWaiting: host.DefineGauge(MetricThrottleWaiting),
+		throttleTooLong: host.DefineCounter(MetricThrottleTooLong), throttleFull: host.DefineCounter(MetricThrottleFull),
 	}
 	return p
 }
@@ -177,7 +199,10 @@ func (p *Plugin) OnPluginStart(int) bool {
 	p.logf(proxywasm.LogLevelInfo, "sluice: configuration loaded, failure mode ", cfg.FailureMode.String())
 	p.followLogLevel()
 	p.startPolicy(cfg)
-	p.host.SetTickPeriod(tickPeriod(cfg))
+	now := p.host.NowNanos() / 1e6
+	p.basePeriod = tickPeriod(cfg)
+	p.thr.slowAt = now + int64(p.basePeriod)
+	p.scheduleTick(now)
 	return true
 }
 
@@ -209,6 +234,7 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 		return proxywasm.Continue
 	}
 	p.forget(s)
+	s.releasePlace()
 	s.state = stateDone
 	if !inStream {
 		p.host.SetEffectiveContext(s.id)
@@ -227,16 +253,22 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 	return proxywasm.Continue
 }
 
-// OnTick follows the host's log level, reports the refusals from the
-// over-limit cache that no later refusal has reported, hands back what
-// leases that ended still hold, and asks the bridge for its policy
-// (rules_from).
+// OnTick resumes the held requests that are due. Once a period (the tick
+// fires more often while requests are held) it follows the host's log
+// level, reports the refusals from the over-limit cache that no later
+// refusal has reported, hands back what leases that ended still hold, and
+// asks the bridge for its policy (rules_from).
 func (p *Plugin) OnTick() {
-	p.followLogLevel()
 	now := p.host.NowNanos() / 1e6
-	p.reportAllRefusals(now)
-	p.leaseTick(now)
-	p.policyTick()
+	p.throttleTick(now)
+	if now >= p.thr.slowAt {
+		p.thr.slowAt = now + int64(p.basePeriod)
+		p.followLogLevel()
+		p.reportAllRefusals(now)
+		p.leaseTick(now)
+		p.policyTick()
+	}
+	p.scheduleTick(now)
 }
 
 func (p *Plugin) followLogLevel() { p.debug = p.host.LogLevel() <= proxywasm.LogLevelDebug }
@@ -255,6 +287,7 @@ func (p *Plugin) NewHTTPContext(contextID uint32) proxywasm.HTTPContext {
 	s.cfg = p.cfg
 	s.state = stateNew
 	s.answered = false
+	s.heldAt, s.holdsPlace, s.noWait = -1, false, false
 	s.testPanicInCallout = false
 	s.requestID = s.requestID[:0]
 	s.respHeaders.Reset()

@@ -35,7 +35,10 @@ type fakeHost struct {
 	counters    map[string]int64
 	logLevel    proxywasm.LogLevel
 	tickMS      uint32
-	env         map[string]string // the VM's environment variables
+	tickSets    int                // SetTickPeriod calls
+	env         map[string]string  // the VM's environment variables
+	samples     map[string][]int64 // histograms
+	resumedIDs  []uint32           // the effective context of each resume
 }
 
 type localResponse struct {
@@ -71,7 +74,7 @@ func (h *fakeHost) SendLocalResponse(status uint32, hdrs [][2]string, body []byt
 	}
 	h.local = &localResponse{status, m, string(body)}
 }
-func (h *fakeHost) ResumeRequest() { h.resumed++ }
+func (h *fakeHost) ResumeRequest() { h.resumed++; h.resumedIDs = append(h.resumedIDs, h.effective) }
 func (h *fakeHost) Dispatch(cluster string, hdrs [][2]string, body []byte, timeout uint32) (uint32, error) {
 	if h.dispatchErr != nil {
 		return 0, h.dispatchErr
@@ -112,15 +115,26 @@ func (h *fakeHost) DefineCounter(name string) uint32 {
 	h.metricNames = append(h.metricNames, name)
 	return uint32(len(h.metricNames) - 1)
 }
-func (h *fakeHost) IncCounter(id uint32)          { h.counters[h.metricNames[id]]++ }
-func (h *fakeHost) AddCounter(id uint32, n int64) { h.counters[h.metricNames[id]] += n }
+func (h *fakeHost) IncCounter(id uint32)           { h.counters[h.metricNames[id]]++ }
+func (h *fakeHost) AddCounter(id uint32, n int64)  { h.counters[h.metricNames[id]] += n }
+func (h *fakeHost) DefineGauge(name string) uint32 { return h.DefineCounter(name) }
+func (h *fakeHost) AddGauge(id uint32, n int64)    { h.counters[h.metricNames[id]] += n }
+func (h *fakeHost) DefineHistogram(name string) uint32 {
+	return h.DefineCounter(name)
+}
+func (h *fakeHost) Record(id uint32, v int64) {
+	if h.samples == nil {
+		h.samples = map[string][]int64{}
+	}
+	h.samples[h.metricNames[id]] = append(h.samples[h.metricNames[id]], v)
+}
 func (h *fakeHost) LogLevel() proxywasm.LogLevel {
 	if h.logLevel == 0 {
 		return proxywasm.LogLevelInfo
 	}
 	return h.logLevel
 }
-func (h *fakeHost) SetTickPeriod(ms uint32) { h.tickMS = ms }
+func (h *fakeHost) SetTickPeriod(ms uint32) { h.tickMS = ms; h.tickSets++ }
 func (h *fakeHost) Env(name string) (string, bool) {
 	v, ok := h.env[name]
 	return v, ok
@@ -135,6 +149,13 @@ func (h *fakeHost) request(p *Plugin, ctxID uint32, headers map[string]string) (
 	h.local, h.respHeaders = nil, nil
 	s := p.NewHTTPContext(ctxID).(*Stream)
 	return s, s.OnRequestHeaders(len(h.reqHeaders), true)
+}
+
+// tick runs p's tick as the host fires it: when it is due, or now if the
+// test moved the clock past that.
+func (h *fakeHost) tick(p *Plugin) {
+	h.nowMS = max(h.nowMS, p.thr.next)
+	p.OnTick()
 }
 
 // answer delivers a bridge answer to the last call-out.
@@ -503,7 +524,7 @@ func TestStream_AllowedEventAtDebug(t *testing.T) {
 		t.Fatalf("allowed event at info level: %d", n)
 	}
 	h.logLevel = proxywasm.LogLevelDebug
-	p.OnTick()
+	h.tick(p)
 	h.request(p, 3, map[string]string{"x-user-id": "ivy"})
 	h.answer(p, "200", allowAnswer(h.nowMS))
 	if n := allowedEvents(); n != 1 {
@@ -733,7 +754,7 @@ func TestStream_CacheRefusalsAggregated(t *testing.T) {
 	refuse("r7")
 	refuse("r8")
 	h.nowMS += 1000
-	p.OnTick() // the tick reports what no later refusal did
+	h.tick(p) // the tick reports what no later refusal did
 	if ev := events(); len(ev) != 3 || !strings.Contains(ev[2], `"count":2`) || !strings.Contains(ev[2], `"request_id":"r8"`) {
 		t.Fatalf("events after the tick: %q", ev)
 	}

@@ -180,7 +180,7 @@ func TestLease_EndedUnitsGoBack(t *testing.T) {
 	}
 	// This lease ends unspent, and no check comes: the tick hands it back.
 	h.nowMS += 1000
-	p.OnTick()
+	h.tick(p)
 	if len(h.calls) != 3 || !strings.Contains(h.calls[2].body, `"op":"return"`) ||
 		!strings.Contains(h.calls[2].body, `"lease_return":{"tag":78,"granted":10,"units":10}`) {
 		t.Fatalf("tick: %d call-outs, last %+v", len(h.calls), h.calls[len(h.calls)-1])
@@ -189,7 +189,7 @@ func TestLease_EndedUnitsGoBack(t *testing.T) {
 	if h.counters[MetricUnitsReturned] != 19 {
 		t.Errorf("returned %d, want 19", h.counters[MetricUnitsReturned])
 	}
-	p.OnTick()
+	h.tick(p)
 	if len(h.calls) != 3 {
 		t.Errorf("handed back twice: %d call-outs", len(h.calls))
 	}
@@ -332,7 +332,7 @@ func TestLease_ConfigChangeLeavesNothingStranded(t *testing.T) {
 	h.answerCall(p, 2, "200", string(rules.AppendCheckResponse(nil, &rules.CheckResponse{Allowed: true, NowMS: h.nowMS,
 		Decisions: []rules.Decision{{Allowed: true, Limit: 1000, Remaining: 988}}})))
 	h.nowMS += 1000
-	p.OnTick()
+	h.tick(p)
 	if last := h.calls[len(h.calls)-1].body; !strings.Contains(last, `"lease_return":{"tag":77,"granted":10,"units":10}`) {
 		t.Fatalf("the old lease was not handed back: %s", last)
 	}

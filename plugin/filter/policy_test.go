@@ -61,11 +61,11 @@ func TestPlugin_RulesFromBridge(t *testing.T) {
 	// Every tick at this interval asks again, with the version held;
 	// 304 changes nothing.
 	n := len(h.calls)
-	p.OnTick()
+	h.tick(p)
 	if len(h.calls) != n+1 || h.calls[n].headers["if-none-match"] != `"s1:1"` {
 		t.Fatalf("tick: %d calls, last %+v", len(h.calls)-n, h.calls[len(h.calls)-1])
 	}
-	p.OnTick() // one in flight: not asked twice
+	h.tick(p) // one in flight: not asked twice
 	if len(h.calls) != n+1 {
 		t.Fatalf("asked again while a call was in flight")
 	}
@@ -74,7 +74,7 @@ func TestPlugin_RulesFromBridge(t *testing.T) {
 
 	// A policy the plugin's validation refuses is refused whole; the rules
 	// in force stay, and it is not fetched again until it changes.
-	p.OnTick()
+	h.tick(p)
 	h.answer(p, "200", policyDoc("2", "0"))
 	if p.Config() != cfg || h.counters[MetricPolicyRefused] != 1 {
 		t.Fatalf("refused policy applied: %v", h.logs)
@@ -82,7 +82,7 @@ func TestPlugin_RulesFromBridge(t *testing.T) {
 	if last := h.logs[len(h.logs)-1]; !strings.Contains(last, "sluice: policy from the bridge refused, keeping version 1: rules[0].limit: must be from 1") {
 		t.Errorf("log %q", last)
 	}
-	p.OnTick()
+	h.tick(p)
 	if got := h.calls[len(h.calls)-1].headers["if-none-match"]; got != `"s1:2"` {
 		t.Errorf("after a refusal if-none-match %q, want the refused version", got)
 	}
@@ -93,9 +93,9 @@ func TestPlugin_RulesFromBridge(t *testing.T) {
 	}
 
 	// Failures are counted, logged once, and keep the policy in force.
-	p.OnTick()
+	h.tick(p)
 	h.answer(p, "503", "")
-	p.OnTick()
+	h.tick(p)
 	p.OnHTTPCallResponse(uint32(len(h.calls)), 0, 0, 0)
 	if h.counters[MetricPolicyErrors] != 2 || p.Config() != cfg {
 		t.Fatalf("errors %d", h.counters[MetricPolicyErrors])
@@ -109,7 +109,7 @@ func TestPlugin_RulesFromBridge(t *testing.T) {
 	if warned != 1 {
 		t.Errorf("%d warnings for two failures, want 1", warned)
 	}
-	p.OnTick()
+	h.tick(p)
 	h.answer(p, "200", policyDoc("3", "5"))
 	if got := p.Config().Rules; len(got) != 2 || got[1].Spec.Limit != 5 {
 		t.Fatalf("version 3 not applied: %+v", got)
@@ -139,7 +139,7 @@ func TestPlugin_RulesFromInterval(t *testing.T) {
 	var fetchedAt []int
 	for i := 1; i <= 6; i++ {
 		n := len(h.calls)
-		p.OnTick()
+		h.tick(p)
 		if len(h.calls) > n {
 			fetchedAt = append(fetchedAt, i)
 			h.answer(p, "304", "")
@@ -154,7 +154,7 @@ func TestPlugin_NoRulesFromNoCallOut(t *testing.T) {
 	h := newFakeHost(strings.Replace(policyConfig, `"rules_from": {"interval": "250ms"},`, "", 1))
 	p := NewPlugin(h, 1)
 	p.OnPluginStart(0)
-	p.OnTick()
+	h.tick(p)
 	if len(h.calls) != 0 || h.tickMS != 1000 {
 		t.Fatalf("%d call-outs, tick %d", len(h.calls), h.tickMS)
 	}

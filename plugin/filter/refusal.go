@@ -33,7 +33,7 @@ type refusal struct {
 	// last event, and what the next one describes.
 	pending                   int64
 	eventSec                  int64
-	rule                      string
+	rule, action              string
 	limit, resetMS            int64
 	requestID, endpoint, user []byte
 	ip                        netip.Addr
@@ -66,7 +66,7 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64) {
 		}
 		s.respHeaders.Reset()
 		r.start = cfg.AppendDenyBodyStart(r.start[:0], l, d, s.nowMS)
-		r.rule, r.limit, r.resetMS = l.Rule, d.Limit, d.ResetMS
+		r.rule, r.action, r.limit, r.resetMS = l.Rule, l.Action.String(), d.Limit, d.ResetMS
 	}
 	s.state, s.answered = stateDone, true
 	p.host.IncCounter(p.m.denied)
@@ -92,7 +92,9 @@ func (p *Plugin) reportRefusals(r *refusal, nowMS int64) {
 	b := appendEventHead(p.event[:0], "blocked", nowMS, r.requestID, r.endpoint, r.user, r.ip)
 	b = append(b, `,"rule":"`...)
 	b = append(b, r.rule...) // a validated name: nothing to escape
-	b = append(b, `","action":"reject","source":"local_cache","count":`...)
+	b = append(b, `","action":"`...)
+	b = append(b, r.action...)
+	b = append(b, `","source":"local_cache","count":`...)
 	b = itoa(b, r.pending)
 	b = append(b, `,"request_count":`...)
 	b = itoa(b, r.limit)

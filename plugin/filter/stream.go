@@ -13,6 +13,7 @@ type streamState uint8
 const (
 	stateNew     streamState = iota
 	stateWaiting             // paused, call-out in flight
+	stateHeld                // paused until its throttle slot (throttle.go)
 	stateDone                // decided
 )
 
@@ -47,6 +48,14 @@ type Stream struct {
 	callHdrs [][2]string // call-out headers
 	local    [][2]string // local response headers
 	leases   []streamLease
+
+	// Throttle (throttle.go): the request holds a place among the VM's
+	// held requests; it was checked as one that cannot wait (every place
+	// was taken); while held, when it is due, for how long, and its
+	// index among the held.
+	holdsPlace, noWait bool
+	dueMS, delayMS     int64
+	heldAt             int
 }
 
 // headerView adapts the host's request headers to rules.HeaderSource.
@@ -101,6 +110,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		}
 	}
 	s.prepareLeases()
+	s.prepareThrottle()
 	s.body = rules.AppendCheckRequest(s.body[:0], bytesString(s.requestID), bytesString(s.user), bytesString(s.endpoint), s.plan.Limits)
 	b := &s.cfg.Bridge
 	s.callHdrs = append(s.callHdrs[:0],
@@ -224,12 +234,25 @@ func (s *Stream) decide() {
 			s.event(proxywasm.LogLevelInfo, "blocked", i, d, "log_only")
 			continue
 		}
-		if s.cfg.LocalCache.Enabled {
+		// A throttle limit checked as unable to wait was told less than
+		// it may wait: its refusal is no rule for others.
+		if s.cfg.LocalCache.Enabled && !(s.noWait && limits[i].Action == rules.Throttle) {
 			p.cacheDenial(s.cfg, limits[i].Key, d, now)
 		}
 	}
 	best := rules.Headline(limits, decs)
+	delay := s.resp.DelayMS
+	if !s.resp.Allowed || delay == 0 {
+		s.releasePlace()
+	}
 	if !s.resp.Allowed && best >= 0 {
+		if limits[best].Action == rules.Throttle {
+			if s.noWait {
+				h.IncCounter(p.m.throttleFull)
+			} else {
+				h.IncCounter(p.m.throttleTooLong)
+			}
+		}
 		s.nowMS = now
 		s.deny(best, &decs[best])
 		return
@@ -237,9 +260,16 @@ func (s *Stream) decide() {
 	h.IncCounter(p.m.allowed)
 	if best >= 0 {
 		s.cfg.Headers.Render(&s.respHeaders, &limits[best], &decs[best], now, false)
+		if delay > 0 {
+			s.cfg.Headers.AddDelay(&s.respHeaders, delay)
+		}
 		if p.debug {
 			s.event(proxywasm.LogLevelDebug, "allowed", best, &decs[best], "allow")
 		}
+	}
+	if delay > 0 {
+		s.hold(best, delay)
+		return
 	}
 	s.answered = true
 	h.ResumeRequest()
@@ -257,7 +287,7 @@ func (s *Stream) deny(i int, d *rules.Decision) {
 		s.local = append(s.local, [2]string{s.respHeaders.Names[j], bytesString(s.respHeaders.Values[j])})
 	}
 	s.body = s.cfg.AppendDenyBody(s.body[:0], l, d, s.nowMS, bytesString(s.requestID))
-	s.event(proxywasm.LogLevelInfo, "blocked", i, d, "reject")
+	s.event(proxywasm.LogLevelInfo, "blocked", i, d, l.Action.String())
 	s.respHeaders.Reset() // the local response already carries them
 	s.answered = true
 	h.SendLocalResponse(s.cfg.Deny.Status, s.local, s.body)
@@ -266,6 +296,7 @@ func (s *Stream) deny(i int, d *rules.Decision) {
 // fail records a bridge failure: counted and logged.
 func (s *Stream) fail(reason string) {
 	s.settleLeases(false)
+	s.releasePlace()
 	s.p.host.IncCounter(s.p.m.bridgeErrors)
 	s.backendError(reason)
 	if s.cfg.FailureMode == rules.FailClosed {
@@ -299,10 +330,15 @@ func (s *Stream) OnResponseHeaders(int, bool) proxywasm.Action {
 
 func (s *Stream) OnLog() {}
 
-// OnDone recycles the stream; an answer still in flight is dropped.
+// OnDone recycles the stream; an answer still in flight is dropped, and a
+// held request gives up its place (its slot at the bridge stays taken).
 func (s *Stream) OnDone() {
 	p := s.p
 	p.forget(s)
+	if s.state == stateHeld {
+		p.unhold(s)
+	}
+	s.releasePlace()
 	s.state = stateDone
 	s.cfg = nil
 	if len(p.free) < 1024 {
