@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -231,6 +232,32 @@ type deployment struct {
 	hosts    []*wasmhost.Host
 	gateways []string
 	client   *http.Client
+	passes   passLog // when requests reached the upstream
+}
+
+// passLog records when requests reached the upstream, by path and user.
+type passLog struct {
+	mu sync.Mutex
+	at map[string][]time.Time
+}
+
+func (l *passLog) add(key string, t time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.at == nil {
+		l.at = map[string][]time.Time{}
+	}
+	l.at[key] = append(l.at[key], t)
+}
+
+// of returns the times requests of user for path reached the upstream,
+// in order.
+func (l *passLog) of(path, user string) []time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := slices.Clone(l.at[path+" "+user])
+	slices.SortFunc(out, time.Time.Compare)
+	return out
 }
 
 // deploy starts the bridges with the given Redis timeout and one host of
@@ -271,6 +298,7 @@ func deployVMs(t *testing.T, workers int, redisURL string, bridges int, redisTim
 			h.Close()
 		})
 		gw := httptest.NewServer(h.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d.passes.add(r.URL.Path+" "+r.Header.Get("X-User-Id"), time.Now())
 			io.WriteString(w, "upstream")
 		})))
 		t.Cleanup(gw.Close)
@@ -289,6 +317,7 @@ type result struct {
 	status     int
 	decided    bool  // the bridge decided: rate limit headers present
 	reset      int64 // X-RateLimit-Reset
+	delayMS    int64 // X-RateLimit-Delay: how long a throttle limit held it
 	err        error
 }
 
@@ -309,6 +338,7 @@ func (d *deployment) get(g int, path, user string) result {
 	r.end, r.status = time.Now(), res.StatusCode
 	r.decided = res.Header.Get("X-RateLimit-Limit") != ""
 	r.reset, _ = strconv.ParseInt(res.Header.Get("X-RateLimit-Reset"), 10, 64)
+	r.delayMS, _ = strconv.ParseInt(res.Header.Get("X-RateLimit-Delay"), 10, 64)
 	return r
 }
 
