@@ -63,6 +63,27 @@ func maxIn(ts []int64, window int64) int {
 	return most
 }
 
+// lateness checks that the k-th of the sorted passes came no earlier than
+// the k-th of the sorted slots, each request passing at its own slot or
+// after, and at most lateTolerance after; it returns the most.
+func lateness(t *testing.T, passes, slots []int64) int64 {
+	t.Helper()
+	if len(passes) != len(slots) {
+		t.Fatalf("%d passes for %d slots", len(passes), len(slots))
+	}
+	var late int64
+	for k := range passes {
+		if passes[k] < slots[k] {
+			t.Fatalf("pass %d at %d, before slot %d", k, passes[k], slots[k])
+		}
+		late = max(late, passes[k]-slots[k])
+	}
+	if time.Duration(late)*time.Millisecond > lateTolerance {
+		t.Errorf("a request reached the upstream %d ms after its slot (tolerance %v)", late, lateTolerance)
+	}
+	return late
+}
+
 func unixMS(ts []time.Time) []int64 {
 	out := make([]int64, len(ts))
 	for i, t := range ts {
@@ -130,16 +151,7 @@ func TestThrottle_Burst(t *testing.T) {
 			if n := maxIn(slots, 1000); n > 50 {
 				t.Errorf("the store reserved %d slots in one second, more than 50", n)
 			}
-			var late int64
-			for k := range passes {
-				if passes[k] < slots[k] {
-					t.Fatalf("pass %d at %d, before slot %d", k, passes[k], slots[k])
-				}
-				late = max(late, passes[k]-slots[k])
-			}
-			if time.Duration(late)*time.Millisecond > lateTolerance {
-				t.Errorf("a request reached the upstream %d ms after its slot (tolerance %v)", late, lateTolerance)
-			}
+			late := lateness(t, passes, slots)
 			// At the upstream: within any second less the lateness
 			// measured, at most the limit (the slots are exact; requests
 			// leave the proxy up to late ms after theirs).
@@ -206,17 +218,7 @@ func TestThrottle_Distributed(t *testing.T) {
 			if len(slots) != 300 || maxIn(slots, 1000) != 50 {
 				t.Fatalf("%d slots, at most %d in a second; want 300 and 50", len(slots), maxIn(slots, 1000))
 			}
-			passes := unixMS(d.passes.of("/t", user))
-			var late int64
-			for k := range passes {
-				if passes[k] < slots[k] {
-					t.Fatalf("pass %d at %d, before slot %d", k, passes[k], slots[k])
-				}
-				late = max(late, passes[k]-slots[k])
-			}
-			if time.Duration(late)*time.Millisecond > lateTolerance {
-				t.Errorf("a request reached the upstream %d ms after its slot (tolerance %v)", late, lateTolerance)
-			}
+			late := lateness(t, unixMS(d.passes.of("/t", user)), slots)
 			t.Logf("%s: latest %d ms after its slot", topo, late)
 		})
 	}
@@ -312,16 +314,10 @@ func TestThrottle_BridgeFails(t *testing.T) {
 			t.Errorf("%s: held requests: %v, want all 120 passed", mode, st)
 		}
 		slots := slotsOf(t, single(rs), keyOf(user, "t", "sl"))
-		passes := unixMS(d.passes.of("/t", user))
-		if len(slots) != 120 || len(passes) != 120 {
-			t.Fatalf("%s: %d slots, %d passes", mode, len(slots), len(passes))
+		if len(slots) != 120 {
+			t.Fatalf("%s: %d slots", mode, len(slots))
 		}
-		for k := range passes {
-			if passes[k] < slots[k] {
-				t.Errorf("%s: pass %d at %d, before its slot %d", mode, k, passes[k], slots[k])
-				break
-			}
-		}
+		lateness(t, unixMS(d.passes.of("/t", user)), slots)
 		d.bridges[0].start()
 	}
 }

@@ -178,7 +178,13 @@ const testConfig = `{
 
 func newPlugin(t *testing.T, mode string) (*fakeHost, *Plugin) {
 	t.Helper()
-	h := newFakeHost(strings.ReplaceAll(testConfig, "%MODE%", mode))
+	return startPlugin(t, strings.ReplaceAll(testConfig, "%MODE%", mode))
+}
+
+// startPlugin starts a plugin with config on a new fake host.
+func startPlugin(t *testing.T, config string) (*fakeHost, *Plugin) {
+	t.Helper()
+	h := newFakeHost(config)
 	p := NewPlugin(h, 1)
 	if !p.OnPluginStart(len(h.config)) {
 		t.Fatalf("config refused: %v", h.logs)

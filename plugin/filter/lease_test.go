@@ -24,12 +24,7 @@ const hotKey = "rl:{g}:hot"
 
 func newLeasePlugin(t *testing.T) (*fakeHost, *Plugin) {
 	t.Helper()
-	h := newFakeHost(leaseConfig)
-	p := NewPlugin(h, 1)
-	if !p.OnPluginStart(len(h.config)) {
-		t.Fatalf("config refused: %v", h.logs)
-	}
-	return h, p
+	return startPlugin(t, leaseConfig)
 }
 
 // otherVM is a second worker VM of h's proxy: its own plugin, the same

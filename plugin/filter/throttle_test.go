@@ -19,12 +19,7 @@ const throttleConfig = `{
 
 func newThrottlePlugin(t *testing.T) (*fakeHost, *Plugin) {
 	t.Helper()
-	h := newFakeHost(throttleConfig)
-	p := NewPlugin(h, 1)
-	if !p.OnPluginStart(len(h.config)) {
-		t.Fatalf("config refused: %v", h.logs)
-	}
-	return h, p
+	return startPlugin(t, throttleConfig)
 }
 
 // delayedAnswer allows the last check after delayMS.

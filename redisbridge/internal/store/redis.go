@@ -518,7 +518,7 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 	if !resp.Allowed && req.Op == rules.OpDecide {
 		for g := range gs {
 			if consumed[g] {
-				if err := s.refund(ctx, req.Limits, gs[g].idx, resp.Decisions, resp.NowMS); err != nil {
+				if err := s.refund(ctx, req.Limits, gs[g].idx, resp.Decisions); err != nil {
 					s.log.Error("refund failed; the limits of this slot stay consumed", "slot", gs[g].slot, "err", err)
 				}
 			}
@@ -528,9 +528,9 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 }
 
 // refund gives back what the limits idx of ls consumed.
-func (s *Redis) refund(ctx context.Context, ls []rules.LimitRequest, idx []int, ds []rules.Decision, nowMS int64) error {
+func (s *Redis) refund(ctx context.Context, ls []rules.LimitRequest, idx []int, ds []rules.Decision) error {
 	var args goRedisArgs
-	if !writeRefund(&args, ls, idx, ds, nowMS) {
+	if !writeRefund(&args, ls, idx, ds) {
 		return nil
 	}
 	err := s.c.Do(ctx, args...).Err()

@@ -48,8 +48,8 @@ import (
 // refund.lua
 //
 //	KEYS  the counter keys to refund
-//	ARGV  number of limits, the check's now_ms, then per limit:
-//	      algorithm id, capacity (token bucket: burst; others: limit), cost
+//	ARGV  number of limits, then per limit: algorithm id, capacity
+//	      (token bucket: burst; others: limit), cost
 
 var (
 	//go:embed lua/check.lua
@@ -134,7 +134,7 @@ const (
 	replyHead      = 1  // now_ms
 	replyPerCheck  = 1  // allowed, or the check's error
 	replyPerLimit  = 8  // allowed, limit, remaining, reset_ms, retry_after_ms, lease units, ttl_ms, tag
-	refundHeadArgs = 2  // number of limits, the check's now_ms
+	refundHeadArgs = 1  // number of limits
 	refundArgs     = 3  // algorithm, capacity, cost
 )
 
@@ -438,9 +438,9 @@ func (c *scriptCall) readReply(v []int64, resp *rules.CheckResponse) (bool, erro
 }
 
 // writeRefund writes the EVALSHA of refund.lua giving back what the
-// limits idx of ls consumed (those whose decision allowed) in a check
-// decided at nowMS. It returns false, writing nothing, when none did.
-func writeRefund(w argWriter, ls []rules.LimitRequest, idx []int, ds []rules.Decision, nowMS int64) bool {
+// limits idx of ls consumed (those whose decision allowed). It returns
+// false, writing nothing, when none did.
+func writeRefund(w argWriter, ls []rules.LimitRequest, idx []int, ds []rules.Decision) bool {
 	n := 0
 	for _, i := range idx {
 		if ds[i].Allowed {
@@ -460,7 +460,6 @@ func writeRefund(w argWriter, ls []rules.LimitRequest, idx []int, ds []rules.Dec
 		}
 	}
 	w.int(int64(n))
-	w.int(nowMS)
 	for _, i := range idx {
 		if ds[i].Allowed {
 			sp := &ls[i].Spec

@@ -4,7 +4,9 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -247,40 +249,46 @@ func TestRedis_ThrottleAcrossSlots(t *testing.T) {
 // units back only where they are the last the key counts; where requests
 // reserved slots after them, it leaves the key alone (never more through).
 func TestRefund_KeepsLaterReservations(t *testing.T) {
-	h := redisHarness(t, true)
-	s := h.s.(*Redis)
-	refund := func(l rules.LimitRequest, nowMS int64) {
+	// On Redis's own clock: refund.lua reads TIME, as check.lua does.
+	srv := redistest.Start(t)
+	s, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: 5 * time.Second, splitSlots: true, viaGoRedis: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	h := &harness{name: "redis", s: s}
+	refund := func(l rules.LimitRequest) {
 		t.Helper()
-		if err := s.refund(t.Context(), []rules.LimitRequest{l}, []int{0}, []rules.Decision{{Allowed: true}}, nowMS); err != nil {
+		if err := s.refund(t.Context(), []rules.LimitRequest{l}, []int{0}, []rules.Decision{{Allowed: true}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A fixed window of 2 holding 5 units: 2 now, 2 in the next window, 1 after.
 	fw := throttled(lim("rl:{u:refund}:fw", spec(rules.FixedWindow, 2, 1000)), 5000)
-	var now int64
-	for range 5 {
-		now = h.check(t, fw).NowMS
+	idx := h.check(t, fw).NowMS / 1000
+	for range 4 {
+		h.check(t, fw)
 	}
-	refund(fw, now)
+	refund(fw)
 	h.check(t, fw) // the last place in the window after the next
-	if r := h.check(t, fw); r.DelayMS != 3000-now%1000 {
-		t.Fatalf("after a refund with later reservations: %+v, want delay %d (three windows on)", r, 3000-now%1000)
+	if r := h.check(t, fw); r.NowMS+r.DelayMS != (idx+3)*1000 {
+		t.Fatalf("after a refund with later reservations: %+v, want to pass at %d (three windows on)", r, (idx+3)*1000)
 	}
 	// Within one window the units come back.
 	one := throttled(lim("rl:{u:refund}:one", spec(rules.FixedWindow, 3, hour)), 0)
 	h.check(t, one)
-	refund(one, now)
+	refund(one)
 	if d := h.check(t, one).Decisions[0]; d.Remaining != 2 {
 		t.Fatalf("refunded within the window: remaining %d, want 2", d.Remaining)
 	}
 	// A sliding log with a member scored after the check keeps it.
 	sl := throttled(lim("rl:{u:refund}:sl", spec(rules.SlidingLog, 1, 1000)), 5000)
-	h.check(t, sl)
-	if r := h.check(t, sl); r.DelayMS != 1000 {
-		t.Fatalf("second: %+v, want delayed 1000", r)
+	first := h.check(t, sl).NowMS
+	if r := h.check(t, sl); r.NowMS+r.DelayMS != first+1000 {
+		t.Fatalf("second: %+v, want to pass at %d", r, first+1000)
 	}
-	refund(sl, now)
-	if r := h.check(t, sl); r.DelayMS != 2000 {
-		t.Fatalf("after the refund: %+v, want delayed 2000 (no member taken back)", r)
+	refund(sl)
+	if r := h.check(t, sl); r.NowMS+r.DelayMS != first+2000 {
+		t.Fatalf("after the refund: %+v, want to pass at %d (no member taken back)", r, first+2000)
 	}
 }

@@ -257,6 +257,20 @@ local function leasing()
   return LX
 end
 
+-- tokensNow is a token bucket's tokens at now, from its fields s; a
+-- bucket ever leased keeps what its lease generations hold at now in s[7]
+-- and s[8] for the write.
+local function tokensNow(s, limit, W, cap)
+  if s[3] or s[6] then
+    local tokens, la, lb = leasing().tbNow(s, limit, W, cap)
+    s[7], s[8] = la, lb
+    return tokens
+  elseif s[1] then
+    return min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W)
+  end
+  return cap
+end
+
 -- fwCount is a fixed window's count in window idx: the units counted from
 -- the stored window w on, less the windows that ended since, of limit
 -- units each (a throttle limit's count runs on into later windows). A
@@ -278,14 +292,7 @@ local function decideLimit(alg, key, limit, W, cap, cost)
   local s
   if alg ~= 3 then s = fields(key, alg) end
   if alg == 1 then -- token bucket: HASH tokens, ts, g (leases)
-    local tokens = cap
-    if s[3] or s[6] then
-      local la, lb
-      tokens, la, lb = leasing().tbNow(s, limit, W, cap)
-      s[7], s[8] = la, lb
-    elseif s[1] then
-      tokens = min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W)
-    end
+    local tokens = tokensNow(s, limit, W, cap)
     local ok = tokens >= cost
     local after, retry = tokens, 0
     if ok then after = tokens - cost
@@ -358,15 +365,7 @@ end
 local function slotOf(alg, key, limit, W, cap, cost)
   local slot, remaining, reset, st, top
   if alg == 1 then
-    local s = fields(key, 1)
-    st = cap
-    if s[3] or s[6] then
-      local la, lb
-      st, la, lb = leasing().tbNow(s, limit, W, cap)
-      s[7], s[8] = la, lb
-    elseif s[1] then
-      st = min(cap, tonumber(s[1]) + max(0, now - tonumber(s[2])) * limit / W)
-    end
+    st = tokensNow(fields(key, 1), limit, W, cap)
     slot = now
     if st < cost then slot = now + ceil((cost - st) * W / limit) end
     remaining, reset = max(0, floor(st)), now + ceil((cap - st) * W / limit)
@@ -394,6 +393,18 @@ local function slotOf(alg, key, limit, W, cap, cost)
   return slot, remaining, reset, st, top
 end
 
+-- tbSet stores a token bucket's tokens at now (below 0 when a throttle
+-- limit holds slots ahead: the key lives until they have refilled).
+local function tbSet(key, tokens, limit, W, cap)
+  local s = cache[key]
+  if s[6] then
+    leasing().tbWrite(key, s, tokens, limit, W, cap)
+  else
+    if not s[5] then nd = nd + 1; dirty[nd] = key end
+    s[1], s[2], s[5] = tokens, now, ceil((cap - min(0, tokens)) * W / limit) + 1000
+  end
+end
+
 -- reserve writes what a throttle limit takes for a request passing at T,
 -- its slot or later, from what slotOf returned; it returns remaining and
 -- reset after.
@@ -401,13 +412,7 @@ local function reserve(alg, key, limit, W, cap, cost, T, st, top)
   if alg == 1 then
     -- Taken at T: the tokens at T, capped at cap, less cost, as tokens at now.
     local after = st - cost - max(0, st + (T - now) * limit / W - cap)
-    local s = cache[key]
-    if s[6] then
-      leasing().tbWrite(key, s, after, limit, W, cap)
-    else
-      if not s[5] then nd = nd + 1; dirty[nd] = key end
-      s[1], s[2], s[5] = after, now, ceil((cap - min(0, after)) * W / limit) + 1000
-    end
+    tbSet(key, after, limit, W, cap)
     return max(0, floor(after)), now + ceil((cap - after) * W / limit)
   elseif alg == 4 then
     local idx = floor(now / W)
@@ -439,13 +444,7 @@ end
 -- and tag lt granted with it. i is the limit's place in its check.
 local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count, ln, lt)
   if alg == 1 then
-    local s = cache[key]
-    if s[6] then
-      leasing().tbWrite(key, s, after, limit, W, cap)
-    else
-      if not s[5] then nd = nd + 1; dirty[nd] = key end
-      s[1], s[2], s[5] = after, now, ceil((cap - min(0, after)) * W / limit) + 1000
-    end
+    tbSet(key, after, limit, W, cap)
   elseif alg == 2 then
     local s = cache[key]
     if not s[5] then nd = nd + 1; dirty[nd] = key end

@@ -1,16 +1,17 @@
 -- Give back what check.lua consumed for a group of limits, when another
 -- Redis Cluster slot of the same request denied (docs/bridge.md).
--- Arguments as script.go lays them out: ARGV[1] number of limits, ARGV[2]
--- the check's now_ms, then per limit: alg, capacity (token bucket: burst;
--- the others: limit), cost. KEYS: counter keys.
+-- Arguments as script.go lays them out: ARGV[1] number of limits, then per
+-- limit: alg, capacity (token bucket: burst; the others: limit), cost.
+-- KEYS: counter keys.
 -- Writes only to keys that still exist, so their expiry stays as check.lua set it.
--- A throttle limit's units are given back only where they are the last
--- the key counts (a fixed window within one window, a sliding log with no
--- member after the check): units of requests reserved since would
--- otherwise be taken back instead. Units not given back stay consumed,
+-- Units come back only where they are the last the key counts: a fixed
+-- window counting no later window, a sliding log with no member scored
+-- after now (a throttle limit's reserved slots, or a lease's units, would
+-- otherwise be taken back instead). Units not given back stay consumed,
 -- which never lets more through.
-local now = tonumber(ARGV[2])
-local a = 3
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local a = 2
 for i = 1, tonumber(ARGV[1]) do
   local key, alg, cap, cost = KEYS[i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   a = a + 3
