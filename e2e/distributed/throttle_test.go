@@ -99,6 +99,7 @@ func unixMS(ts []time.Time) []int64 {
 // than the k-th slot and soon after it; a fixed window passes at most 50
 // in each aligned second.
 func TestThrottle_Burst(t *testing.T) {
+	t.Parallel() // they wait for slots: side by side they take a fraction of the time
 	rs := redistest.Start(t)
 	for _, alg := range []string{"sliding_log", "fixed_window"} {
 		t.Run(alg, func(t *testing.T) {
@@ -169,6 +170,7 @@ func TestThrottle_Burst(t *testing.T) {
 // (now and a second later), the log holds 100 slots, and a request after
 // the burst is told to retry when its wait would fit.
 func TestThrottle_MaxDelay(t *testing.T) {
+	t.Parallel() // they wait for slots: side by side they take a fraction of the time
 	rs := redistest.Start(t)
 	d := deployVMs(t, 2, rs.URL, 1, exactRedisTimeout, throttleConfig("sliding_log", "1s", "fail_closed", 1000))
 	user := "maxdelay"
@@ -195,6 +197,7 @@ func TestThrottle_MaxDelay(t *testing.T) {
 // limit of 50 a second: 300 requests all pass, and no second of slots
 // holds more than 50, on single Redis and on Redis Cluster alike.
 func TestThrottle_Distributed(t *testing.T) {
+	t.Parallel() // they wait for slots: side by side they take a fraction of the time
 	for _, topo := range []string{"single", "cluster"} {
 		t.Run(topo, func(t *testing.T) {
 			t.Parallel()
@@ -230,6 +233,7 @@ func TestThrottle_Distributed(t *testing.T) {
 // fills; the rest get 429 at once (counted as refused for a full bound),
 // and they reserve nothing.
 func TestThrottle_WaitingBound(t *testing.T) {
+	t.Parallel() // they wait for slots: side by side they take a fraction of the time
 	rs := redistest.Start(t)
 	cfg := throttleConfig("sliding_log", "20s", "fail_closed", 10)
 	d := deployVMs(t, 2, rs.URL, 1, exactRedisTimeout, cfg)
@@ -278,6 +282,7 @@ func TestThrottle_WaitingBound(t *testing.T) {
 // the failure mode within the call-out timeout (fail_open passes them,
 // fail_closed refuses them with 503).
 func TestThrottle_BridgeFails(t *testing.T) {
+	t.Parallel() // they wait for slots: side by side they take a fraction of the time
 	rs := redistest.Start(t)
 	d := deployVMs(t, 2, rs.URL, 1, exactRedisTimeout,
 		throttleConfig("sliding_log", "5s", "fail_open", 1000), throttleConfig("sliding_log", "5s", "fail_closed", 1000))
@@ -326,6 +331,7 @@ func TestThrottle_BridgeFails(t *testing.T) {
 // places in the waiting bound at once (their slots stay taken), so the
 // next requests are held rather than refused.
 func TestThrottle_ClientLeaves(t *testing.T) {
+	t.Parallel() // they wait for slots: side by side they take a fraction of the time
 	rs := redistest.Start(t)
 	d := deployVMs(t, 1, rs.URL, 1, exactRedisTimeout, throttleConfig("sliding_log", "20s", "fail_closed", 5))
 	h, user := d.hosts[0], "leaves"
