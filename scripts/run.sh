@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make run: start the bridge, a demo upstream and the gateway with
-# examples/config.json, show a 200 and a 429, and keep serving until Ctrl-C.
+# examples/config.json, show a 200, a 429 and throttled requests, and keep
+# serving until Ctrl-C.
 # The bridge uses its embedded memory store, or Redis when REDIS_URL is set.
 # The gateway strips x-user-id and x-tier: examples/config.json trusts them as
 # set by an authenticating layer, which this demo does not have.
@@ -62,6 +63,16 @@ echo "  for i in 1 2 3 4; do curl -s -o /dev/null -w '%{http_code}\n' http://$GA
 echo "  curl -i http://$GATEWAY_ADDR/api/v1/login"
 for _ in 1 2 3 4; do curl -s -o /dev/null "http://$GATEWAY_ADDR/api/v1/login"; done
 curl -s -i "http://$GATEWAY_ADDR/api/v1/login" | sed 's/^/  | /'
+echo
+echo "A throttled endpoint (webhooks: 2 per second per IP) holds requests instead of refusing them:"
+echo "of four at once, two pass now and two a second later (their X-RateLimit-Delay header says how long):"
+echo "  for i in 1 2 3 4; do curl -s -o /dev/null -w '%{http_code} after %{time_total}s\n' http://$GATEWAY_ADDR/api/v1/webhooks/in & done; wait"
+curls=()
+for _ in 1 2 3 4; do
+  curl -s -o /dev/null -w '  | %{http_code} after %{time_total}s\n' "http://$GATEWAY_ADDR/api/v1/webhooks/in" &
+  curls+=($!)
+done
+wait "${curls[@]}"
 echo
 echo "Press Ctrl-C to stop."
 wait
