@@ -292,3 +292,57 @@ func TestWasm_HeapFlat(t *testing.T) {
 	}
 	t.Logf("linear memory per VM: %v bytes", after)
 }
+
+// TestWasm_HeapFlatThrottled: requests a throttle limit holds and the
+// tick resumes leave the VMs' memory as they found it: rounds of 1,000
+// held requests (100 at a time, one slot a millisecond) after a round
+// that warmed them up.
+func TestWasm_HeapFlatThrottled(t *testing.T) {
+	bridge := &fakeBridge{counts: map[string]int64{}}
+	host, err := wasmhost.New(context.Background(), wasmBytes, wasmhost.Options{
+		Workers: 2, RootID: "sluice", LogCapacity: 16,
+		PluginConfig: []byte(`{"bridge": {"cluster": "bridge", "timeout": "1s"},
+  "rules": [{"name": "t", "match": {"paths": ["/t"]}, "scope": "global", "limit": 1000, "window": "1s",
+             "algorithm": "fixed_window", "action": "throttle", "max_delay": "5s"}]}`),
+		Clusters:   map[string]string{"bridge": "http://bridge.invalid"},
+		HTTPClient: &http.Client{Transport: inProcess{bridge}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	ctx := context.Background()
+	round := func() {
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		for range 100 {
+			wg.Go(func() {
+				for next.Add(1) <= 1000 {
+					s := host.NewStream(ctx, wasmhost.RequestInfo{Method: "GET", Path: "/t", SourceAddress: "198.51.100.7:1"})
+					r, err := s.RequestHeaders(ctx)
+					s.Close()
+					if err != nil || r.Local != nil {
+						t.Errorf("a held request: %+v %v", r.Local, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	round()
+	before := host.MemorySizes()
+	for range 2 {
+		round()
+	}
+	if held, _ := host.Metric("sluice_throttled_total"); held < 2000 {
+		t.Fatalf("%d held in 3,000 requests: the rounds must hold most", held)
+	}
+	after := host.MemorySizes()
+	for i := range before {
+		if after[i] != before[i] {
+			t.Errorf("VM %d: linear memory grew from %d to %d bytes over 2,000 held requests", i, before[i], after[i])
+		}
+	}
+	t.Logf("linear memory per VM: %v bytes", after)
+}
