@@ -164,14 +164,16 @@ func GetRequestHeader(name string) (string, error) { return getHeader(mapRequest
 // GetRequestHeaders returns a copy of every request header in order.
 func GetRequestHeaders() ([][2]string, error) { return getHeaderPairs(mapRequestHeaders) }
 
-// GetRequestHeaderMapView returns the request headers with one host call,
-// for a plugin that looks up several: valid during the current callback.
-func GetRequestHeaderMapView() (HeaderMapView, error) {
+// GetRequestHeaderMapView makes v the request headers, fetched with one
+// host call, for a plugin that looks up several: valid during the current
+// callback.
+func GetRequestHeaderMapView(v *HeaderMapView) error {
 	resetRet()
 	if err := Status(proxyGetHeaderMapPairs(mapRequestHeaders, unsafe.Pointer(&retData), unsafe.Pointer(&retSize))).Err(); err != nil {
-		return HeaderMapView{}, err
+		v.Reset(nil)
+		return err
 	}
-	return NewHeaderMapView(view())
+	return v.Reset(view())
 }
 
 // VisitRequestHeaders calls fn with views of every request header in order,
