@@ -14,7 +14,7 @@ import (
 // request id, rule, action (docs/config.md, "Metrics and events").
 
 func (s *Stream) eventHead(b []byte, typ string) []byte {
-	return appendEventHead(b, typ, s.nowMS, s.requestID, s.endpoint, s.user, s.ip)
+	return appendEventHead(b, typ, s.nowMS, s.requestID, s.endpoint, s.user, s.clientIP())
 }
 
 // appendEventHead writes what every event starts with: when, what, which

@@ -18,6 +18,7 @@ type fakeHost struct {
 	config      []byte
 	reqHeaders  map[string]string
 	props       map[string]string
+	propReads   int
 	respHeaders [][2]string
 	local       *localResponse
 	resumed     int
@@ -60,7 +61,7 @@ func newFakeHost(config string) *fakeHost {
 
 func (h *fakeHost) PluginConfig() ([]byte, error) { return h.config, nil }
 func (h *fakeHost) RequestHeader(n string) string { return h.reqHeaders[n] }
-func (h *fakeHost) Property(p string) string      { return h.props[p] }
+func (h *fakeHost) Property(p string) string      { h.propReads++; return h.props[p] }
 func (h *fakeHost) AddResponseHeader(n string, v []byte) {
 	h.respHeaders = append(h.respHeaders, [2]string{n, string(v)})
 }
@@ -689,7 +690,8 @@ func TestPlugin_OnPanic(t *testing.T) {
 }
 
 // Refusals from the over-limit cache reuse their rendering and report one
-// blocked event per key per second, with the number of refusals.
+// blocked event per key per second, with the number of refusals and the
+// fields of the first of them.
 func TestStream_CacheRefusalsAggregated(t *testing.T) {
 	h, p := newPlugin(t, "fail_open")
 	h.request(p, 2, map[string]string{"x-user-id": "bob"})
@@ -712,7 +714,9 @@ func TestStream_CacheRefusalsAggregated(t *testing.T) {
 	}
 	calls := len(h.calls)
 	first := refuse("r1")
-	for i := 2; i <= 5; i++ { // the same second
+	refuse("r2")
+	reads := h.propReads
+	for i := 3; i <= 5; i++ { // the same second
 		l := refuse(fmt.Sprint("r", i))
 		if l.headers["Retry-After"] != first.headers["Retry-After"] || !strings.Contains(l.body, fmt.Sprintf(`"request_id":"r%d"`, i)) ||
 			strings.Replace(l.body, fmt.Sprintf("r%d", i), "r1", 1) != first.body {
@@ -722,11 +726,16 @@ func TestStream_CacheRefusalsAggregated(t *testing.T) {
 	if ev := events(); len(ev) != 1 || !strings.Contains(ev[0], `"count":1`) || !strings.Contains(ev[0], `"request_id":"r1"`) {
 		t.Fatalf("events after 5 refusals in one second: %q", ev)
 	}
+	// The key is by user: only the refusal an event will describe asks
+	// for the client's address.
+	if h.propReads != reads {
+		t.Errorf("refusals 3 to 5 read %d properties", h.propReads-reads)
+	}
 	h.nowMS += 1000
 	if l := refuse("r6"); l.headers["Retry-After"] != "39" {
 		t.Errorf("a second later Retry-After = %q, want 39", l.headers["Retry-After"])
 	}
-	if ev := events(); len(ev) != 2 || !strings.Contains(ev[1], `"count":5`) || !strings.Contains(ev[1], `"request_id":"r6"`) ||
+	if ev := events(); len(ev) != 2 || !strings.Contains(ev[1], `"count":5`) || !strings.Contains(ev[1], `"request_id":"r2"`) ||
 		!strings.Contains(ev[1], `"user_id":"bob"`) || !strings.Contains(ev[1], `"ip_address":"203.0.113.9"`) || !strings.Contains(ev[1], `"retry_after":39`) {
 		t.Fatalf("the next second's event: %q", ev)
 	}
@@ -734,7 +743,7 @@ func TestStream_CacheRefusalsAggregated(t *testing.T) {
 	refuse("r8")
 	h.nowMS += 1000
 	p.OnTick() // the tick reports what no later refusal did
-	if ev := events(); len(ev) != 3 || !strings.Contains(ev[2], `"count":2`) || !strings.Contains(ev[2], `"request_id":"r8"`) {
+	if ev := events(); len(ev) != 3 || !strings.Contains(ev[2], `"count":2`) || !strings.Contains(ev[2], `"request_id":"r7"`) {
 		t.Fatalf("events after the tick: %q", ev)
 	}
 	if len(h.calls) != calls || h.counters[MetricCacheHits] != 8 || h.counters[MetricDenied] != 9 {

@@ -14,7 +14,7 @@ import (
 // direct-mapped table, valid while the cache entry and the Retry-After it
 // shows stay the same; a request then adds only its request id to the
 // body. Their blocked events are aggregated: one per key per second, with
-// the number of refusals it stands for.
+// the number of refusals it stands for and the fields of the first of them.
 
 // refusalSlots is how many keys a VM keeps a rendered refusal for.
 const refusalSlots = 64
@@ -73,17 +73,22 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64) {
 	s.body = rules.AppendDenyBodyEnd(append(s.body[:0], r.start...), bytesString(s.requestID))
 	p.host.SendLocalResponse(cfg.Deny.Status, r.headers, s.body)
 
+	if r.pending == 0 {
+		// The first refusal since the key's last event stands for those
+		// the next one reports: its client address is worked out only
+		// here, not for every refusal.
+		r.requestID = append(r.requestID[:0], s.requestID...)
+		r.endpoint = append(r.endpoint[:0], s.endpoint...)
+		r.user = append(r.user[:0], s.user...)
+		r.ip = s.clientIP()
+	}
 	r.pending++
-	r.requestID = append(r.requestID[:0], s.requestID...)
-	r.endpoint = append(r.endpoint[:0], s.endpoint...)
-	r.user = append(r.user[:0], s.user...)
-	r.ip = s.ip
 	if s.nowMS/1000 > r.eventSec {
 		p.reportRefusals(r, s.nowMS)
 	}
 }
 
-// reportRefusals logs r's pending refusals as one blocked event: the last
+// reportRefusals logs r's pending refusals as one blocked event: the first
 // refused request's fields, the rule's limit and reset, and their count.
 func (p *Plugin) reportRefusals(r *refusal, nowMS int64) {
 	if r.pending == 0 {

@@ -100,6 +100,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 			return proxywasm.Pause
 		}
 	}
+	s.clientIP() // the answer's events need it, and after this callback the headers are gone
 	s.prepareLeases()
 	s.body = rules.AppendCheckRequest(s.body[:0], bytesString(s.requestID), bytesString(s.user), bytesString(s.endpoint), s.plan.Limits)
 	b := &s.cfg.Bridge
@@ -135,11 +136,22 @@ func (s *Stream) now() int64 {
 	return s.nowMS
 }
 
+// clientIP is the request's client address. Evaluate works it out only
+// when a key or an exemption needs it, so it may be worked out here on
+// first use, which must come during the request headers callback: after
+// it, the headers it reads are gone.
+func (s *Stream) clientIP() netip.Addr {
+	if !s.plan.IPResolved() {
+		s.ip = s.cfg.ResolveClientIP(&s.req, &s.plan)
+	}
+	return s.ip
+}
+
 // keepIdentity copies the identity out of host memory, which is only valid
 // during this callback, into the stream's own buffers.
 func (s *Stream) keepIdentity() {
 	s.user = append(s.user[:0], s.plan.Identity.User...)
-	s.ip = s.plan.Identity.IP
+	s.ip = s.plan.Identity.IP // if worked out yet (clientIP)
 	s.endpoint = append(s.endpoint[:0], s.plan.Endpoint...)
 	rid := s.p.host.RequestHeader("x-request-id")
 	if rid == "" {
