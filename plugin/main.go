@@ -75,7 +75,7 @@ func (*abiHost) AddResponseHeader(name string, value []byte) {
 	_ = proxywasm.AddResponseHeaderBytes(name, value)
 }
 
-func (*abiHost) SendLocalResponse(status uint32, headers [][2]string, body []byte) {
+func (*abiHost) SendLocalResponse(status uint32, headers []byte, body []byte) {
 	_ = proxywasm.SendLocalResponse(status, "sluice", body, headers)
 }
 

@@ -65,7 +65,11 @@ func (h *fakeHost) Property(p string) string      { h.propReads++; return h.prop
 func (h *fakeHost) AddResponseHeader(n string, v []byte) {
 	h.respHeaders = append(h.respHeaders, [2]string{n, string(v)})
 }
-func (h *fakeHost) SendLocalResponse(status uint32, hdrs [][2]string, body []byte) {
+func (h *fakeHost) SendLocalResponse(status uint32, serialized []byte, body []byte) {
+	hdrs, err := proxywasm.ParseHeaderMap(serialized)
+	if err != nil {
+		panic(err)
+	}
 	m := map[string]string{}
 	for _, kv := range hdrs {
 		m[kv[0]] = kv[1]
@@ -397,11 +401,11 @@ func (b *benchHost) SharedSetCAS(k string, v []byte, cas uint32) bool {
 	b.cas[k] = *b.casSeq
 	return true
 }
-func (b *benchHost) Log(proxywasm.LogLevel, []byte)                {}
-func (b *benchHost) IncCounter(uint32)                             {}
-func (b *benchHost) AddCounter(uint32, int64)                      {}
-func (b *benchHost) AddResponseHeader(string, []byte)              {}
-func (b *benchHost) SendLocalResponse(uint32, [][2]string, []byte) {}
+func (b *benchHost) Log(proxywasm.LogLevel, []byte)           {}
+func (b *benchHost) IncCounter(uint32)                        {}
+func (b *benchHost) AddCounter(uint32, int64)                 {}
+func (b *benchHost) AddResponseHeader(string, []byte)         {}
+func (b *benchHost) SendLocalResponse(uint32, []byte, []byte) {}
 func (b *benchHost) Dispatch(string, [][2]string, []byte, uint32) (uint32, error) {
 	return 1, nil
 }

@@ -24,10 +24,8 @@ type refusal struct {
 	key   []byte
 	until int64 // the cache entry's retry time
 	retry int64 // the Retry-After seconds it shows
-	// The reply: headers (values point into buf) and the body up to the
-	// request id.
-	headers [][2]string
-	buf     []byte
+	// The reply: its headers, serialized, and its body up to the request id.
+	headers []byte
 	start   []byte
 	// The aggregated event: refusals not yet reported, the second of the
 	// last event, and what the next one describes.
@@ -53,17 +51,7 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64) {
 	if r.until != until || r.retry != retry {
 		r.until, r.retry = until, retry
 		cfg.Headers.Render(&s.respHeaders, l, d, s.nowMS, true)
-		r.headers = append(r.headers[:0], [2]string{"content-type", "application/json"})
-		r.buf = r.buf[:0]
-		for j := 0; j < s.respHeaders.N; j++ {
-			r.buf = append(r.buf, s.respHeaders.Values[j]...)
-		}
-		at := 0
-		for j := 0; j < s.respHeaders.N; j++ {
-			n := len(s.respHeaders.Values[j])
-			r.headers = append(r.headers, [2]string{s.respHeaders.Names[j], bytesString(r.buf[at : at+n])})
-			at += n
-		}
+		r.headers = s.appendLocalHeaders(r.headers[:0])
 		s.respHeaders.Reset()
 		r.start = cfg.AppendDenyBodyStart(r.start[:0], l, d, s.nowMS)
 		r.rule, r.limit, r.resetMS = l.Rule, d.Limit, d.ResetMS
@@ -86,6 +74,16 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64) {
 	if s.nowMS/1000 > r.eventSec {
 		p.reportRefusals(r, s.nowMS)
 	}
+}
+
+// appendLocalHeaders appends the serialized headers of a 429: the content
+// type and the rate limit headers rendered into s.respHeaders.
+func (s *Stream) appendLocalHeaders(dst []byte) []byte {
+	s.pairs = append(s.pairs[:0], [2]string{"content-type", "application/json"})
+	for j := 0; j < s.respHeaders.N; j++ {
+		s.pairs = append(s.pairs, [2]string{s.respHeaders.Names[j], bytesString(s.respHeaders.Values[j])})
+	}
+	return proxywasm.AppendHeaderMap(dst, s.pairs)
 }
 
 // reportRefusals logs r's pending refusals as one blocked event: the first

@@ -45,7 +45,8 @@ type Stream struct {
 
 	body     []byte      // check request
 	callHdrs [][2]string // call-out headers
-	local    [][2]string // local response headers
+	pairs    [][2]string // local response headers,
+	local    []byte      // serialized
 	leases   []streamLease
 }
 
@@ -264,10 +265,7 @@ func (s *Stream) deny(i int, d *rules.Decision) {
 	h.IncCounter(p.m.denied)
 	l := &s.plan.Limits[i]
 	s.cfg.Headers.Render(&s.respHeaders, l, d, s.nowMS, true)
-	s.local = append(s.local[:0], [2]string{"content-type", "application/json"})
-	for j := 0; j < s.respHeaders.N; j++ {
-		s.local = append(s.local, [2]string{s.respHeaders.Names[j], bytesString(s.respHeaders.Values[j])})
-	}
+	s.local = s.appendLocalHeaders(s.local[:0])
 	s.body = s.cfg.AppendDenyBody(s.body[:0], l, d, s.nowMS, bytesString(s.requestID))
 	s.event(proxywasm.LogLevelInfo, "blocked", i, d, "reject")
 	s.respHeaders.Reset() // the local response already carries them
@@ -284,9 +282,8 @@ func (s *Stream) fail(reason string) {
 		s.state = stateDone
 		s.p.host.IncCounter(s.p.m.failClosed)
 		s.body = rules.AppendUnavailableBody(s.body[:0], reason, bytesString(s.requestID))
-		s.local = append(s.local[:0], [2]string{"content-type", "application/json"})
 		s.answered = true
-		s.p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, s.local, s.body)
+		s.p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, jsonHeaders, s.body)
 		return
 	}
 	s.p.host.IncCounter(s.p.m.failOpen)

@@ -267,14 +267,14 @@ func PropertyInt64(b []byte) (int64, bool) {
 	return int64(v), true
 }
 
-// SendLocalResponse answers the current stream with status, body and headers
-// instead of forwarding it. details is Envoy's response code detail
+// SendLocalResponse answers the current stream with status, body and
+// headers instead of forwarding it. headers is a serialized map
+// (AppendHeaderMap), so that a plugin answering many requests alike
+// serializes it once. details is Envoy's response code detail
 // (lower_snake_case, no spaces).
-func SendLocalResponse(status uint32, details string, body []byte, headers [][2]string) error {
-	s := AppendHeaderMap(scratch[:0], headers)
-	scratch = s
+func SendLocalResponse(status uint32, details string, body []byte, headers []byte) error {
 	return Status(proxySendLocalResponse(status, strPtr(details), uint32(len(details)),
-		bytesPtr(body), uint32(len(body)), bytesPtr(s), uint32(len(s)), -1)).Err()
+		bytesPtr(body), uint32(len(body)), bytesPtr(headers), uint32(len(headers)), -1)).Err()
 }
 
 // ResumeHTTPRequest continues a request paused in OnRequestHeaders.

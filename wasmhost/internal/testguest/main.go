@@ -112,7 +112,7 @@ func (r *root) OnHTTPCallResponse(id uint32, numHeaders, bodySize, _ int) {
 		return
 	}
 	if numHeaders == 0 {
-		_ = proxywasm.SendLocalResponse(503, "callout_failed", []byte("call-out failed"), [][2]string{{"x-callout-failure", calloutStatus()}})
+		_ = proxywasm.SendLocalResponse(503, "callout_failed", []byte("call-out failed"), proxywasm.AppendHeaderMap(nil, [][2]string{{"x-callout-failure", calloutStatus()}}))
 		return
 	}
 	status, _ := proxywasm.GetHTTPCallResponseHeaderBytes(":status")
@@ -122,7 +122,7 @@ func (r *root) OnHTTPCallResponse(id uint32, numHeaders, bodySize, _ int) {
 		return
 	}
 	if string(body) == "deny" {
-		_ = proxywasm.SendLocalResponse(403, "callout_denied", body, [][2]string{{"x-callout-status", string(status)}})
+		_ = proxywasm.SendLocalResponse(403, "callout_denied", body, proxywasm.AppendHeaderMap(nil, [][2]string{{"x-callout-status", string(status)}}))
 		return
 	}
 	_ = proxywasm.SetRequestHeaderBytes("x-callout-status", status)
@@ -201,7 +201,7 @@ func (s *stream) OnRequestHeaders(numHeaders int, endOfStream bool) proxywasm.Ac
 	case modeEcho:
 		return s.echo(numHeaders, endOfStream)
 	case modeDeny:
-		_ = proxywasm.SendLocalResponse(429, "rate_limited", []byte("denied"), [][2]string{{"x-reason", "test"}, {"retry-after", "7"}})
+		_ = proxywasm.SendLocalResponse(429, "rate_limited", []byte("denied"), proxywasm.AppendHeaderMap(nil, [][2]string{{"x-reason", "test"}, {"retry-after", "7"}}))
 		return proxywasm.Pause
 	case modeCallout:
 		return s.callout()
