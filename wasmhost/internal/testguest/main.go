@@ -17,6 +17,15 @@ import (
 
 func main() {}
 
+// The binding leaves these two out (a plugin rarely needs them); the host's
+// tests do.
+
+//go:wasmexport proxy_on_log
+func proxyOnLog(contextID uint32) { proxywasm.ProxyOnLog(contextID) }
+
+//go:wasmexport proxy_on_done
+func proxyOnDone(contextID uint32) uint32 { return proxywasm.ProxyOnDone(contextID) }
+
 func init() {
 	initHostCall()
 	proxywasm.SetVMContext(&vm{})
