@@ -754,3 +754,24 @@ func TestStream_CacheRefusalsAggregated(t *testing.T) {
 		t.Errorf("call-outs %d→%d, cache hits %d, denied %d", calls, len(h.calls), h.counters[MetricCacheHits], h.counters[MetricDenied])
 	}
 }
+
+// keyHash spreads similar keys over the cache's slots and the refusal
+// memo: each byte, wherever in the key, moves the low bits.
+func TestKeyHash_Spreads(t *testing.T) {
+	for _, slots := range []uint64{refusalSlots, 1000, 1 << 14} {
+		counts := make([]int, slots)
+		const keys = 100_000
+		for i := 0; i < keys; i++ {
+			counts[keyHash([]byte(fmt.Sprintf("rl:{u:user%d}:api", i)))%slots]++
+		}
+		want := float64(keys) / float64(slots)
+		for slot, n := range counts {
+			if d := float64(n) - want; d*d > 25*want+100 { // 5 standard deviations (and some)
+				t.Fatalf("%d slots: slot %d holds %d keys, want about %.0f", slots, slot, n, want)
+			}
+		}
+	}
+	if keyHash([]byte("rl:{u:a}:x")) == keyHash([]byte("rl:{u:b}:x")) || keyHash([]byte("12345678a")) == keyHash([]byte("12345678b")) {
+		t.Error("keys one byte apart hash alike")
+	}
+}

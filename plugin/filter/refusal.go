@@ -38,12 +38,13 @@ type refusal struct {
 }
 
 // refuseCached answers s with a 429 for limit i, which the over-limit cache
-// holds as refused (decision d); h is the key's hash.
-func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64) {
+// holds as refused (decision d); h is the key's hash, and memo tells that
+// the VM's rendering of its refusal is of this key and configuration.
+func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64, memo bool) {
 	p, cfg := s.p, s.cfg
 	l := &s.plan.Limits[i]
 	r := &p.refusals[h%refusalSlots]
-	if string(r.key) != string(l.Key) || r.cfg != cfg {
+	if !memo {
 		p.reportRefusals(r, s.nowMS) // what is pending belongs to the key leaving
 		r.cfg, r.key, r.until = cfg, append(r.key[:0], l.Key...), 0
 	}
@@ -66,8 +67,8 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64) {
 		// the next one reports: its client address is worked out only
 		// here, not for every refusal.
 		r.requestID = append(r.requestID[:0], s.requestID...)
-		r.endpoint = append(r.endpoint[:0], s.endpoint...)
-		r.user = append(r.user[:0], s.user...)
+		r.endpoint = append(r.endpoint[:0], s.plan.Endpoint...)
+		r.user = append(r.user[:0], s.plan.Identity.User...)
 		r.ip = s.clientIP()
 	}
 	r.pending++
@@ -92,7 +93,7 @@ func (p *Plugin) reportRefusals(r *refusal, nowMS int64) {
 	if r.pending == 0 {
 		return
 	}
-	b := appendEventHead(p.event[:0], "blocked", nowMS, r.requestID, r.endpoint, r.user, r.ip)
+	b := appendEventHead(p.event[:0], "blocked", nowMS, bytesString(r.requestID), bytesString(r.endpoint), bytesString(r.user), r.ip)
 	b = append(b, `,"rule":"`...)
 	b = append(b, r.rule...) // a validated name: nothing to escape
 	b = append(b, `","action":"reject","source":"local_cache","count":`...)

@@ -39,7 +39,6 @@ type Stream struct {
 
 	// Copies of what outlives the request-headers callback (host views don't).
 	user      []byte
-	ip        netip.Addr
 	endpoint  []byte
 	requestID []byte
 
@@ -90,18 +89,18 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		return proxywasm.Continue
 	}
 	s.now()
-	s.keepIdentity()
+	s.keepRequestID()
 	if leasable(s.plan.Limits) && s.answerFromLeases() {
 		return proxywasm.Continue
 	}
 	if s.cfg.LocalCache.Enabled {
-		if i, d, hash, ok := p.cachedDenial(s); ok {
+		if i, d, hash, memo, ok := p.cachedDenial(s); ok {
 			h.IncCounter(p.m.cacheHits)
-			s.refuseCached(i, &d, hash)
+			s.refuseCached(i, &d, hash, memo)
 			return proxywasm.Pause
 		}
 	}
-	s.clientIP() // the answer's events need it, and after this callback the headers are gone
+	s.keepIdentity() // the answer comes after this callback
 	s.prepareLeases()
 	s.body = rules.AppendCheckRequest(s.body[:0], bytesString(s.requestID), bytesString(s.user), bytesString(s.endpoint), s.plan.Limits)
 	b := &s.cfg.Bridge
@@ -140,20 +139,24 @@ func (s *Stream) now() int64 {
 // clientIP is the request's client address. Evaluate works it out only
 // when a key or an exemption needs it, so it may be worked out here on
 // first use, which must come during the request headers callback: after
-// it, the headers it reads are gone.
-func (s *Stream) clientIP() netip.Addr {
-	if !s.plan.IPResolved() {
-		s.ip = s.cfg.ResolveClientIP(&s.req, &s.plan)
-	}
-	return s.ip
-}
+// it, the headers it reads are gone (keepIdentity works it out before).
+func (s *Stream) clientIP() netip.Addr { return s.cfg.ResolveClientIP(&s.req, &s.plan) }
 
 // keepIdentity copies the identity out of host memory, which is only valid
-// during this callback, into the stream's own buffers.
+// during this callback, into the stream's own buffers, for a request
+// answered after it. One answered during the callback reads the plan's
+// views of host memory.
 func (s *Stream) keepIdentity() {
 	s.user = append(s.user[:0], s.plan.Identity.User...)
-	s.ip = s.plan.Identity.IP // if worked out yet (clientIP)
 	s.endpoint = append(s.endpoint[:0], s.plan.Endpoint...)
+	s.clientIP()
+	// From now on the plan refers to the copies.
+	s.plan.Identity.User = bytesString(s.user)
+	s.plan.Endpoint = bytesString(s.endpoint)
+}
+
+// keepRequestID copies the request's id, which every answer shows.
+func (s *Stream) keepRequestID() {
 	rid := s.p.host.RequestHeader("x-request-id")
 	if rid == "" {
 		rid = s.p.host.Property("request.id")
@@ -167,9 +170,6 @@ func (s *Stream) keepIdentity() {
 		rid = rid[:n]
 	}
 	s.requestID = append(s.requestID[:0], rid...)
-	// From now on the plan refers to the copies.
-	s.plan.Identity.User = bytesString(s.user)
-	s.plan.Endpoint = bytesString(s.endpoint)
 }
 
 // OnHTTPCallResponse delivers the bridge's answer to the waiting stream.
