@@ -111,6 +111,7 @@ type Host struct {
 	vms      []*vm
 	next     atomic.Uint32
 	client   *http.Client
+	h1       *h1client // call-outs to plain-HTTP clusters (h1client.go)
 
 	cfgMu  sync.Mutex // serializes Configure
 	stMu   sync.Mutex // guards config
@@ -167,6 +168,7 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	if h.client == nil {
 		h.client = &http.Client{Transport: NewTransport()}
 	}
+	h.h1 = &h1client{idle: map[string][]*h1conn{}, busy: map[*h1conn]struct{}{}}
 	h.shared.init()
 	h.metrics.init()
 	h.logs.cap = opts.LogCapacity
@@ -314,6 +316,7 @@ func (h *Host) Close() error {
 		return nil
 	}
 	h.cancel()
+	h.h1.close()
 	for _, v := range h.vms {
 		v.mu.Lock()
 		if v.inst != nil {
