@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -73,8 +74,71 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 		return StatusInvalidMemoryAccess
 	}
 	h.wg.Add(1)
-	go h.runCallout(in, id, c)
+	h.workers.run(calloutJob{in, id, c})
 	return StatusOK
+}
+
+// calloutJob is a call-out for a worker: runCallout's arguments.
+type calloutJob struct {
+	in *instance
+	id uint32
+	c  *callout
+}
+
+// calloutWorkers run call-outs on goroutines that outlive them. A call-out
+// needs a deep stack (the HTTP exchange, then the plugin's callback through
+// wazero), and a goroutine started for each one grew its stack, by
+// copying it, several times per call-out: more work than all the rest the
+// host does for it. Workers wait for the next call-out instead, up to
+// maxIdleWorkers of them.
+type calloutWorkers struct {
+	h      *Host
+	mu     sync.Mutex
+	idle   []chan calloutJob
+	closed bool
+}
+
+const maxIdleWorkers = 1024
+
+func (w *calloutWorkers) run(j calloutJob) {
+	w.mu.Lock()
+	if n := len(w.idle); n > 0 {
+		c := w.idle[n-1]
+		w.idle = w.idle[:n-1]
+		w.mu.Unlock()
+		c <- j // buffered: the worker is waiting for it
+		return
+	}
+	w.mu.Unlock()
+	go w.loop(make(chan calloutJob, 1), j)
+}
+
+func (w *calloutWorkers) loop(c chan calloutJob, j calloutJob) {
+	for {
+		w.h.runCallout(j.in, j.id, j.c)
+		w.mu.Lock()
+		if w.closed || len(w.idle) >= maxIdleWorkers {
+			w.mu.Unlock()
+			return
+		}
+		w.idle = append(w.idle, c)
+		w.mu.Unlock()
+		var ok bool
+		if j, ok = <-c; !ok {
+			return // the host closed
+		}
+	}
+}
+
+// close ends the idle workers; busy ones end after their call-out.
+func (w *calloutWorkers) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	for _, c := range w.idle {
+		close(c)
+	}
+	w.idle = nil
 }
 
 // callout is a proxy_http_call on its way: for a plain-HTTP cluster, sent

@@ -112,6 +112,7 @@ type Host struct {
 	next     atomic.Uint32
 	client   *http.Client
 	h1       *h1client // call-outs to plain-HTTP clusters (h1client.go)
+	workers  calloutWorkers
 
 	cfgMu  sync.Mutex // serializes Configure
 	stMu   sync.Mutex // guards config
@@ -169,6 +170,7 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 		h.client = &http.Client{Transport: NewTransport()}
 	}
 	h.h1 = &h1client{idle: map[string][]*h1conn{}, busy: map[*h1conn]struct{}{}}
+	h.workers.h = h
 	h.shared.init()
 	h.metrics.init()
 	h.logs.cap = opts.LogCapacity
@@ -317,6 +319,7 @@ func (h *Host) Close() error {
 	}
 	h.cancel()
 	h.h1.close()
+	h.workers.close()
 	for _, v := range h.vms {
 		v.mu.Lock()
 		if v.inst != nil {

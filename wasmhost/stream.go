@@ -71,7 +71,7 @@ type Stream struct {
 	failed                    error // errVMFailed: answer by the failure policy
 	waiting                   bool
 	done                      bool
-	pendingDel                bool // proxy_on_done returned false; deleted on proxy_done
+	pendingDel                bool          // proxy_on_done returned false; deleted on proxy_done
 	wake                      chan struct{} // made when the stream first waits: most never do
 	connID                    uint64
 }
