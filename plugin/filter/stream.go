@@ -138,8 +138,11 @@ func (s *Stream) now() int64 {
 
 // clientIP is the request's client address. Evaluate works it out only
 // when a key or an exemption needs it, so it may be worked out here on
-// first use, which must come during the request headers callback: after
-// it, the headers it reads are gone (keepIdentity works it out before).
+// first use, which must come while the request's headers and properties
+// can be read: in its headers callback, or while it is paused, with its
+// stream the effective context (the bridge's answer; Envoy's
+// Context::getMap gives the request headers until the request continues).
+// Only an event needs it there, so an allowed request does without.
 func (s *Stream) clientIP() netip.Addr { return s.cfg.ResolveClientIP(&s.req, &s.plan) }
 
 // keepIdentity copies the identity out of host memory, which is only valid
@@ -149,7 +152,6 @@ func (s *Stream) clientIP() netip.Addr { return s.cfg.ResolveClientIP(&s.req, &s
 func (s *Stream) keepIdentity() {
 	s.user = append(s.user[:0], s.plan.Identity.User...)
 	s.endpoint = append(s.endpoint[:0], s.plan.Endpoint...)
-	s.clientIP()
 	// From now on the plan refers to the copies.
 	s.plan.Identity.User = bytesString(s.user)
 	s.plan.Endpoint = bytesString(s.endpoint)
