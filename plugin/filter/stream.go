@@ -148,7 +148,11 @@ func (s *Stream) clientIP() netip.Addr { return s.cfg.ResolveClientIP(&s.req, &s
 // keepIdentity copies the identity out of host memory, which is only valid
 // during this callback, into the stream's own buffers, for a request
 // answered after it. One answered during the callback reads the plan's
-// views of host memory.
+// views of host memory. Not inlined: a function's frame is set up, in part
+// zeroed, on every call, and in WebAssembly that is dear; OnRequestHeaders
+// would pay for these copies on requests that never make them.
+//
+//go:noinline
 func (s *Stream) keepIdentity() {
 	s.user = append(s.user[:0], s.plan.Identity.User...)
 	s.endpoint = append(s.endpoint[:0], s.plan.Endpoint...)
