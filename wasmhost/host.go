@@ -42,7 +42,10 @@ type Options struct {
 	// Clusters maps upstream cluster names used by proxy_http_call to base
 	// URLs, e.g. "sluice_bridge" → "http://127.0.0.1:8081".
 	Clusters map[string]string
-	// HTTPClient sends call-outs; default a client with its own transport.
+	// HTTPClient, when set, sends every call-out. By default call-outs to
+	// plain-HTTP clusters go through the host's own HTTP/1.1 client
+	// (h1client.go) and those to https clusters through a client with its
+	// own transport.
 	HTTPClient *http.Client
 	// Logger receives plugin logs (proxy_log and the guest's stderr).
 	Logger *slog.Logger
