@@ -22,10 +22,13 @@ func main() {}
 type vm struct{ proxywasm.DefaultVMContext }
 
 func (vm) NewPluginContext(contextID uint32) proxywasm.PluginContext {
-	return filter.NewPlugin(abiHost{}, contextID)
+	return filter.NewPlugin(&abiHost{}, contextID)
 }
 
-// abiHost implements filter.Host with the proxy-wasm host calls.
+// abiHost implements filter.Host with the proxy-wasm host calls. Its
+// methods take a pointer: called through the interface, value methods
+// would each go through a generated wrapper, a call that costs in
+// WebAssembly on every host call.
 type abiHost struct{}
 
 // The request headers of the current callback, fetched with one host call
@@ -45,21 +48,20 @@ func view(b []byte, err error) string {
 	return unsafe.String(&b[0], len(b))
 }
 
-func (abiHost) PluginConfig() ([]byte, error) { return proxywasm.GetPluginConfiguration() }
+func (*abiHost) PluginConfig() ([]byte, error) { return proxywasm.GetPluginConfiguration() }
 
-func (abiHost) RequestHeader(name string) string {
+func (*abiHost) RequestHeader(name string) string {
 	if seq := proxywasm.CallbackSeq(); seq != reqHeadersSeq {
-		v, err := proxywasm.GetRequestHeaderMapView()
-		if err != nil {
+		if err := proxywasm.GetRequestHeaderMapView(&reqHeaders); err != nil {
 			return view(proxywasm.GetRequestHeaderBytes(name))
 		}
-		reqHeaders, reqHeadersSeq = v, seq
+		reqHeadersSeq = seq
 	}
-	b, _ := reqHeaders.Get(name)
-	return view(b, nil)
+	v, _ := reqHeaders.Get(name)
+	return v
 }
 
-func (abiHost) Property(path string) string {
+func (*abiHost) Property(path string) string {
 	switch path {
 	case "source.address":
 		return view(proxywasm.GetProperty("source", "address"))
@@ -69,29 +71,29 @@ func (abiHost) Property(path string) string {
 	return ""
 }
 
-func (abiHost) AddResponseHeader(name string, value []byte) {
+func (*abiHost) AddResponseHeader(name string, value []byte) {
 	_ = proxywasm.AddResponseHeaderBytes(name, value)
 }
 
-func (abiHost) SendLocalResponse(status uint32, headers [][2]string, body []byte) {
+func (*abiHost) SendLocalResponse(status uint32, headers []byte, body []byte) {
 	_ = proxywasm.SendLocalResponse(status, "sluice", body, headers)
 }
 
-func (abiHost) ResumeRequest() { _ = proxywasm.ResumeHTTPRequest() }
+func (*abiHost) ResumeRequest() { _ = proxywasm.ResumeHTTPRequest() }
 
-func (abiHost) Dispatch(cluster string, headers [][2]string, body []byte, timeoutMS uint32) (uint32, error) {
+func (*abiHost) Dispatch(cluster string, headers [][2]string, body []byte, timeoutMS uint32) (uint32, error) {
 	return proxywasm.DispatchHTTPCall(cluster, headers, body, nil, timeoutMS)
 }
 
-func (abiHost) CallResponse(int) (string, []byte) {
+func (*abiHost) CallResponse(int) (string, []byte) {
 	status := view(proxywasm.GetHTTPCallResponseHeaderBytes(":status"))
 	body, _ := proxywasm.GetHTTPCallResponseBody()
 	return status, body
 }
 
-func (abiHost) SetEffectiveContext(id uint32) { _ = proxywasm.SetEffectiveContext(id) }
+func (*abiHost) SetEffectiveContext(id uint32) { _ = proxywasm.SetEffectiveContext(id) }
 
-func (abiHost) SharedGetCAS(key string) ([]byte, uint32) {
+func (*abiHost) SharedGetCAS(key string) ([]byte, uint32) {
 	v, cas, err := proxywasm.GetSharedData(key)
 	if err != nil {
 		return nil, 0
@@ -99,51 +101,51 @@ func (abiHost) SharedGetCAS(key string) ([]byte, uint32) {
 	return v, cas
 }
 
-func (abiHost) SharedSetCAS(key string, value []byte, cas uint32) bool {
+func (*abiHost) SharedSetCAS(key string, value []byte, cas uint32) bool {
 	return proxywasm.SetSharedData(key, value, cas) == nil
 }
 
-func (abiHost) NowNanos() int64 {
+func (*abiHost) NowNanos() int64 {
 	n, _ := proxywasm.GetCurrentTimeNanos()
 	return n
 }
 
-func (abiHost) Log(level proxywasm.LogLevel, msg []byte) {
+func (*abiHost) Log(level proxywasm.LogLevel, msg []byte) {
 	if len(msg) > 0 {
 		_ = proxywasm.Log(level, unsafe.String(&msg[0], len(msg)))
 	}
 }
 
-func (abiHost) DefineCounter(name string) uint32 {
+func (*abiHost) DefineCounter(name string) uint32 {
 	id, _ := proxywasm.DefineMetric(proxywasm.MetricCounter, name)
 	return id
 }
 
-func (abiHost) IncCounter(id uint32) { _ = proxywasm.IncrementMetric(id, 1) }
+func (*abiHost) IncCounter(id uint32) { _ = proxywasm.IncrementMetric(id, 1) }
 
-func (abiHost) AddCounter(id uint32, n int64) {
+func (*abiHost) AddCounter(id uint32, n int64) {
 	if n > 0 {
 		_ = proxywasm.IncrementMetric(id, n)
 	}
 }
 
-func (abiHost) DefineGauge(name string) uint32 {
+func (*abiHost) DefineGauge(name string) uint32 {
 	id, _ := proxywasm.DefineMetric(proxywasm.MetricGauge, name)
 	return id
 }
 
 // AddGauge adds n, which may be negative: Envoy adds to or takes from a
 // gauge by the increment's sign.
-func (abiHost) AddGauge(id uint32, n int64) { _ = proxywasm.IncrementMetric(id, n) }
+func (*abiHost) AddGauge(id uint32, n int64) { _ = proxywasm.IncrementMetric(id, n) }
 
-func (abiHost) DefineHistogram(name string) uint32 {
+func (*abiHost) DefineHistogram(name string) uint32 {
 	id, _ := proxywasm.DefineMetric(proxywasm.MetricHistogram, name)
 	return id
 }
 
-func (abiHost) Record(id uint32, v int64) { _ = proxywasm.RecordMetric(id, uint64(max(v, 0))) }
+func (*abiHost) Record(id uint32, v int64) { _ = proxywasm.RecordMetric(id, uint64(max(v, 0))) }
 
-func (abiHost) LogLevel() proxywasm.LogLevel {
+func (*abiHost) LogLevel() proxywasm.LogLevel {
 	l, err := proxywasm.GetLogLevel()
 	if err != nil {
 		return proxywasm.LogLevelInfo
@@ -151,9 +153,9 @@ func (abiHost) LogLevel() proxywasm.LogLevel {
 	return l
 }
 
-func (abiHost) SetTickPeriod(ms uint32) { _ = proxywasm.SetTickPeriod(ms) }
+func (*abiHost) SetTickPeriod(ms uint32) { _ = proxywasm.SetTickPeriod(ms) }
 
 // Env reads the environment the runtime copied from WASI environ_get when
 // the module started: what the proxy gives the VM (Envoy:
 // vm_config.environment_variables), not the proxy's own environment.
-func (abiHost) Env(name string) (string, bool) { return syscall.Getenv(name) }
+func (*abiHost) Env(name string) (string, bool) { return syscall.Getenv(name) }

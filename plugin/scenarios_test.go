@@ -303,6 +303,18 @@ func scenarioLimitHeadersAndDenial(t *testing.T, start startEngine) {
 		!strings.Contains(o.body, `"code":"RATE_LIMITED"`) || !strings.Contains(o.body, `"request_id":"rid-1"`) {
 		t.Fatalf("4th request: %+v", o)
 	}
+	// The bridge's refusal is an event with who was refused; the client
+	// address is worked out in the answer's callback, the request still
+	// paused.
+	var refusal string
+	for _, m := range h.logs() {
+		if strings.Contains(m, `"event_type":"blocked"`) && !strings.Contains(m, "local_cache") {
+			refusal = m
+		}
+	}
+	if !strings.Contains(refusal, `"user_id":"alice"`) || !strings.Contains(refusal, `"ip_address":"198.51.100.7"`) {
+		t.Errorf("blocked event: %q", refusal)
+	}
 	// Both worker VMs now answer from the shared over-limit cache, without
 	// a call-out: the one the bridge denied on, and the other.
 	calls := h.bridge.calls.Load()

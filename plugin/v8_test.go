@@ -132,6 +132,7 @@ func BenchmarkWasmV8(b *testing.B) {
 	start := func(cfg string) *v8host.Host {
 		host, err := v8host.New(context.Background(), wasmBytes, v8host.Options{
 			Workers: 1, PluginConfig: []byte(cfg), RootID: "sluice", Clusters: map[string]string{"bridge": url},
+			LogLevel: v8host.LogInfo, // Envoy's default: no debug event per allowed request
 		})
 		if err != nil {
 			b.Fatal(err)

@@ -183,8 +183,9 @@ func (p inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // BenchmarkWasm measures whole requests through the built plugin in the wasmhost
-// host (wazero compiler): (a) no rule matches, (b) over-limit cache hit,
-// (c) the call-out path with an in-process bridge. cpu-ns/op is the whole
+// host (wazero compiler), logging at info as Envoy does by default: (a) no
+// rule matches, (b) over-limit cache hit, (c) the call-out path with an
+// in-process bridge. cpu-ns/op is the whole
 // process (host and guest); guest-ns/op is the plugin's own code, all its
 // guest callbacks of the request (host functions excluded).
 func BenchmarkWasm(b *testing.B) {
@@ -193,6 +194,7 @@ func BenchmarkWasm(b *testing.B) {
 		Workers: 1, PluginConfig: []byte(benchConfig), RootID: "sluice", MeasureGuest: true,
 		Clusters:   map[string]string{"bridge": "http://bridge.invalid"},
 		HTTPClient: &http.Client{Transport: inProcess{bridge}},
+		LogLevel:   wasmhost.LogLevelInfo, // Envoy's default: no debug event per allowed request
 	})
 	if err != nil {
 		b.Fatal(err)

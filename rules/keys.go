@@ -10,7 +10,7 @@ type Identity struct {
 	User   string     // verified JWT claim or trusted user header; "" when anonymous
 	APIKey string     // raw API key; never written to a key in clear
 	Tenant string     // tenant id
-	IP     netip.Addr // client address, unmapped (IPv4 for ::ffff:a.b.c.d)
+	IP     netip.Addr // client address, unmapped (IPv4 for ::ffff:a.b.c.d); in a Plan, see Config.ResolveClientIP
 	Tier   string     // resolved tier name
 }
 
@@ -112,6 +112,25 @@ func AppendKey(dst []byte, name string, s Scope, id *Identity, anon AnonymousMod
 		dst = appendID(append(dst, ":m:"...), method)
 	}
 	return dst
+}
+
+// keyNeedsIP reports whether AppendKey writes id.IP into the key of a
+// limit with scope s: per-IP limits, and limits kept per an identity the
+// client lacks, which fall back to its address.
+func keyNeedsIP(s Scope, id *Identity, anon AnonymousMode) bool {
+	if s.Has(ScopeIP) {
+		return true
+	}
+	var missing bool
+	switch {
+	case s.Has(ScopeUser):
+		missing = id.User == ""
+	case s.Has(ScopeAPIKey):
+		missing = id.APIKey == ""
+	case s.Has(ScopeTenant):
+		missing = id.Tenant == ""
+	}
+	return missing && anon != AnonymousShared
 }
 
 // appendAnonymous writes the tag of a client that lacks the identity a

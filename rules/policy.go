@@ -1,6 +1,9 @@
 package rules
 
-import "strconv"
+import (
+	"net/netip"
+	"strconv"
+)
 
 // HeaderSource gives the request headers. Names are lower-case; "" means
 // absent. The plugin implements it over the proxy's header map, tests over
@@ -61,6 +64,13 @@ type Plan struct {
 	Endpoint string // path without query
 	Limits   []PlannedLimit
 
+	// ipResolved: Identity.IP has been worked out. Evaluate does so only
+	// when a key or an IP exemption needs it: parsing the client address
+	// is most of the identity work of a request keyed by user, and a proxy
+	// has to ask its host for the peer address first. ResolveClientIP does
+	// it later, for whoever needs the address anyway (events).
+	ipResolved bool
+
 	keys    []byte
 	ends    []int
 	matched []int32 // rules (i) and categories (^i) that match, in order
@@ -82,6 +92,7 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 	plan.JWTError = nil
 	plan.Endpoint = stripQuery(r.Path)
 	plan.Identity = Identity{}
+	plan.ipResolved = false
 	if !c.Enabled {
 		return
 	}
@@ -104,6 +115,9 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 		return
 	}
 	c.identify(r, plan)
+	if len(c.Exemptions.IPs) > 0 {
+		c.ResolveClientIP(r, plan)
+	}
 	if c.exempt(&plan.Identity) {
 		plan.Exempt = true
 		return
@@ -112,10 +126,10 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 	for _, m := range plan.matched {
 		if m >= 0 {
 			rule := &c.Rules[m]
-			plan.add(c, rule.Name, &rule.Spec, rule.Action, rule.MaxDelayMS, rule.Scope, id, r.Method)
+			plan.add(c, r, rule.Name, &rule.Spec, rule.Action, rule.MaxDelayMS, rule.Scope)
 		} else {
 			cat := &c.Categories[^m]
-			plan.add(c, cat.Name, &cat.Spec, cat.Action, cat.MaxDelayMS, cat.Scope, id, r.Method)
+			plan.add(c, r, cat.Name, &cat.Spec, cat.Action, cat.MaxDelayMS, cat.Scope)
 		}
 	}
 	if tier := c.Tiers.Find(id.Tier); tier != nil && !tier.Unlimited {
@@ -126,7 +140,7 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 				break
 			}
 		}
-		plan.add(c, name, spec, tier.Action, tier.MaxDelayMS, tier.Scope, id, r.Method)
+		plan.add(c, r, name, spec, tier.Action, tier.MaxDelayMS, tier.Scope)
 	}
 	// Keys were appended to one buffer that may have moved while growing;
 	// slice it only now.
@@ -137,26 +151,44 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 	}
 }
 
-func (p *Plan) add(c *Config, name string, spec *LimitSpec, action Action, maxDelayMS int64, scope Scope, id *Identity, method string) {
-	p.keys = AppendKey(p.keys, name, scope, id, c.Identity.Anonymous, method, p.Endpoint)
+func (p *Plan) add(c *Config, r *Request, name string, spec *LimitSpec, action Action, maxDelayMS int64, scope Scope) {
+	id := &p.Identity
+	if !p.ipResolved && keyNeedsIP(scope, id, c.Identity.Anonymous) {
+		c.ResolveClientIP(r, p)
+	}
+	p.keys = AppendKey(p.keys, name, scope, id, c.Identity.Anonymous, r.Method, p.Endpoint)
 	p.ends = append(p.ends, len(p.keys))
 	p.Limits = append(p.Limits, PlannedLimit{
 		Rule: name, Spec: spec, Action: action, MaxDelayMS: maxDelayMS, PerUser: scope.Has(ScopeUser),
 	})
 }
 
-func (c *Config) identify(r *Request, plan *Plan) {
-	id := &plan.Identity
-	h := r.Headers
+// ResolveClientIP works out plan's Identity.IP, the client address, from
+// r unless Evaluate already did, and returns it. r must be the request
+// plan was evaluated for, its headers and lazy fields still readable.
+func (c *Config) ResolveClientIP(r *Request, plan *Plan) netip.Addr {
+	if plan.ipResolved {
+		return plan.Identity.IP
+	}
 	ipc := &c.Identity.ClientIP
 	var xff, xri string
 	if ipc.TrustedProxyDepth > 0 || len(ipc.TrustedProxies) > 0 {
-		xff = h.Header("x-forwarded-for")
+		xff = r.Headers.Header("x-forwarded-for")
 	}
 	if ipc.UseXRealIP {
-		xri = h.Header("x-real-ip")
+		xri = r.Headers.Header("x-real-ip")
 	}
-	id.IP = ClientIP(ipc, xff, xri, r.source())
+	plan.Identity.IP = ClientIP(ipc, xff, xri, r.source())
+	plan.ipResolved = true
+	return plan.Identity.IP
+}
+
+// IPResolved reports whether plan's Identity.IP has been worked out.
+func (p *Plan) IPResolved() bool { return p.ipResolved }
+
+func (c *Config) identify(r *Request, plan *Plan) {
+	id := &plan.Identity
+	h := r.Headers
 
 	var payload []byte // the verified JWT payload, for the tier claim
 	for i := range c.Identity.Sources {

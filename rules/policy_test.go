@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -230,7 +231,12 @@ func FuzzConfig_Evaluate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, method, path, host, source, xff, user, tier, apiKey, tenant string) {
 		h := mapHeaders{"x-forwarded-for": xff, "x-user-id": user, "x-tier": tier, "x-api-key": apiKey, "x-tenant": tenant, "x-canary": "1"}
 		var plan Plan
-		c.Evaluate(&Request{Method: method, Path: path, Host: host, Source: source, Headers: h}, &plan)
+		r := &Request{Method: method, Path: path, Host: host, Source: source, Headers: h}
+		c.Evaluate(r, &plan)
+		// The address worked out when needed is the one worked out eagerly.
+		if got, want := c.ResolveClientIP(r, &plan), ClientIP(&c.Identity.ClientIP, xff, "", source); got != want || plan.Identity.IP != want {
+			t.Fatalf("client IP %v (plan %v), want %v", got, plan.Identity.IP, want)
+		}
 		for _, l := range plan.Limits {
 			k := string(l.Key)
 			if strings.Count(k, "{") != 1 || strings.Count(k, "}") != 1 || len(k) > 300 || !strings.HasPrefix(k, "rl:{") {
@@ -260,5 +266,64 @@ func TestConfig_EvaluateLazyFields(t *testing.T) {
 	c.Evaluate(&Request{Method: "GET", Path: "/api/x", Headers: mapHeaders{}, Lazy: lazy}, &plan)
 	if len(plan.Limits) != 1 || lazy.source != 1 || plan.Identity.IP.String() != "192.0.2.9" {
 		t.Fatalf("match: limits %d, lazy %+v, ip %v", len(plan.Limits), lazy, plan.Identity.IP)
+	}
+}
+
+// A limit kept per user, for a request that names its user, needs no
+// client address: Evaluate leaves it unresolved, and ResolveClientIP
+// asks for the source once when something needs it after all. An IP
+// exemption or an anonymous client needs it at once.
+func TestConfig_EvaluateResolvesIPOnlyWhenNeeded(t *testing.T) {
+	c := mustConfig(t, `{"identity":{"sources":[{"type":"header","header":"x-user-id"}],"client_ip":{"trusted_proxy_depth":0}},
+	  "rules":[{"name":"r","match":{"paths":["/api/**"]},"limit":1,"window":"1s"}]}`)
+	var plan Plan
+	lazy := &countingLazy{}
+	r := &Request{Method: "GET", Path: "/api/x", Headers: mapHeaders{"x-user-id": "alice"}, Lazy: lazy}
+	c.Evaluate(r, &plan)
+	if string(plan.Limits[0].Key) != "rl:{u:alice}:r" || lazy.source != 0 || plan.IPResolved() || plan.Identity.IP.IsValid() {
+		t.Fatalf("by user: key %q, lazy %+v, resolved %v, ip %v", plan.Limits[0].Key, lazy, plan.IPResolved(), plan.Identity.IP)
+	}
+	for range 2 {
+		if ip := c.ResolveClientIP(r, &plan); ip.String() != "192.0.2.9" || plan.Identity.IP != ip || lazy.source != 1 {
+			t.Fatalf("resolved: %v, plan %v, lazy %+v", ip, plan.Identity.IP, lazy)
+		}
+	}
+	anon := &Request{Method: "GET", Path: "/api/x", Headers: mapHeaders{}, Lazy: &countingLazy{}}
+	c.Evaluate(anon, &plan)
+	if string(plan.Limits[0].Key) != "rl:{a:192.0.2.9}:r" || !plan.IPResolved() {
+		t.Fatalf("anonymous: key %q, resolved %v", plan.Limits[0].Key, plan.IPResolved())
+	}
+	c = mustConfig(t, `{"identity":{"sources":[{"type":"header","header":"x-user-id"}],"client_ip":{"trusted_proxy_depth":0}},
+	  "exemptions":{"ips":["192.0.2.0/24"]}, "rules":[{"name":"r","limit":1,"window":"1s"}]}`)
+	c.Evaluate(r, &plan)
+	if !plan.Exempt {
+		t.Fatal("IP exemption not applied to a client keyed by user")
+	}
+}
+
+// keyNeedsIP says exactly when AppendKey writes the client address.
+func TestKeyNeedsIP(t *testing.T) {
+	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")
+	for s := 0; s < 1<<7; s++ {
+		for ids := 0; ids < 8; ids++ {
+			for _, anon := range []AnonymousMode{AnonymousIP, AnonymousShared} {
+				id := Identity{}
+				if ids&1 != 0 {
+					id.User = "u"
+				}
+				if ids&2 != 0 {
+					id.APIKey = "k"
+				}
+				if ids&4 != 0 {
+					id.Tenant = "t"
+				}
+				withA, withB := id, id
+				withA.IP, withB.IP = a, b
+				differ := string(AppendKey(nil, "n", Scope(s), &withA, anon, "GET", "/p")) != string(AppendKey(nil, "n", Scope(s), &withB, anon, "GET", "/p"))
+				if needs := keyNeedsIP(Scope(s), &id, anon); needs != differ {
+					t.Errorf("scope %v, identity %+v, anonymous %v: keyNeedsIP %v, the key depends on the IP: %v", Scope(s), id, anon, needs, differ)
+				}
+			}
+		}
 	}
 }

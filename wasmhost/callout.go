@@ -5,14 +5,18 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/tetratelabs/wazero/api"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
@@ -43,35 +47,143 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 	if !ok1 || !ok2 || !ok3 {
 		return StatusBadArgument
 	}
-	req, err := http.NewRequest(method, strings.TrimSuffix(base, "/")+path, bytes.NewReader(append([]byte(nil), body...)))
-	if err != nil {
-		return StatusBadArgument
-	}
-	req.Host = authority
-	for _, kv := range hm {
-		if !strings.HasPrefix(kv[0], ":") {
-			req.Header.Add(kv[0], kv[1])
+	target := strings.TrimSuffix(base, "/") + path
+	c := &callout{cluster: name, timeout: time.Duration(u32(p, 8)) * time.Millisecond}
+	if u, direct := h.h1Target(target); direct {
+		if !validMethod(method) {
+			return StatusBadArgument // as http.NewRequest
 		}
+		c.h1 = &h1Request{addr: u.Host, method: method, path: u.RequestURI(), authority: authority,
+			headers: withoutPseudo(hm), body: append([]byte(nil), body...)}
+	} else {
+		req, err := http.NewRequest(method, target, bytes.NewReader(append([]byte(nil), body...)))
+		if err != nil {
+			return StatusBadArgument
+		}
+		req.Host = authority
+		for _, kv := range hm {
+			if !strings.HasPrefix(kv[0], ":") {
+				req.Header.Add(kv[0], kv[1])
+			}
+		}
+		c.req = req
 	}
 	in.nextCallID++
 	id := in.nextCallID
 	if !m.WriteUint32Le(u32(p, 9), id) {
 		return StatusInvalidMemoryAccess
 	}
-	timeout := time.Duration(u32(p, 8)) * time.Millisecond
 	h.wg.Add(1)
-	go h.runCallout(in, id, name, req, timeout)
+	h.workers.run(calloutJob{in, id, c})
 	return StatusOK
 }
 
-func (h *Host) runCallout(in *instance, id uint32, cluster string, req *http.Request, timeout time.Duration) {
-	defer h.wg.Done()
-	ctx, cancel := h.ctx, context.CancelFunc(func() {})
-	if timeout > 0 {
-		ctx, cancel = context.WithTimeout(h.ctx, timeout)
+// calloutJob is a call-out for a worker: runCallout's arguments.
+type calloutJob struct {
+	in *instance
+	id uint32
+	c  *callout
+}
+
+// calloutWorkers run call-outs on goroutines that outlive them. A call-out
+// needs a deep stack (the HTTP exchange, then the plugin's callback through
+// wazero), and a goroutine started for each one grew its stack, by
+// copying it, several times per call-out: more work than all the rest the
+// host does for it. Workers wait for the next call-out instead, up to
+// maxIdleWorkers of them.
+type calloutWorkers struct {
+	h      *Host
+	mu     sync.Mutex
+	idle   []chan calloutJob
+	closed bool
+}
+
+const maxIdleWorkers = 1024
+
+func (w *calloutWorkers) run(j calloutJob) {
+	w.mu.Lock()
+	if n := len(w.idle); n > 0 {
+		c := w.idle[n-1]
+		w.idle = w.idle[:n-1]
+		w.mu.Unlock()
+		c <- j // buffered: the worker is waiting for it
+		return
 	}
-	resp := h.fetch(cluster, req.WithContext(ctx))
-	cancel()
+	w.mu.Unlock()
+	go w.loop(make(chan calloutJob, 1), j)
+}
+
+func (w *calloutWorkers) loop(c chan calloutJob, j calloutJob) {
+	for {
+		w.h.runCallout(j.in, j.id, j.c)
+		w.mu.Lock()
+		if w.closed || len(w.idle) >= maxIdleWorkers {
+			w.mu.Unlock()
+			return
+		}
+		w.idle = append(w.idle, c)
+		w.mu.Unlock()
+		var ok bool
+		if j, ok = <-c; !ok {
+			return // the host closed
+		}
+	}
+}
+
+// close ends the idle workers; busy ones end after their call-out.
+func (w *calloutWorkers) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	for _, c := range w.idle {
+		close(c)
+	}
+	w.idle = nil
+}
+
+// callout is a proxy_http_call on its way: for a plain-HTTP cluster, sent
+// by the host's own HTTP/1.1 client (h1); otherwise by Options.HTTPClient
+// or net/http (req).
+type callout struct {
+	cluster string
+	h1      *h1Request
+	req     *http.Request
+	timeout time.Duration // 0: none
+}
+
+// h1Target parses target, a call-out's URL, when the host's HTTP/1.1 client
+// sends it: a plain-HTTP cluster, and no Options.HTTPClient (tests and
+// embedders that bring one get it used). Host gets a port.
+func (h *Host) h1Target(target string) (*url.URL, bool) {
+	if h.opts.HTTPClient != nil || !strings.HasPrefix(target, "http://") {
+		return nil, false
+	}
+	u, err := url.Parse(target)
+	if err != nil || u.Host == "" || u.User != nil {
+		return nil, false // net/http answers for it
+	}
+	if u.Port() == "" {
+		u.Host = net.JoinHostPort(u.Hostname(), "80")
+	}
+	return u, true
+}
+
+// validMethod is net/http's check of a request method: a token.
+func validMethod(m string) bool { return m != "" && httpguts.ValidHeaderFieldName(m) }
+
+func withoutPseudo(hm fields.Map) fields.Map {
+	out := make(fields.Map, 0, len(hm))
+	for _, kv := range hm {
+		if !strings.HasPrefix(kv[0], ":") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+func (h *Host) runCallout(in *instance, id uint32, c *callout) {
+	defer h.wg.Done()
+	resp := h.fetch(c)
 	if h.closed.Load() {
 		return
 	}
@@ -104,8 +216,8 @@ const maxClusterRequests = 1024
 // client takes, is a failure: the plugin sees no headers and
 // proxy_get_status gives BrokenConnection "reset" (Envoy's
 // Context::onHttpCallFailure).
-func (h *Host) fetch(cluster string, req *http.Request) *calloutResponse {
-	inflight := h.inflight(cluster)
+func (h *Host) fetch(c *callout) *calloutResponse {
+	inflight := h.inflight(c.cluster)
 	if inflight.Add(1) > maxClusterRequests {
 		inflight.Add(-1)
 		r := localCalloutReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: overflow")
@@ -113,21 +225,21 @@ func (h *Host) fetch(cluster string, req *http.Request) *calloutResponse {
 		return r
 	}
 	defer inflight.Add(-1)
+	if c.h1 != nil {
+		return h.fetchH1(c)
+	}
+	ctx, cancel := h.ctx, context.CancelFunc(func() {})
+	if c.timeout > 0 {
+		ctx, cancel = context.WithTimeout(h.ctx, c.timeout)
+	}
+	defer cancel()
+	req := c.req.WithContext(ctx)
 	res, err := h.client.Do(req)
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return localCalloutReply(http.StatusGatewayTimeout, "upstream request timeout")
-		}
-		if req.Context().Err() != nil {
+		if req.Context().Err() != nil && !errors.Is(err, context.DeadlineExceeded) {
 			return &calloutResponse{failed: true} // the host is closing
 		}
-		errno := int(syscall.ECONNREFUSED)
-		var se syscall.Errno
-		if errors.As(err, &se) {
-			errno = int(se)
-		}
-		return localCalloutReply(http.StatusServiceUnavailable,
-			"upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: "+strconv.Itoa(errno))
+		return failedBeforeResponse(err, errors.Is(err, context.DeadlineExceeded))
 	}
 	defer res.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(res.Body, h.opts.MaxCalloutBody+1))
@@ -144,6 +256,42 @@ func (h *Host) fetch(cluster string, req *http.Request) *calloutResponse {
 		}
 	}
 	return &calloutResponse{headers: hm, body: body}
+}
+
+// fetchH1 is fetch through the host's HTTP/1.1 client.
+func (h *Host) fetchH1(c *callout) *calloutResponse {
+	r := c.h1
+	if c.timeout > 0 {
+		r.deadline = time.Now().Add(c.timeout)
+	}
+	if !validH1Request(r) {
+		// What net/http refuses to send fails as a connection would.
+		return failedBeforeResponse(errors.New("wasmhost: invalid call-out request"), false)
+	}
+	res, started, err := h.h1.do(r, h.opts.MaxCalloutBody)
+	switch {
+	case err == nil:
+		return res
+	case started || errors.Is(err, errHostClosed) || h.closed.Load():
+		return &calloutResponse{failed: true}
+	}
+	var ne net.Error
+	return failedBeforeResponse(err, errors.As(err, &ne) && ne.Timeout())
+}
+
+// failedBeforeResponse is what Envoy's router answers when a call-out gets
+// no response: 504 after the timeout, 503 for a connection that failed.
+func failedBeforeResponse(err error, timeout bool) *calloutResponse {
+	if timeout {
+		return localCalloutReply(http.StatusGatewayTimeout, "upstream request timeout")
+	}
+	errno := int(syscall.ECONNREFUSED)
+	var se syscall.Errno
+	if errors.As(err, &se) {
+		errno = int(se)
+	}
+	return localCalloutReply(http.StatusServiceUnavailable,
+		"upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: "+strconv.Itoa(errno))
 }
 
 // localCalloutReply is a reply of Envoy's router in place of the upstream's.

@@ -42,7 +42,10 @@ type Options struct {
 	// Clusters maps upstream cluster names used by proxy_http_call to base
 	// URLs, e.g. "sluice_bridge" → "http://127.0.0.1:8081".
 	Clusters map[string]string
-	// HTTPClient sends call-outs; default a client with its own transport.
+	// HTTPClient, when set, sends every call-out. By default call-outs to
+	// plain-HTTP clusters go through the host's own HTTP/1.1 client
+	// (h1client.go) and those to https clusters through a client with its
+	// own transport.
 	HTTPClient *http.Client
 	// Logger receives plugin logs (proxy_log and the guest's stderr).
 	Logger *slog.Logger
@@ -111,6 +114,8 @@ type Host struct {
 	vms      []*vm
 	next     atomic.Uint32
 	client   *http.Client
+	h1       *h1client // call-outs to plain-HTTP clusters (h1client.go)
+	workers  calloutWorkers
 
 	cfgMu  sync.Mutex // serializes Configure
 	stMu   sync.Mutex // guards config
@@ -167,6 +172,8 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	if h.client == nil {
 		h.client = &http.Client{Transport: NewTransport()}
 	}
+	h.h1 = &h1client{idle: map[string][]*h1conn{}, busy: map[*h1conn]struct{}{}}
+	h.workers.h = h
 	h.shared.init()
 	h.metrics.init()
 	h.logs.cap = opts.LogCapacity
@@ -317,6 +324,8 @@ func (h *Host) Close() error {
 		return nil
 	}
 	h.cancel()
+	h.h1.close()
+	h.workers.close()
 	for _, v := range h.vms {
 		v.mu.Lock()
 		if v.inst != nil {

@@ -25,7 +25,7 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 		hdrs := make([][2]string, 0, len(r.Header)+1)
 		for k, vs := range r.Header {
 			for _, v := range vs {
-				hdrs = append(hdrs, [2]string{strings.ToLower(k), v})
+				hdrs = append(hdrs, [2]string{lowerName(k), v})
 			}
 		}
 		scheme := "http"
@@ -60,6 +60,33 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 			rw.WriteHeader(http.StatusOK)
 		}
 	})
+}
+
+// lowerNames lower-cases the header names most requests and responses
+// carry without allocating: net/http hands them over canonical
+// ("User-Agent"), the plugin sees them as Envoy keeps them ("user-agent").
+var lowerNames = func() map[string]string {
+	m := map[string]string{}
+	for _, n := range []string{
+		"Accept", "Accept-Charset", "Accept-Encoding", "Accept-Language", "Authorization", "Cache-Control",
+		"Connection", "Content-Encoding", "Content-Length", "Content-Type", "Cookie", "Date", "Etag",
+		"Forwarded", "If-Match", "If-Modified-Since", "If-None-Match", "Last-Modified", "Location",
+		"Origin", "Pragma", "Referer", "Server", "Set-Cookie", "Traceparent", "Tracestate",
+		"Transfer-Encoding", "User-Agent", "Vary", "Via", "X-Api-Key", "X-B3-Traceid", "X-B3-Spanid",
+		"X-Content-Type-Options", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
+		"X-Real-Ip", "X-Request-Id", "X-Tenant-Id", "X-User-Id",
+	} {
+		m[n] = strings.ToLower(n)
+	}
+	return m
+}()
+
+// lowerName lower-cases a header name.
+func lowerName(k string) string {
+	if l, ok := lowerNames[k]; ok {
+		return l
+	}
+	return strings.ToLower(k)
 }
 
 // newRequestID makes an x-request-id for a request without one, as Envoy
@@ -130,7 +157,7 @@ func (rw *responseWriter) WriteHeader(code int) {
 	hdrs := make([][2]string, 0, len(rw.Header()))
 	for k, vs := range rw.Header() {
 		for _, v := range vs {
-			hdrs = append(hdrs, [2]string{strings.ToLower(k), v})
+			hdrs = append(hdrs, [2]string{lowerName(k), v})
 		}
 	}
 	res, err := rw.s.ResponseHeaders(rw.r.Context(), code, hdrs)

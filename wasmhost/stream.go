@@ -35,7 +35,8 @@ type LocalResponse struct {
 
 // Result is the outcome of a header callback: either the stream continues
 // with Headers (pseudo headers included, as the plugin left them; Modified
-// says whether it changed any), or the plugin answered with Local.
+// says whether it changed any), or the plugin answered with Local. Headers
+// is the stream's own map, not to be modified.
 type Result struct {
 	Headers  [][2]string
 	Modified bool
@@ -70,8 +71,8 @@ type Stream struct {
 	failed                    error // errVMFailed: answer by the failure policy
 	waiting                   bool
 	done                      bool
-	pendingDel                bool // proxy_on_done returned false; deleted on proxy_done
-	wake                      chan struct{}
+	pendingDel                bool          // proxy_on_done returned false; deleted on proxy_done
+	wake                      chan struct{} // made when the stream first waits: most never do
 	connID                    uint64
 }
 
@@ -83,7 +84,7 @@ func (h *Host) NewStream(ctx context.Context, info RequestInfo) *Stream {
 	if info.Protocol == "" {
 		info.Protocol = "HTTP/1.1"
 	}
-	s := &Stream{h: h, vm: h.pick(), info: info, wake: make(chan struct{}, 1)}
+	s := &Stream{h: h, vm: h.pick(), info: info}
 	s.connID = info.ConnectionID
 	if s.connID == 0 {
 		s.connID = h.connID.Add(1)
@@ -230,6 +231,9 @@ func (s *Stream) await(ctx context.Context, action uint32, headers func() fields
 			return r, nil
 		}
 		s.waiting = true
+		if s.wake == nil {
+			s.wake = make(chan struct{}, 1) // signals before it existed are in the state checked above
+		}
 		v.mu.Unlock()
 		select {
 		case <-s.wake:
@@ -405,7 +409,10 @@ const (
 	actionPause    = 1
 )
 
-// reqHeaders and respHeaders copy the headers as they are when called (a
-// method value such as s.req.Clone would capture the slice too early).
-func (s *Stream) reqHeaders() fields.Map  { return s.req.Clone() }
-func (s *Stream) respHeaders() fields.Map { return s.resp.Clone() }
+// reqHeaders and respHeaders are the headers as they are when called (a
+// method value such as s.req.Clone would capture the slice too early). A
+// result shares them with the stream rather than copying them for every
+// request: once its phase is over no callback can change them (Envoy's
+// Context::getMap refuses a map outside its phase, headerMap here).
+func (s *Stream) reqHeaders() fields.Map  { return s.req }
+func (s *Stream) respHeaders() fields.Map { return s.resp }

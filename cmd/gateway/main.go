@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -327,7 +328,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 // stripped identity headers, the plugin (when host is not nil), and a
 // reverse proxy to up.
 func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, xff bool, strip []string) http.Handler {
-	proxy := &httputil.ReverseProxy{Transport: wasmhost.NewTransport(), Rewrite: func(pr *httputil.ProxyRequest) {
+	proxy := &httputil.ReverseProxy{Transport: wasmhost.NewTransport(), BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(up)
 		pr.Out.Host = pr.In.Host
 		// X-Forwarded-For already names the peer (appendXFF); pass it on as is.
@@ -349,6 +350,19 @@ func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, xff bool,
 	}
 	return handler
 }
+
+// bufferPool lends the reverse proxy its copy buffers: without one it
+// allocates 32 KiB for every response, most of the gateway's garbage.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if buf, ok := b.p.Get().(*[]byte); ok {
+		return *buf
+	}
+	return make([]byte, 32<<10) // ReverseProxy's own size
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
 func shutdown(srv *http.Server) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

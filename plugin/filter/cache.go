@@ -1,6 +1,8 @@
 package filter
 
 import (
+	"encoding/binary"
+
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -18,20 +20,34 @@ import (
 
 const cachePrefix = "sluice.oc."
 
-// keyHash is the FNV-1a hash of a counter key: it picks the key's cache
-// slot and its entry in the VM's refusal memo.
+// keyHash hashes a counter key: it picks the key's cache slot and its
+// entry in the VM's refusal memo. It takes the key a word at a time (a
+// loop over bytes is dear in WebAssembly) and mixes the result as
+// MurmurHash3's finalizer does, so that its low bits, which pick slots,
+// depend on every byte.
 func keyHash(key []byte) uint64 {
-	h := uint64(14695981039346656037)
-	for _, c := range key {
-		h ^= uint64(c)
-		h *= 1099511628211
+	h := uint64(len(key)) * 0x9E3779B97F4A7C15
+	for len(key) >= 8 {
+		h = (h ^ binary.LittleEndian.Uint64(key)) * 0x9E3779B97F4A7C15
+		h ^= h >> 29
+		key = key[8:]
 	}
-	return h
+	var last uint64
+	for i, c := range key {
+		last |= uint64(c) << (8 * i)
+	}
+	h = (h ^ last) * 0x9E3779B97F4A7C15
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	return h ^ h>>33
 }
 
 // cachedDenial finds an enforced limit of s that is cached as over limit;
-// h is its key's hash.
-func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, h uint64, ok bool) {
+// h is its key's hash, and memo tells that the VM's own rendering of the
+// refusal (refusals[h%refusalSlots]) is of that key and configuration.
+func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, h uint64, memo, ok bool) {
 	for i := range s.plan.Limits {
 		l := &s.plan.Limits[i]
 		if l.Action == rules.LogOnly {
@@ -40,17 +56,19 @@ func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, h uint64, ok 
 		h := keyHash(l.Key)
 		// This VM refused the key lately: its own copy of the cache entry
 		// answers without asking the host for shared data.
-		if r := &p.refusals[h%refusalSlots]; r.cfg == s.cfg && r.until > s.nowMS && string(r.key) == string(l.Key) {
-			return i, rules.Decision{Limit: r.limit, ResetMS: r.resetMS, RetryAfterMS: r.until - s.nowMS}, h, true
+		r := &p.refusals[h%refusalSlots]
+		memo := r.cfg == s.cfg && string(r.key) == string(l.Key)
+		if memo && r.until > s.nowMS {
+			return i, rules.Decision{Limit: r.limit, ResetMS: r.resetMS, RetryAfterMS: r.until - s.nowMS}, h, true, true
 		}
 		v, _ := p.host.SharedGetCAS(p.slotName(h, s.cfg.LocalCache.MaxEntries))
 		e := &p.entry
 		if !parseSlot(v, e) || string(e.key) != string(l.Key) || e.until <= s.nowMS {
 			continue
 		}
-		return i, rules.Decision{Limit: e.limit, ResetMS: e.reset, RetryAfterMS: e.until - s.nowMS}, h, true
+		return i, rules.Decision{Limit: e.limit, ResetMS: e.reset, RetryAfterMS: e.until - s.nowMS}, h, memo, true
 	}
-	return 0, rules.Decision{}, 0, false
+	return 0, rules.Decision{}, 0, false, false
 }
 
 // cacheDenial remembers that key is over its limit until the retry time.

@@ -14,22 +14,22 @@ import (
 // request id, rule, action (docs/config.md, "Metrics and events").
 
 func (s *Stream) eventHead(b []byte, typ string) []byte {
-	return appendEventHead(b, typ, s.nowMS, s.requestID, s.endpoint, s.user, s.ip)
+	return appendEventHead(b, typ, s.nowMS, bytesString(s.requestID), s.plan.Endpoint, s.plan.Identity.User, s.clientIP())
 }
 
 // appendEventHead writes what every event starts with: when, what, which
 // request, where and who.
-func appendEventHead(b []byte, typ string, nowMS int64, requestID, endpoint, user []byte, ip netip.Addr) []byte {
+func appendEventHead(b []byte, typ string, nowMS int64, requestID, endpoint, user string, ip netip.Addr) []byte {
 	b = append(b, `{"timestamp":"`...)
 	b = appendTimestamp(b, nowMS)
 	b = append(b, `","event_type":"`...)
 	b = append(b, typ...)
 	b = append(b, `","request_id":`...)
-	b = rules.AppendJSONBytes(b, requestID)
+	b = rules.AppendJSONString(b, requestID)
 	b = append(b, `,"endpoint":`...)
-	b = rules.AppendJSONBytes(b, endpoint)
+	b = rules.AppendJSONString(b, endpoint)
 	b = append(b, `,"user_id":`...)
-	b = rules.AppendJSONBytes(b, user)
+	b = rules.AppendJSONString(b, user)
 	b = append(b, `,"ip_address":"`...)
 	if ip.IsValid() {
 		b = ip.AppendTo(b) // digits, dots, colons: nothing to escape

@@ -24,7 +24,9 @@ type Host interface {
 	RequestHeader(name string) string
 	Property(path string) string
 	AddResponseHeader(name string, value []byte)
-	SendLocalResponse(status uint32, headers [][2]string, body []byte)
+	// SendLocalResponse answers the request; headers is a serialized
+	// header map (proxywasm.AppendHeaderMap).
+	SendLocalResponse(status uint32, headers []byte, body []byte)
 	ResumeRequest()
 	// Dispatch sends an HTTP call-out; its answer comes to OnHTTPCallResponse.
 	Dispatch(cluster string, headers [][2]string, body []byte, timeoutMS uint32) (uint32, error)
@@ -242,8 +244,7 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 	if s.cfg.FailureMode == rules.FailClosed {
 		s.answered = true
 		s.body = rules.AppendUnavailableBody(s.body[:0], "plugin error", bytesString(s.requestID))
-		s.local = append(s.local[:0], [2]string{"content-type", "application/json"})
-		p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, s.local, s.body)
+		p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, jsonHeaders, s.body)
 		return proxywasm.Pause
 	}
 	if !inStream {
@@ -313,3 +314,7 @@ func bytesString(b []byte) string {
 }
 
 func itoa(dst []byte, n int64) []byte { return strconv.AppendInt(dst, n, 10) }
+
+// jsonHeaders are the headers of a local reply with a JSON body and nothing
+// else to say, serialized.
+var jsonHeaders = proxywasm.AppendHeaderMap(nil, [][2]string{{"content-type", "application/json"}})

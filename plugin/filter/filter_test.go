@@ -18,6 +18,7 @@ type fakeHost struct {
 	config      []byte
 	reqHeaders  map[string]string
 	props       map[string]string
+	propReads   int
 	respHeaders [][2]string
 	local       *localResponse
 	resumed     int
@@ -63,11 +64,15 @@ func newFakeHost(config string) *fakeHost {
 
 func (h *fakeHost) PluginConfig() ([]byte, error) { return h.config, nil }
 func (h *fakeHost) RequestHeader(n string) string { return h.reqHeaders[n] }
-func (h *fakeHost) Property(p string) string      { return h.props[p] }
+func (h *fakeHost) Property(p string) string      { h.propReads++; return h.props[p] }
 func (h *fakeHost) AddResponseHeader(n string, v []byte) {
 	h.respHeaders = append(h.respHeaders, [2]string{n, string(v)})
 }
-func (h *fakeHost) SendLocalResponse(status uint32, hdrs [][2]string, body []byte) {
+func (h *fakeHost) SendLocalResponse(status uint32, serialized []byte, body []byte) {
+	hdrs, err := proxywasm.ParseHeaderMap(serialized)
+	if err != nil {
+		panic(err)
+	}
 	m := map[string]string{}
 	for _, kv := range hdrs {
 		m[kv[0]] = kv[1]
@@ -423,11 +428,11 @@ func (b *benchHost) SharedSetCAS(k string, v []byte, cas uint32) bool {
 	b.cas[k] = *b.casSeq
 	return true
 }
-func (b *benchHost) Log(proxywasm.LogLevel, []byte)                {}
-func (b *benchHost) IncCounter(uint32)                             {}
-func (b *benchHost) AddCounter(uint32, int64)                      {}
-func (b *benchHost) AddResponseHeader(string, []byte)              {}
-func (b *benchHost) SendLocalResponse(uint32, [][2]string, []byte) {}
+func (b *benchHost) Log(proxywasm.LogLevel, []byte)           {}
+func (b *benchHost) IncCounter(uint32)                        {}
+func (b *benchHost) AddCounter(uint32, int64)                 {}
+func (b *benchHost) AddResponseHeader(string, []byte)         {}
+func (b *benchHost) SendLocalResponse(uint32, []byte, []byte) {}
 func (b *benchHost) Dispatch(string, [][2]string, []byte, uint32) (uint32, error) {
 	return 1, nil
 }
@@ -716,7 +721,8 @@ func TestPlugin_OnPanic(t *testing.T) {
 }
 
 // Refusals from the over-limit cache reuse their rendering and report one
-// blocked event per key per second, with the number of refusals.
+// blocked event per key per second, with the number of refusals and the
+// fields of the first of them.
 func TestStream_CacheRefusalsAggregated(t *testing.T) {
 	h, p := newPlugin(t, "fail_open")
 	h.request(p, 2, map[string]string{"x-user-id": "bob"})
@@ -739,7 +745,9 @@ func TestStream_CacheRefusalsAggregated(t *testing.T) {
 	}
 	calls := len(h.calls)
 	first := refuse("r1")
-	for i := 2; i <= 5; i++ { // the same second
+	refuse("r2")
+	reads := h.propReads
+	for i := 3; i <= 5; i++ { // the same second
 		l := refuse(fmt.Sprint("r", i))
 		if l.headers["Retry-After"] != first.headers["Retry-After"] || !strings.Contains(l.body, fmt.Sprintf(`"request_id":"r%d"`, i)) ||
 			strings.Replace(l.body, fmt.Sprintf("r%d", i), "r1", 1) != first.body {
@@ -749,11 +757,16 @@ func TestStream_CacheRefusalsAggregated(t *testing.T) {
 	if ev := events(); len(ev) != 1 || !strings.Contains(ev[0], `"count":1`) || !strings.Contains(ev[0], `"request_id":"r1"`) {
 		t.Fatalf("events after 5 refusals in one second: %q", ev)
 	}
+	// The key is by user: only the refusal an event will describe asks
+	// for the client's address.
+	if h.propReads != reads {
+		t.Errorf("refusals 3 to 5 read %d properties", h.propReads-reads)
+	}
 	h.nowMS += 1000
 	if l := refuse("r6"); l.headers["Retry-After"] != "39" {
 		t.Errorf("a second later Retry-After = %q, want 39", l.headers["Retry-After"])
 	}
-	if ev := events(); len(ev) != 2 || !strings.Contains(ev[1], `"count":5`) || !strings.Contains(ev[1], `"request_id":"r6"`) ||
+	if ev := events(); len(ev) != 2 || !strings.Contains(ev[1], `"count":5`) || !strings.Contains(ev[1], `"request_id":"r2"`) ||
 		!strings.Contains(ev[1], `"user_id":"bob"`) || !strings.Contains(ev[1], `"ip_address":"203.0.113.9"`) || !strings.Contains(ev[1], `"retry_after":39`) {
 		t.Fatalf("the next second's event: %q", ev)
 	}
@@ -761,10 +774,31 @@ func TestStream_CacheRefusalsAggregated(t *testing.T) {
 	refuse("r8")
 	h.nowMS += 1000
 	h.tick(p) // the tick reports what no later refusal did
-	if ev := events(); len(ev) != 3 || !strings.Contains(ev[2], `"count":2`) || !strings.Contains(ev[2], `"request_id":"r8"`) {
+	if ev := events(); len(ev) != 3 || !strings.Contains(ev[2], `"count":2`) || !strings.Contains(ev[2], `"request_id":"r7"`) {
 		t.Fatalf("events after the tick: %q", ev)
 	}
 	if len(h.calls) != calls || h.counters[MetricCacheHits] != 8 || h.counters[MetricDenied] != 9 {
 		t.Errorf("call-outs %d→%d, cache hits %d, denied %d", calls, len(h.calls), h.counters[MetricCacheHits], h.counters[MetricDenied])
+	}
+}
+
+// keyHash spreads similar keys over the cache's slots and the refusal
+// memo: each byte, wherever in the key, moves the low bits.
+func TestKeyHash_Spreads(t *testing.T) {
+	for _, slots := range []uint64{refusalSlots, 1000, 1 << 14} {
+		counts := make([]int, slots)
+		const keys = 100_000
+		for i := 0; i < keys; i++ {
+			counts[keyHash([]byte(fmt.Sprintf("rl:{u:user%d}:api", i)))%slots]++
+		}
+		want := float64(keys) / float64(slots)
+		for slot, n := range counts {
+			if d := float64(n) - want; d*d > 25*want+100 { // 5 standard deviations (and some)
+				t.Fatalf("%d slots: slot %d holds %d keys, want about %.0f", slots, slot, n, want)
+			}
+		}
+	}
+	if keyHash([]byte("rl:{u:a}:x")) == keyHash([]byte("rl:{u:b}:x")) || keyHash([]byte("12345678a")) == keyHash([]byte("12345678b")) {
+		t.Error("keys one byte apart hash alike")
 	}
 }

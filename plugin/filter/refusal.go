@@ -14,7 +14,7 @@ import (
 // direct-mapped table, valid while the cache entry and the Retry-After it
 // shows stay the same; a request then adds only its request id to the
 // body. Their blocked events are aggregated: one per key per second, with
-// the number of refusals it stands for.
+// the number of refusals it stands for and the fields of the first of them.
 
 // refusalSlots is how many keys a VM keeps a rendered refusal for.
 const refusalSlots = 64
@@ -24,10 +24,8 @@ type refusal struct {
 	key   []byte
 	until int64 // the cache entry's retry time
 	retry int64 // the Retry-After seconds it shows
-	// The reply: headers (values point into buf) and the body up to the
-	// request id.
-	headers [][2]string
-	buf     []byte
+	// The reply: its headers, serialized, and its body up to the request id.
+	headers []byte
 	start   []byte
 	// The aggregated event: refusals not yet reported, the second of the
 	// last event, and what the next one describes.
@@ -40,12 +38,13 @@ type refusal struct {
 }
 
 // refuseCached answers s with a 429 for limit i, which the over-limit cache
-// holds as refused (decision d); h is the key's hash.
-func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64) {
+// holds as refused (decision d); h is the key's hash, and memo tells that
+// the VM's rendering of its refusal is of this key and configuration.
+func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64, memo bool) {
 	p, cfg := s.p, s.cfg
 	l := &s.plan.Limits[i]
 	r := &p.refusals[h%refusalSlots]
-	if string(r.key) != string(l.Key) || r.cfg != cfg {
+	if !memo {
 		p.reportRefusals(r, s.nowMS) // what is pending belongs to the key leaving
 		r.cfg, r.key, r.until = cfg, append(r.key[:0], l.Key...), 0
 	}
@@ -53,17 +52,7 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64) {
 	if r.until != until || r.retry != retry {
 		r.until, r.retry = until, retry
 		cfg.Headers.Render(&s.respHeaders, l, d, s.nowMS, true)
-		r.headers = append(r.headers[:0], [2]string{"content-type", "application/json"})
-		r.buf = r.buf[:0]
-		for j := 0; j < s.respHeaders.N; j++ {
-			r.buf = append(r.buf, s.respHeaders.Values[j]...)
-		}
-		at := 0
-		for j := 0; j < s.respHeaders.N; j++ {
-			n := len(s.respHeaders.Values[j])
-			r.headers = append(r.headers, [2]string{s.respHeaders.Names[j], bytesString(r.buf[at : at+n])})
-			at += n
-		}
+		r.headers = s.appendLocalHeaders(r.headers[:0])
 		s.respHeaders.Reset()
 		r.start = cfg.AppendDenyBodyStart(r.start[:0], l, d, s.nowMS)
 		r.rule, r.action, r.limit, r.resetMS = l.Rule, l.Action.String(), d.Limit, d.ResetMS
@@ -73,23 +62,38 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64) {
 	s.body = rules.AppendDenyBodyEnd(append(s.body[:0], r.start...), bytesString(s.requestID))
 	p.host.SendLocalResponse(cfg.Deny.Status, r.headers, s.body)
 
+	if r.pending == 0 {
+		// The first refusal since the key's last event stands for those
+		// the next one reports: its client address is worked out only
+		// here, not for every refusal.
+		r.requestID = append(r.requestID[:0], s.requestID...)
+		r.endpoint = append(r.endpoint[:0], s.plan.Endpoint...)
+		r.user = append(r.user[:0], s.plan.Identity.User...)
+		r.ip = s.clientIP()
+	}
 	r.pending++
-	r.requestID = append(r.requestID[:0], s.requestID...)
-	r.endpoint = append(r.endpoint[:0], s.endpoint...)
-	r.user = append(r.user[:0], s.user...)
-	r.ip = s.ip
 	if s.nowMS/1000 > r.eventSec {
 		p.reportRefusals(r, s.nowMS)
 	}
 }
 
-// reportRefusals logs r's pending refusals as one blocked event: the last
+// appendLocalHeaders appends the serialized headers of a 429: the content
+// type and the rate limit headers rendered into s.respHeaders.
+func (s *Stream) appendLocalHeaders(dst []byte) []byte {
+	s.pairs = append(s.pairs[:0], [2]string{"content-type", "application/json"})
+	for j := 0; j < s.respHeaders.N; j++ {
+		s.pairs = append(s.pairs, [2]string{s.respHeaders.Names[j], bytesString(s.respHeaders.Values[j])})
+	}
+	return proxywasm.AppendHeaderMap(dst, s.pairs)
+}
+
+// reportRefusals logs r's pending refusals as one blocked event: the first
 // refused request's fields, the rule's limit and reset, and their count.
 func (p *Plugin) reportRefusals(r *refusal, nowMS int64) {
 	if r.pending == 0 {
 		return
 	}
-	b := appendEventHead(p.event[:0], "blocked", nowMS, r.requestID, r.endpoint, r.user, r.ip)
+	b := appendEventHead(p.event[:0], "blocked", nowMS, bytesString(r.requestID), bytesString(r.endpoint), bytesString(r.user), r.ip)
 	b = append(b, `,"rule":"`...)
 	b = append(b, r.rule...) // a validated name: nothing to escape
 	b = append(b, `","action":"`...)

@@ -40,13 +40,13 @@ type Stream struct {
 
 	// Copies of what outlives the request-headers callback (host views don't).
 	user      []byte
-	ip        netip.Addr
 	endpoint  []byte
 	requestID []byte
 
 	body     []byte      // check request
 	callHdrs [][2]string // call-out headers
-	local    [][2]string // local response headers
+	pairs    [][2]string // local response headers,
+	local    []byte      // serialized
 	leases   []streamLease
 
 	// Throttle (throttle.go): the request holds a place among the VM's
@@ -98,17 +98,18 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		return proxywasm.Continue
 	}
 	s.now()
-	s.keepIdentity()
+	s.keepRequestID()
 	if leasable(s.plan.Limits) && s.answerFromLeases() {
 		return proxywasm.Continue
 	}
 	if s.cfg.LocalCache.Enabled {
-		if i, d, hash, ok := p.cachedDenial(s); ok {
+		if i, d, hash, memo, ok := p.cachedDenial(s); ok {
 			h.IncCounter(p.m.cacheHits)
-			s.refuseCached(i, &d, hash)
+			s.refuseCached(i, &d, hash, memo)
 			return proxywasm.Pause
 		}
 	}
+	s.keepIdentity() // the answer comes after this callback
 	s.prepareLeases()
 	s.prepareThrottle()
 	s.body = rules.AppendCheckRequest(s.body[:0], bytesString(s.requestID), bytesString(s.user), bytesString(s.endpoint), s.plan.Limits)
@@ -145,12 +146,33 @@ func (s *Stream) now() int64 {
 	return s.nowMS
 }
 
+// clientIP is the request's client address. Evaluate works it out only
+// when a key or an exemption needs it, so it may be worked out here on
+// first use, which must come while the request's headers and properties
+// can be read: in its headers callback, or while it is paused, with its
+// stream the effective context (the bridge's answer; Envoy's
+// Context::getMap gives the request headers until the request continues).
+// Only an event needs it there, so an allowed request does without.
+func (s *Stream) clientIP() netip.Addr { return s.cfg.ResolveClientIP(&s.req, &s.plan) }
+
 // keepIdentity copies the identity out of host memory, which is only valid
-// during this callback, into the stream's own buffers.
+// during this callback, into the stream's own buffers, for a request
+// answered after it. One answered during the callback reads the plan's
+// views of host memory. Not inlined: a function's frame is set up, in part
+// zeroed, on every call, and in WebAssembly that is dear; OnRequestHeaders
+// would pay for these copies on requests that never make them.
+//
+//go:noinline
 func (s *Stream) keepIdentity() {
 	s.user = append(s.user[:0], s.plan.Identity.User...)
-	s.ip = s.plan.Identity.IP
 	s.endpoint = append(s.endpoint[:0], s.plan.Endpoint...)
+	// From now on the plan refers to the copies.
+	s.plan.Identity.User = bytesString(s.user)
+	s.plan.Endpoint = bytesString(s.endpoint)
+}
+
+// keepRequestID copies the request's id, which every answer shows.
+func (s *Stream) keepRequestID() {
 	rid := s.p.host.RequestHeader("x-request-id")
 	if rid == "" {
 		rid = s.p.host.Property("request.id")
@@ -164,9 +186,6 @@ func (s *Stream) keepIdentity() {
 		rid = rid[:n]
 	}
 	s.requestID = append(s.requestID[:0], rid...)
-	// From now on the plan refers to the copies.
-	s.plan.Identity.User = bytesString(s.user)
-	s.plan.Endpoint = bytesString(s.endpoint)
 }
 
 // OnHTTPCallResponse delivers the bridge's answer to the waiting stream.
@@ -282,10 +301,7 @@ func (s *Stream) deny(i int, d *rules.Decision) {
 	h.IncCounter(p.m.denied)
 	l := &s.plan.Limits[i]
 	s.cfg.Headers.Render(&s.respHeaders, l, d, s.nowMS, true)
-	s.local = append(s.local[:0], [2]string{"content-type", "application/json"})
-	for j := 0; j < s.respHeaders.N; j++ {
-		s.local = append(s.local, [2]string{s.respHeaders.Names[j], bytesString(s.respHeaders.Values[j])})
-	}
+	s.local = s.appendLocalHeaders(s.local[:0])
 	s.body = s.cfg.AppendDenyBody(s.body[:0], l, d, s.nowMS, bytesString(s.requestID))
 	s.event(proxywasm.LogLevelInfo, "blocked", i, d, l.Action.String())
 	s.respHeaders.Reset() // the local response already carries them
@@ -303,9 +319,8 @@ func (s *Stream) fail(reason string) {
 		s.state = stateDone
 		s.p.host.IncCounter(s.p.m.failClosed)
 		s.body = rules.AppendUnavailableBody(s.body[:0], reason, bytesString(s.requestID))
-		s.local = append(s.local[:0], [2]string{"content-type", "application/json"})
 		s.answered = true
-		s.p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, s.local, s.body)
+		s.p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, jsonHeaders, s.body)
 		return
 	}
 	s.p.host.IncCounter(s.p.m.failOpen)

@@ -164,14 +164,16 @@ func GetRequestHeader(name string) (string, error) { return getHeader(mapRequest
 // GetRequestHeaders returns a copy of every request header in order.
 func GetRequestHeaders() ([][2]string, error) { return getHeaderPairs(mapRequestHeaders) }
 
-// GetRequestHeaderMapView returns the request headers with one host call,
-// for a plugin that looks up several: valid during the current callback.
-func GetRequestHeaderMapView() (HeaderMapView, error) {
+// GetRequestHeaderMapView makes v the request headers, fetched with one
+// host call, for a plugin that looks up several: valid during the current
+// callback.
+func GetRequestHeaderMapView(v *HeaderMapView) error {
 	resetRet()
 	if err := Status(proxyGetHeaderMapPairs(mapRequestHeaders, unsafe.Pointer(&retData), unsafe.Pointer(&retSize))).Err(); err != nil {
-		return HeaderMapView{}, err
+		v.Reset(nil)
+		return err
 	}
-	return NewHeaderMapView(view())
+	return v.Reset(view())
 }
 
 // VisitRequestHeaders calls fn with views of every request header in order,
@@ -265,14 +267,14 @@ func PropertyInt64(b []byte) (int64, bool) {
 	return int64(v), true
 }
 
-// SendLocalResponse answers the current stream with status, body and headers
-// instead of forwarding it. details is Envoy's response code detail
+// SendLocalResponse answers the current stream with status, body and
+// headers instead of forwarding it. headers is a serialized map
+// (AppendHeaderMap), so that a plugin answering many requests alike
+// serializes it once. details is Envoy's response code detail
 // (lower_snake_case, no spaces).
-func SendLocalResponse(status uint32, details string, body []byte, headers [][2]string) error {
-	s := AppendHeaderMap(scratch[:0], headers)
-	scratch = s
+func SendLocalResponse(status uint32, details string, body []byte, headers []byte) error {
 	return Status(proxySendLocalResponse(status, strPtr(details), uint32(len(details)),
-		bytesPtr(body), uint32(len(body)), bytesPtr(s), uint32(len(s)), -1)).Err()
+		bytesPtr(body), uint32(len(body)), bytesPtr(headers), uint32(len(headers)), -1)).Err()
 }
 
 // ResumeHTTPRequest continues a request paused in OnRequestHeaders.

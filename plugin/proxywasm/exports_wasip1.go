@@ -8,6 +8,14 @@ import "unsafe"
 // so that host memory handed out during the callback is reclaimed when the
 // outermost callback returns, and recovers a panic (see PanicHandler)
 // instead of letting it trap the VM. Booleans travel as uint32 (i32).
+//
+// proxy_on_log and proxy_on_done are not exported here. A host calls
+// neither when the module lacks it (proxy-wasm-cpp-host src/context.cc:
+// ContextBase::onLog skips a missing on_log_, ContextBase::onDone returns
+// true without on_done_), and entering the module costs on every request
+// (a few hundred nanoseconds each on wazero): a plugin that does nothing
+// in them, as Sluice's, is cheaper without them. A plugin that needs
+// either exports it itself, with ProxyOnLog or ProxyOnDone as its body.
 
 //go:wasmexport proxy_abi_version_0_2_1
 func proxyABIVersion() {}
@@ -149,8 +157,12 @@ func proxyOnResponseTrailers(contextID, numTrailers uint32) (a uint32) {
 	return uint32(onResponseTrailers(contextID, numTrailers))
 }
 
-//go:wasmexport proxy_on_log
-func proxyOnLog(contextID uint32) {
+// ProxyOnLog is the body of a proxy_on_log export, for a plugin that
+// needs one:
+//
+//	//go:wasmexport proxy_on_log
+//	func proxyOnLog(contextID uint32) { proxywasm.ProxyOnLog(contextID) }
+func ProxyOnLog(contextID uint32) {
 	enter()
 	defer func() {
 		if v := recover(); v != nil {
@@ -161,8 +173,12 @@ func proxyOnLog(contextID uint32) {
 	onLog(contextID)
 }
 
-//go:wasmexport proxy_on_done
-func proxyOnDone(contextID uint32) (ok uint32) {
+// ProxyOnDone is the body of a proxy_on_done export, for a plugin that
+// needs one (a root context that is not done at once):
+//
+//	//go:wasmexport proxy_on_done
+//	func proxyOnDone(contextID uint32) uint32 { return proxywasm.ProxyOnDone(contextID) }
+func ProxyOnDone(contextID uint32) (ok uint32) {
 	enter()
 	defer func() {
 		if v := recover(); v != nil {

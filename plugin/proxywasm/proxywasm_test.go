@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 	"unsafe"
 )
@@ -105,6 +106,28 @@ func TestParseHeaderMap(t *testing.T) {
 	}
 }
 
+func TestHeaderMapView(t *testing.T) {
+	var v HeaderMapView
+	if err := v.Reset(AppendHeaderMap(nil, [][2]string{{":path", "/a"}, {"x-a", "1"}, {"x-a", "2"}, {"x-b", ""}})); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, want string
+		ok         bool
+	}{{":path", "/a", true}, {"x-a", "1", true}, {"x-b", "", true}, {"x-c", "", false}, {"X-A", "", false}} {
+		if got, ok := v.Get(c.name); got != c.want || ok != c.ok {
+			t.Errorf("Get(%q) = %q, %v; want %q, %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+	if err := v.Reset([]byte{1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 'a', 1, 'b', 0}); !errors.Is(err, ErrMalformedMap) || v.Len() != 0 {
+		t.Errorf("malformed map: %v, %d pairs", err, v.Len())
+	}
+	b := AppendHeaderMap(nil, [][2]string{{"a", "1"}, {"b", "2"}})
+	if n := testing.AllocsPerRun(100, func() { _ = v.Reset(b); v.Get("b") }); n != 0 {
+		t.Errorf("allocs = %v", n)
+	}
+}
+
 func TestVisitHeaderMap_NoAllocs(t *testing.T) {
 	b := AppendHeaderMap(nil, [][2]string{{"a", "1"}, {"b", "2"}})
 	count := 0
@@ -121,8 +144,21 @@ func FuzzParseHeaderMap(f *testing.F) {
 	f.Add([]byte{0})
 	f.Add(AppendHeaderMap(nil, [][2]string{{"a", "1"}, {"b", "22"}}))
 	f.Add([]byte{1, 0, 0, 0, 255, 255, 255, 255, 1, 0, 0, 0, 'a', 0})
+	var v HeaderMapView
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := ParseHeaderMap(b)
+		// The view accepts exactly what the parser does, and finds each
+		// name's first value.
+		if verr := v.Reset(b); (verr != nil) != (err != nil) || v.Len() != len(m) {
+			t.Fatalf("view of %v: %v, %d pairs; parser: %v, %d pairs", b, verr, v.Len(), err, len(m))
+		}
+		for i, kv := range m {
+			got, ok := v.Get(kv[0])
+			first := slices.IndexFunc(m, func(p [2]string) bool { return p[0] == kv[0] })
+			if !ok || (first == i && got != kv[1]) {
+				t.Fatalf("view of %v: Get(%q) = %q, %v; want %q", m, kv[0], got, ok, m[first][1])
+			}
+		}
 		if err != nil {
 			return
 		}

@@ -138,6 +138,8 @@ type PluginContext interface {
 	// OnPluginStart is called on every configuration; false refuses it.
 	OnPluginStart(configSize int) bool
 	// OnPluginDone returns true when the context may be deleted now.
+	// Called only in a plugin that exports proxy_on_done (ProxyOnDone);
+	// without it the host deletes the context at once.
 	OnPluginDone() bool
 	OnTick()
 	// OnHTTPCallResponse delivers the answer to DispatchHTTPCall. numHeaders
@@ -152,7 +154,8 @@ type PluginContext interface {
 type HTTPContext interface {
 	OnRequestHeaders(numHeaders int, endOfStream bool) Action
 	OnResponseHeaders(numHeaders int, endOfStream bool) Action
-	// OnLog is called once the stream is done, before OnDone's deletion.
+	// OnLog is called once the stream is done, before OnDone's deletion,
+	// in a plugin that exports proxy_on_log (ProxyOnLog).
 	OnLog()
 	// OnDone is called when the host deletes the context.
 	OnDone()
