@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -43,8 +44,8 @@ func ParseConfigEnv(data []byte, lookupEnv func(string) (string, bool)) (*Config
 	if len(strings.TrimSpace(string(data))) == 0 {
 		return nil, &ConfigError{Err: errors.New("configuration is empty")}
 	}
-	if !gjson.ValidBytes(data) {
-		return nil, &ConfigError{Err: errors.New("configuration is not valid JSON")}
+	if err := jsonText(data, "configuration"); err != nil {
+		return nil, err
 	}
 	root := gjson.ParseBytes(data)
 	p := parser{lookupEnv: lookupEnv}
@@ -57,6 +58,19 @@ func ParseConfigEnv(data []byte, lookupEnv func(string) (string, bool)) (*Config
 		return nil, p.err
 	}
 	return c, nil
+}
+
+// jsonText refuses data that is not JSON text, which is UTF-8: a string
+// with other bytes would not read back as written once a store or a
+// proxy encodes it (a path pattern would come back with U+FFFD in it).
+func jsonText(data []byte, what string) error {
+	if !gjson.ValidBytes(data) {
+		return &ConfigError{Err: fmt.Errorf("%s is not valid JSON", what)}
+	}
+	if !utf8.Valid(data) {
+		return &ConfigError{Err: fmt.Errorf("%s is not UTF-8", what)}
+	}
+	return nil
 }
 
 // parser keeps the first error; later calls become no-ops so that each

@@ -8,7 +8,6 @@ package rules
 // path.
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 
@@ -60,8 +59,8 @@ func ParseRule(data []byte) (Rule, error) {
 	if len(data) > MaxConfigSize {
 		return Rule{}, &ConfigError{Err: fmt.Errorf("rule is %d bytes, more than %d", len(data), MaxConfigSize)}
 	}
-	if !gjson.ValidBytes(data) {
-		return Rule{}, &ConfigError{Err: errors.New("rule is not valid JSON")}
+	if err := jsonText(data, "rule"); err != nil {
+		return Rule{}, err
 	}
 	var p parser
 	r := p.rule(gjson.ParseBytes(data), "", nil)
@@ -109,8 +108,8 @@ func (c *Config) WithPolicy(doc []byte) (*Config, PolicyVersion, error) {
 	if len(doc) > MaxConfigSize {
 		return nil, v, &ConfigError{Err: fmt.Errorf("policy is %d bytes, more than %d", len(doc), MaxConfigSize)}
 	}
-	if !gjson.ValidBytes(doc) {
-		return nil, v, &ConfigError{Err: errors.New("policy is not valid JSON")}
+	if err := jsonText(doc, "policy"); err != nil {
+		return nil, v, err
 	}
 	root := gjson.ParseBytes(doc)
 	var p parser

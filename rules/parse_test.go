@@ -381,3 +381,20 @@ func TestParseConfig_Throttle(t *testing.T) {
 		}
 	}
 }
+
+// A configuration, a rule or a policy that is not UTF-8 is refused: a
+// pattern or a name with other bytes would not read back as written once
+// a store or a proxy encodes it as JSON.
+func TestParse_NotUTF8(t *testing.T) {
+	bad := []byte("{\"rules\":[{\"name\":\"a\",\"limit\":1,\"window\":\"1s\",\"match\":{\"paths\":[\"/x\xff\"]}}]}")
+	if _, err := ParseConfig(bad); err == nil || !strings.Contains(err.Error(), "configuration is not UTF-8") {
+		t.Errorf("configuration: %v", err)
+	}
+	if _, err := ParseRule([]byte("{\"name\":\"a\",\"limit\":1,\"window\":\"1s\",\"match\":{\"paths\":[\"/x\xff\"]}}")); err == nil || !strings.Contains(err.Error(), "rule is not UTF-8") {
+		t.Errorf("rule: %v", err)
+	}
+	c, _ := ParseConfig([]byte(`{}`))
+	if _, _, err := c.WithPolicy([]byte("{\"store\":\"s\",\"version\":1,\"rules\":[{\"name\":\"\xff\"}]}")); err == nil || !strings.Contains(err.Error(), "policy is not UTF-8") {
+		t.Errorf("policy: %v", err)
+	}
+}
