@@ -34,6 +34,7 @@ type fakeBridge struct {
 	mu     sync.Mutex
 	counts map[string]int64
 	next   map[string]int64 // throttle limits: a key's next free slot, unix ms
+	grants atomic.Int64     // leases granted
 	calls  atomic.Int64
 	delay  time.Duration
 	status int    // non-200 answers
@@ -96,6 +97,7 @@ func (b *fakeBridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					b.counts[l.Key] += g
 					d.Remaining -= g
 					d.Lease = rules.LeaseGrant{Units: g, TTLMS: l.Spec.Lease.TTLMS, Tag: 1}
+					b.grants.Add(1)
 				}
 			}
 		}
@@ -364,7 +366,10 @@ func scenarioLimitHeadersAndDenial(t *testing.T, start startEngine) {
 // A leased limit: its first request gets a lease, which the next ones
 // spend from the shared data of both worker VMs without a call-out (a
 // renewal goes out in the background at half of it); no more than the
-// limit passes, none twice from one unit.
+// limit passes, none twice from one unit. Each request is sent once the
+// grants the bridge made have reached the proxy: how many requests a
+// renewal still on its way sends to the bridge depends on the machine's
+// load, which this scenario does not measure.
 func scenarioLease(t *testing.T, start startEngine) {
 	h := startProxy(t, start, engineSetup{config: `{
   "failure_mode": "fail_closed",
@@ -383,6 +388,13 @@ func scenarioLease(t *testing.T, start startEngine) {
 			}
 		}
 		vms[o.vm] = true
+		deadline := time.Now().Add(5 * time.Second)
+		for h.metric("sluice_lease_grants_total") < h.bridge.grants.Load() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d grants received of %d sent", h.metric("sluice_lease_grants_total"), h.bridge.grants.Load())
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 	// Never more than the limit; less by what a renewal still on its way
 	// holds at the end (at most 1.5 × size).
