@@ -174,6 +174,21 @@ func TestWasm_ConcurrentExact(t *testing.T) {
 }
 
 // inProcess answers call-outs without a network, for benchmarks.
+// inProcessHost starts the built plugin in a wasmhost host with opts,
+// whose cluster "bridge" is b, called in process; it closes with tb.
+func inProcessHost(tb testing.TB, b *fakeBridge, opts wasmhost.Options) *wasmhost.Host {
+	tb.Helper()
+	opts.RootID = "sluice"
+	opts.Clusters = map[string]string{"bridge": "http://bridge.invalid"}
+	opts.HTTPClient = &http.Client{Transport: inProcess{b}}
+	host, err := wasmhost.New(context.Background(), wasmBytes, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { host.Close() })
+	return host
+}
+
 type inProcess struct{ h http.Handler }
 
 func (p inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -190,16 +205,10 @@ func (p inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 // guest callbacks of the request (host functions excluded).
 func BenchmarkWasm(b *testing.B) {
 	bridge := &fakeBridge{counts: map[string]int64{}}
-	host, err := wasmhost.New(context.Background(), wasmBytes, wasmhost.Options{
-		Workers: 1, PluginConfig: []byte(benchConfig), RootID: "sluice", MeasureGuest: true,
-		Clusters:   map[string]string{"bridge": "http://bridge.invalid"},
-		HTTPClient: &http.Client{Transport: inProcess{bridge}},
-		LogLevel:   wasmhost.LogLevelInfo, // Envoy's default: no debug event per allowed request
+	host := inProcessHost(b, bridge, wasmhost.Options{
+		Workers: 1, PluginConfig: []byte(benchConfig), MeasureGuest: true,
+		LogLevel: wasmhost.LogLevelInfo, // Envoy's default: no debug event per allowed request
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer host.Close()
 	ctx := context.Background()
 	guestNs := map[string]float64{}
 	run := func(b *testing.B, path, user string) {
@@ -254,15 +263,7 @@ func cpuNanos() int64 {
 // linear memory the size it was.
 func TestWasm_HeapFlat(t *testing.T) {
 	bridge := &fakeBridge{counts: map[string]int64{overLimitKey: 1 << 40}}
-	host, err := wasmhost.New(context.Background(), wasmBytes, wasmhost.Options{
-		Workers: 2, PluginConfig: []byte(benchConfig), RootID: "sluice", LogCapacity: 16,
-		Clusters:   map[string]string{"bridge": "http://bridge.invalid"},
-		HTTPClient: &http.Client{Transport: inProcess{bridge}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
+	host := inProcessHost(t, bridge, wasmhost.Options{Workers: 2, PluginConfig: []byte(benchConfig), LogCapacity: 16})
 	ctx := context.Background()
 	infos := []wasmhost.RequestInfo{
 		{Method: "GET", Path: "/health", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
@@ -300,19 +301,12 @@ func TestWasm_HeapFlat(t *testing.T) {
 // held requests (100 at a time, one slot a millisecond) after a round
 // that warmed them up.
 func TestWasm_HeapFlatThrottled(t *testing.T) {
-	bridge := &fakeBridge{counts: map[string]int64{}}
-	host, err := wasmhost.New(context.Background(), wasmBytes, wasmhost.Options{
-		Workers: 2, RootID: "sluice", LogCapacity: 16,
+	host := inProcessHost(t, &fakeBridge{counts: map[string]int64{}}, wasmhost.Options{
+		Workers: 2, LogCapacity: 16,
 		PluginConfig: []byte(`{"bridge": {"cluster": "bridge", "timeout": "1s"},
   "rules": [{"name": "t", "match": {"paths": ["/t"]}, "scope": "global", "limit": 1000, "window": "1s",
              "algorithm": "fixed_window", "action": "throttle", "max_delay": "5s"}]}`),
-		Clusters:   map[string]string{"bridge": "http://bridge.invalid"},
-		HTTPClient: &http.Client{Transport: inProcess{bridge}},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
 	ctx := context.Background()
 	round := func() {
 		var wg sync.WaitGroup

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/sluicehq/sluice/internal/idleconn"
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
@@ -26,7 +27,7 @@ import (
 // (docs/deploy.md). The answer is parsed by net/http (http.ReadResponse).
 //
 // A connection the server closed while it sat idle is not used again: it
-// is probed before reuse (aliveIdle), as Envoy's connection pool notices a
+// is probed before reuse (idleconn.Alive), as Envoy's connection pool notices a
 // remote close on an idle connection, rather than retried after a request
 // was sent on it, which could apply a check twice.
 type h1client struct {
@@ -165,7 +166,7 @@ func (c *h1client) get(addr string, deadline time.Time) (*h1conn, error) {
 		list[len(list)-1] = nil
 		c.idle[addr] = list[:len(list)-1]
 		c.mu.Unlock()
-		if conn.br.Buffered() == 0 && aliveIdle(conn.c) {
+		if conn.br.Buffered() == 0 && idleconn.Alive(conn.c) {
 			c.mu.Lock()
 			if c.closed {
 				c.mu.Unlock()

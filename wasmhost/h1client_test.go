@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/idleconn"
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
@@ -148,7 +149,7 @@ func TestH1Client_ServerClosedIdleConnection(t *testing.T) {
 		c.mu.Lock()
 		conn := c.idle[strings.TrimPrefix(srv.URL, "http://")][0]
 		c.mu.Unlock()
-		if !aliveIdle(conn.c) {
+		if !idleconn.Alive(conn.c) {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/idleconn"
 )
 
 // A single Redis (redis://, rediss://, unix://) gets its check pipelines
@@ -177,7 +179,7 @@ func (d *directConn) exec(groups [][]*call, deadline time.Time) {
 			}
 		}
 	}
-	if d.c != nil && time.Since(d.used) >= d.idleCheck && !connAlive(d.c) {
+	if d.c != nil && time.Since(d.used) >= d.idleCheck && !idleconn.Alive(d.c) {
 		d.close()
 	}
 	if d.c == nil {

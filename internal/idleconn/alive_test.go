@@ -1,0 +1,60 @@
+//go:build unix
+
+package idleconn
+
+import (
+	"net"
+	"testing"
+	"time"
+)
+
+// TestAlive: an idle connection is alive until its peer closes it or
+// sends something unasked; probing it reads nothing.
+func TestAlive(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		peer func(net.Conn)
+		want bool
+	}{
+		{"idle", func(net.Conn) {}, true},
+		{"closed by the peer", func(c net.Conn) { c.Close() }, false},
+		{"bytes unasked", func(c net.Conn) { c.Write([]byte("x")) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			peer, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peer.Close()
+			tc.peer(peer)
+			// What the peer did reaches this end within a moment.
+			deadline := time.Now().Add(2 * time.Second)
+			got := Alive(c)
+			for got != tc.want && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+				got = Alive(c)
+			}
+			if got != tc.want {
+				t.Fatalf("Alive = %v, want %v", got, tc.want)
+			}
+			if tc.want {
+				// The probe consumed nothing: the connection still works.
+				peer.Write([]byte("ok"))
+				b := make([]byte, 2)
+				if _, err := c.Read(b); err != nil || string(b) != "ok" {
+					t.Fatalf("read after the probe: %q %v", b, err)
+				}
+			}
+		})
+	}
+}
