@@ -71,12 +71,17 @@ test-long: deps
 
 # Each fuzz target runs briefly from its seed corpus; `go test -fuzz` takes one
 # target at a time. An input that fails is written under testdata/fuzz and
-# runs first on every later `go test`.
+# runs first on every later `go test`. Inputs are not minimized
+# (-fuzzminimizetime=0): a worker still minimizing a new input when the
+# count runs out is stopped, and Go 1.26's coordinator then reports
+# "fuzzing process hung or terminated unexpectedly while minimizing: EOF"
+# with an input that passes (go.dev/issue/52569; seen about once in twenty
+# runs of FuzzServer_H2C). A failing input is written all the same.
 test-fuzz:
 	@set -e; for spec in $$($(GO) run ./internal/tools/fuzzlist); do \
 	  pkg=$${spec%%:*}; fn=$${spec##*:}; \
 	  echo "fuzz $$pkg $$fn"; \
-	  out=$$($(GO) test -run='^$$' -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) $$pkg 2>&1) || { echo "$$out" | tail -40; exit 1; }; \
+	  out=$$($(GO) test -run='^$$' -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=0 $$pkg 2>&1) || { echo "$$out" | tail -40; exit 1; }; \
 	done
 
 # Timing targets live here, never in pass/fail tests. Fixed iteration

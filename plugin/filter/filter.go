@@ -73,12 +73,13 @@ const (
 	MetricPolicyApplied = "sluice_policy_applied_total"
 	MetricPolicyRefused = "sluice_policy_refused_total"
 	MetricPolicyErrors  = "sluice_policy_fetch_errors_total"
-	// Leases (lease.go): requests answered from one, grants received, and
-	// units granted, spent, handed back and not handed back (lost, or
+	// Leases (lease.go): requests answered from one, grants received,
+	// renewals sent in the background, and units granted, spent, handed back and not handed back (lost, or
 	// maybe lost: they come back when the store's window or lease
 	// generation ends).
 	MetricLeaseHits       = "sluice_lease_hits_total"
 	MetricLeaseGrants     = "sluice_lease_grants_total"
+	MetricLeaseRenewals   = "sluice_lease_renewals_total"
 	MetricUnitsGranted    = "sluice_lease_units_granted_total"
 	MetricUnitsSpent      = "sluice_lease_units_spent_total"
 	MetricUnitsReturned   = "sluice_lease_units_returned_total"
@@ -101,7 +102,7 @@ const tokenCacheSlots = 256
 type metrics struct {
 	requests, allowed, denied, logOnlyDenied, bridgeErrors, failOpen, failClosed, cacheHits, exempt, configRefused, panics uint32
 	policyApplied, policyRefused, policyErrors                                                                             uint32
-	leaseHits, leaseGrants, unitsGranted, unitsSpent, unitsReturned, unitsUnreturned                                       uint32
+	leaseHits, leaseGrants, leaseRenewals, unitsGranted, unitsSpent, unitsReturned, unitsUnreturned                        uint32
 	throttled, throttleDelayMS, throttleDelay, throttleWaiting, throttleTooLong, throttleFull                              uint32
 }
 
@@ -163,7 +164,8 @@ func NewPlugin(host Host, contextID uint32) *Plugin {
 		policyApplied: host.DefineCounter(MetricPolicyApplied), policyRefused: host.DefineCounter(MetricPolicyRefused),
 		policyErrors: host.DefineCounter(MetricPolicyErrors),
 		leaseHits:    host.DefineCounter(MetricLeaseHits), leaseGrants: host.DefineCounter(MetricLeaseGrants),
-		unitsGranted: host.DefineCounter(MetricUnitsGranted), unitsSpent: host.DefineCounter(MetricUnitsSpent),
+		leaseRenewals: host.DefineCounter(MetricLeaseRenewals),
+		unitsGranted:  host.DefineCounter(MetricUnitsGranted), unitsSpent: host.DefineCounter(MetricUnitsSpent),
 		unitsReturned: host.DefineCounter(MetricUnitsReturned), unitsUnreturned: host.DefineCounter(MetricUnitsUnreturned),
 		throttled: host.DefineCounter(MetricThrottled), throttleDelayMS: host.DefineCounter(MetricThrottleDelayMS),
 		throttleDelay: host.DefineHistogram(MetricThrottleDelay), throttleWaiting: host.DefineGauge(MetricThrottleWaiting),

@@ -609,6 +609,9 @@ func (p *Plugin) sendLeaseCall(cfg *rules.Config, op rules.Op, l *rules.PlannedL
 			*c = leaseCall{used: true, id: id, op: op, cfg: cfg, key: c.key, spec: c.spec,
 				sentAt: p.host.NowNanos() / 1e6, mark: mark, ret: r}
 			p.leaseInFlight++
+			if op == rules.OpRenew {
+				p.host.IncCounter(p.m.leaseRenewals)
+			}
 			return
 		}
 	}
