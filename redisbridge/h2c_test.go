@@ -822,3 +822,65 @@ func TestServer_H2CShutdown(t *testing.T) {
 		t.Fatalf("Serve: %v", err)
 	}
 }
+
+// TestServer_HTTP2TableSizeSettings: a client that changes
+// SETTINGS_HEADER_TABLE_SIZE while answers are being written cannot
+// crash the bridge's net/http server (what serves TLS and what the fast
+// paths hand over): every request is answered.
+func TestServer_HTTP2TableSizeSettings(t *testing.T) {
+	addr := startNetHTTP(t, testSettings())
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	var wbuf bytes.Buffer
+	fr := http2.NewFramer(&wbuf, c)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	wbuf.WriteString(http2.ClientPreface)
+	fr.WriteSettings()
+	const batches, perBatch = 40, 50
+	id := uint32(1)
+	for b := range batches {
+		for i := range perBatch {
+			hb.Reset()
+			for _, f := range fields(":method", "GET", ":scheme", "http", ":path", "/healthz", ":authority", "bridge",
+				"x-request-id", fmt.Sprintf("r-%d-%d", b, i)) {
+				enc.WriteField(f)
+			}
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndStream: true, EndHeaders: true})
+			id += 2
+			// The answers index their request ids; a table size of 0
+			// empties the server's table again.
+			fr.WriteSettings(http2.Setting{ID: http2.SettingHeaderTableSize, Val: uint32(i%2) * 4096})
+		}
+		if _, err := c.Write(wbuf.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+		wbuf.Reset()
+		for answered := 0; answered < perBatch; {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				t.Fatalf("batch %d: %d of %d answered: %v", b, answered, perBatch, err)
+			}
+			switch f := f.(type) {
+			case *http2.MetaHeadersFrame:
+				if f.PseudoValue("status") != "200" {
+					t.Fatalf("stream %d: status %s", f.StreamID, f.PseudoValue("status"))
+				}
+				if f.StreamEnded() {
+					answered++
+				}
+			case *http2.DataFrame:
+				if f.StreamEnded() {
+					answered++
+				}
+			case *http2.RSTStreamFrame, *http2.GoAwayFrame:
+				t.Fatalf("batch %d: %v", b, f)
+			}
+		}
+	}
+}

@@ -187,6 +187,16 @@ func (s *Server) httpServer() *http.Server {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		Protocols:         new(http.Protocols),
+		// net/http's HTTP/2 server writes an answer's HEADERS on another
+		// goroutine with the connection's HPACK encoder while its read
+		// loop applies the peer's SETTINGS_HEADER_TABLE_SIZE to that
+		// encoder (h2_bundle.go: startFrameWrite, processSetting): a peer
+		// changing it mid-connection corrupted the answers' headers or
+		// crashed the process ("concurrent map read and map write").
+		// Below the size of any entry, the encoder's table stays empty
+		// and the setting touches nothing the writer uses. h2fast, which
+		// serves h2c, has its own encoder under its lock.
+		HTTP2: &http.HTTP2Config{MaxEncoderHeaderTableSize: 1},
 	}
 	srv.Protocols.SetHTTP1(true)
 	if s.set.TLSCert != "" {
