@@ -34,6 +34,7 @@ type fakeBridge struct {
 	mu       sync.Mutex
 	counts   map[string]int64
 	next     map[string]int64 // throttle limits: a key's next free slot, unix ms
+	held     [][2]int64       // throttle limits: slot and delay given to each request passed
 	grants   atomic.Int64     // leases granted
 	renewals atomic.Int64     // renewals answered (counted after their grants)
 	calls    atomic.Int64
@@ -123,6 +124,7 @@ func (b *fakeBridge) throttle(l *rules.LimitRequest, now int64) *rules.CheckResp
 		b.next = map[string]int64{}
 	}
 	b.next[l.Key] = slot + l.Spec.WindowMS/l.Spec.Limit
+	b.held = append(b.held, [2]int64{slot, slot - now})
 	return &rules.CheckResponse{Allowed: true, NowMS: now, DelayMS: slot - now, Decisions: []rules.Decision{d}}
 }
 
@@ -470,11 +472,13 @@ func scenarioThrottle(t *testing.T, start startEngine) {
 			t.Errorf("a refusal took %v: it must not wait", r.took)
 		}
 	}
-	// Each passed no earlier than the delay it reports, and the delays are
-	// the slots 0, 100, ..., 1000.
-	var delays []int
+	// Each passed no earlier than the delay it reports, which is the one
+	// the bridge gave it; the bridge gave the slots 0, 100, ..., 1000 ms
+	// from the first (each request's delay is its slot less when it
+	// reached the bridge).
+	var delays, given []int64
 	for _, r := range passed {
-		var d int
+		var d int64
 		if r.delayHdr != "" {
 			fmt.Sscan(r.delayHdr, &d)
 		}
@@ -483,13 +487,21 @@ func scenarioThrottle(t *testing.T, start startEngine) {
 		}
 		delays = append(delays, d)
 	}
-	slices.Sort(delays)
-	for i, d := range delays {
-		// The bridge's clock started the slots a little after begin.
-		if d < 100*i-20 || d > 100*i {
-			t.Errorf("delays %v: want one slot every 100 ms", delays)
+	h.bridge.mu.Lock()
+	held := slices.Clone(h.bridge.held)
+	h.bridge.mu.Unlock()
+	slices.SortFunc(held, func(a, b [2]int64) int { return int(a[0] - b[0]) })
+	for i, sd := range held {
+		if sd[0] != held[0][0]+100*int64(i) {
+			t.Errorf("slots %v: want one every 100 ms", held)
 			break
 		}
+		given = append(given, sd[1])
+	}
+	slices.Sort(delays)
+	slices.Sort(given)
+	if !slices.Equal(delays, given) {
+		t.Errorf("delays on the answers %v, given by the bridge %v", delays, given)
 	}
 	// The first of the refused is the bridge's; the others are too, or
 	// the local cache's when they came after it.
