@@ -45,6 +45,16 @@ type LimitRequest struct {
 	MaxDelayMS int64
 }
 
+// MaxDelay is the limit's max_delay_ms as the wire and the stores carry
+// it: -1 when it is not throttled. A sliding window estimates its count,
+// so it never is (a per-user override may have made a throttle limit one).
+func (l *LimitRequest) MaxDelay() int64 {
+	if !l.Throttle || l.Spec.Algorithm == SlidingWindow {
+		return -1
+	}
+	return l.MaxDelayMS
+}
+
 // Op is what a check asks of the bridge.
 type Op uint8
 
@@ -170,11 +180,7 @@ func AppendCheckRequestFrom(dst []byte, req *CheckRequest) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		maxDelay := int64(-1)
-		if l.Throttle {
-			maxDelay = l.MaxDelayMS
-		}
-		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.LogOnly, l.PerUser, maxDelay, l.Spec.Lease, l.Return)
+		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.LogOnly, l.PerUser, l.MaxDelay(), l.Spec.Lease, l.Return)
 	}
 	return append(dst, "]}"...)
 }

@@ -74,9 +74,9 @@ const (
 	MetricPolicyRefused = "sluice_policy_refused_total"
 	MetricPolicyErrors  = "sluice_policy_fetch_errors_total"
 	// Leases (lease.go): requests answered from one, grants received,
-	// renewals sent in the background, and units granted, spent, handed back and not handed back (lost, or
-	// maybe lost: they come back when the store's window or lease
-	// generation ends).
+	// renewals sent in the background, and units granted, spent, handed
+	// back and not handed back (lost, or maybe lost: they come back when
+	// the store's window or lease generation ends).
 	MetricLeaseHits       = "sluice_lease_hits_total"
 	MetricLeaseGrants     = "sluice_lease_grants_total"
 	MetricLeaseRenewals   = "sluice_lease_renewals_total"

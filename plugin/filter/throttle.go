@@ -1,6 +1,8 @@
 package filter
 
 import (
+	"container/heap"
+
 	"github.com/sluicehq/sluice/plugin/proxywasm"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -21,8 +23,8 @@ import (
 
 // throttleState is what a VM knows of the requests it holds.
 type throttleState struct {
-	held   []*Stream // held requests, a min-heap by due time
-	places int64     // held requests and checks in flight that may come back held
+	held   heldStreams // held requests, the one due first at 0
+	places int64       // held requests and checks in flight that may come back held
 	// The root's tick: its period as last set, when it fires next, and
 	// when the work done once a period (OnTick) runs next; proxy clock, ms.
 	period uint32
@@ -153,76 +155,37 @@ func (s *Stream) throttledEvent(i int, delayMS int64) {
 	s.p.host.Log(proxywasm.LogLevelInfo, b)
 }
 
-// The held requests are a binary min-heap by due time; each stream knows
-// its index, so one that ends is removed at once.
+// heldStreams are the held requests, a container/heap by due time; each
+// stream knows its index, so one that ends is removed at once.
+type heldStreams []*Stream
 
-func (p *Plugin) push(s *Stream) {
-	h := append(p.thr.held, s)
-	s.heldAt = len(h) - 1
-	p.thr.held = h
-	p.up(s.heldAt)
-}
-
-func (p *Plugin) pop() *Stream {
-	h := p.thr.held
-	s := h[0]
-	p.swap(0, len(h)-1)
-	h[len(h)-1] = nil
-	p.thr.held = h[:len(h)-1]
-	p.down(0)
-	s.heldAt = -1
-	return s
-}
-
-func (p *Plugin) remove(s *Stream) {
-	i := s.heldAt
-	if i < 0 {
-		return
-	}
-	h := p.thr.held
-	last := len(h) - 1
-	p.swap(i, last)
-	h[last] = nil
-	p.thr.held = h[:last]
-	if i < last {
-		p.down(i)
-		p.up(i)
-	}
-	s.heldAt = -1
-}
-
-func (p *Plugin) swap(i, j int) {
-	h := p.thr.held
+func (h heldStreams) Len() int           { return len(h) }
+func (h heldStreams) Less(i, j int) bool { return h[i].dueMS < h[j].dueMS }
+func (h heldStreams) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].heldAt, h[j].heldAt = i, j
 }
 
-func (p *Plugin) up(i int) {
-	h := p.thr.held
-	for i > 0 {
-		parent := (i - 1) / 2
-		if h[parent].dueMS <= h[i].dueMS {
-			return
-		}
-		p.swap(i, parent)
-		i = parent
-	}
+func (h *heldStreams) Push(x any) {
+	s := x.(*Stream)
+	s.heldAt = len(*h)
+	*h = append(*h, s)
 }
 
-func (p *Plugin) down(i int) {
-	h := p.thr.held
-	for {
-		least, l, r := i, 2*i+1, 2*i+2
-		if l < len(h) && h[l].dueMS < h[least].dueMS {
-			least = l
-		}
-		if r < len(h) && h[r].dueMS < h[least].dueMS {
-			least = r
-		}
-		if least == i {
-			return
-		}
-		p.swap(i, least)
-		i = least
+func (h *heldStreams) Pop() any {
+	old := *h
+	s := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	s.heldAt = -1
+	return s
+}
+
+func (p *Plugin) push(s *Stream) { heap.Push(&p.thr.held, s) }
+func (p *Plugin) pop() *Stream   { return heap.Pop(&p.thr.held).(*Stream) }
+
+func (p *Plugin) remove(s *Stream) {
+	if s.heldAt >= 0 {
+		heap.Remove(&p.thr.held, s.heldAt)
 	}
 }

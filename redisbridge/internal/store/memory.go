@@ -190,7 +190,7 @@ func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, 
 	for i := range req.Limits {
 		l := &req.Limits[i]
 		m := &ls[i]
-		m.spec, m.logOnly, m.ret, m.maxDelay = l.Spec, l.LogOnly, l.Return, maxDelay(l)
+		m.spec, m.logOnly, m.ret, m.maxDelay = l.Spec, l.LogOnly, l.Return, l.MaxDelay()
 		m.throttle = m.maxDelay >= 0
 		if req.Op == rules.OpRenew {
 			m.spec.Cost = 0
@@ -557,7 +557,7 @@ func (s *Memory) reserve(m *memLimit, now, at int64) {
 			reset = (last + 1) * W
 		}
 		e.w, e.c = idx, c
-		e.expireAt = now + (last+1)*W - now + 1000
+		e.expireAt = (last+1)*W + 1000
 		m.remaining, m.reset = max(0, limit-c), reset
 	default: // sliding log
 		from, _ := slices.BinarySearch(e.log, now-W+1)
@@ -569,7 +569,7 @@ func (s *Memory) reserve(m *memLimit, now, at int64) {
 		}
 		e.log = insertTimes(e.log, at, cost)
 		top := max(m.top, at)
-		e.expireAt = now + top + W - now
+		e.expireAt = top + W
 		if len(e.log) == 0 {
 			e.expireAt = now // Redis deletes an empty ZSET (a renewal adds none)
 		}

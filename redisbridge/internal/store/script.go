@@ -172,16 +172,6 @@ type argWriter interface {
 	int(n int64)      // one part: n in decimal
 }
 
-// maxDelay is a limit's max_delay_ms as the stores read it: -1 when it is
-// not throttled. A sliding window estimates, so it never is: a per-user
-// override may have made a throttle limit one.
-func maxDelay(l *rules.LimitRequest) int64 {
-	if !l.Throttle || l.Spec.Algorithm == rules.SlidingWindow {
-		return -1
-	}
-	return l.MaxDelayMS
-}
-
 // penalized returns l's penalty when it has one.
 func penalized(l *rules.LimitRequest) (*rules.Penalty, bool) {
 	p := l.Spec.Penalty
@@ -227,7 +217,7 @@ func sameSpec(a, b *rules.LimitRequest) bool {
 	sa, sb := &a.Spec, &b.Spec
 	if a.LogOnly != b.LogOnly || scriptAlgorithm(sa.Algorithm) != scriptAlgorithm(sb.Algorithm) ||
 		sa.Limit != sb.Limit || sa.WindowMS != sb.WindowMS || sa.Burst != sb.Burst || sa.Cost != sb.Cost ||
-		sa.Lease != sb.Lease || maxDelay(a) != maxDelay(b) {
+		sa.Lease != sb.Lease || a.MaxDelay() != b.MaxDelay() {
 		return false
 	}
 	pa, okA := penalized(a)
@@ -296,7 +286,7 @@ func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable)
 		w.int(boolArg(l.LogOnly))
 		w.int(sp.Lease.Size)
 		w.int(sp.Lease.TTLMS)
-		w.int(maxDelay(l))
+		w.int(l.MaxDelay())
 		if p, ok := penalized(l); ok {
 			w.int(p.DetectionWindowMS)
 			w.int(p.ViolationThreshold)
