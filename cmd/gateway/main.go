@@ -22,6 +22,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -178,7 +179,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.config, "config", "examples/config.json", "the plugin's JSON configuration")
 	fs.StringVar(&s.upstream, "upstream", "", "the upstream base URL, e.g. http://127.0.0.1:9000")
 	fs.Var(s.clusters, "cluster", "a call-out cluster NAME=URL (repeatable), e.g. sluice_bridge=http://127.0.0.1:8081")
-	fs.IntVar(&s.workers, "workers", 2, "worker VMs")
+	fs.IntVar(&s.workers, "workers", defaultWorkers(), "plugin VMs (default: the CPUs the gateway may use)")
 	fs.Var(&s.failure, "failure-policy", "what requests get from a plugin VM that has failed (trapped), as Envoy's failure_policy: fail_reload (503, and a new VM at most once a second), fail_closed (503 until restart) or fail_open (pass unlimited)")
 	fs.Var(&s.strip, "strip-header", "remove this request header before the plugin runs (repeatable): identity headers the plugin trusts must come from you, not from clients")
 	fs.Var(&s.env, "env", "an environment variable for the plugin VM (repeatable): NAME passes the gateway's own value, NAME=VALUE sets one; the VM sees nothing else")
@@ -187,6 +188,14 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.cacheDir, "compile-cache", "", "directory to keep the plugin's compiled machine code in, so restarts skip compiling (seconds for plugin.wasm)")
 	return fs
 }
+
+// defaultWorkers is one plugin VM per CPU the Go runtime schedules on, as
+// Envoy runs one VM per worker thread and its --concurrency defaults to the
+// hardware threads: with fewer VMs than CPUs, requests queue for a VM
+// while CPUs are idle. GOMAXPROCS follows the container's CPU limit.
+func defaultWorkers() int { return min(runtime.GOMAXPROCS(0), maxWorkers) }
+
+const maxWorkers = 256
 
 // parseFlags reads the command line, then, for each flag it does not set,
 // the flag's SLUICE_GATEWAY_* variable (lookupEnv is os.LookupEnv outside
@@ -233,8 +242,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	if u, err := url.Parse(s.upstream); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return s, fmt.Errorf("--upstream %q is not an http(s) URL", s.upstream)
 	}
-	if s.workers < 1 || s.workers > 256 {
-		return s, fmt.Errorf("--workers %d: must be from 1 to 256", s.workers)
+	if s.workers < 1 || s.workers > maxWorkers {
+		return s, fmt.Errorf("--workers %d: must be from 1 to %d", s.workers, maxWorkers)
 	}
 	return s, nil
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -13,6 +14,19 @@ import (
 )
 
 func noEnv(string) (string, bool) { return "", false }
+
+// Without --workers the gateway runs one VM per CPU it may use, as Envoy
+// one per worker thread, up to the 256 it accepts.
+func TestParseFlags_DefaultWorkers(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, tc := range []struct{ procs, want int }{{1, 1}, {3, 3}, {256, 256}, {300, 256}} {
+		runtime.GOMAXPROCS(tc.procs)
+		s, err := parseFlags([]string{"--upstream", "http://127.0.0.1:9000"}, noEnv, io.Discard)
+		if err != nil || s.workers != tc.want {
+			t.Errorf("GOMAXPROCS %d: %d workers (%v), want %d", tc.procs, s.workers, err, tc.want)
+		}
+	}
+}
 
 func TestParseFlags(t *testing.T) {
 	tests := []struct {
