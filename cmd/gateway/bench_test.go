@@ -132,12 +132,12 @@ func BenchmarkGateway(b *testing.B) {
 			b.ReportMetric(cpuUS, "cpu-us/op")
 			b.ReportMetric(float64(p99.Microseconds()), "p99-us")
 			rows[i] = benchtable.Row{
-				Group: "Gateway, 50 keep-alive clients on loopback, all in one process (CPU includes the clients)",
+				Group: benchGroup,
 				Name:  c.label, Base: c.name == "b-reverse-proxy",
 				Metrics: []benchtable.Metric{
 					{Name: "req/s", Value: rate, Ratio: true},
 					{Name: "process CPU µs/req", Value: cpuUS, Ratio: true},
-					{Name: "p99 ms", Value: float64(p99.Microseconds()) / 1000},
+					{Name: "p99 ms", Value: milliseconds(p99)},
 				},
 			}
 		})
@@ -183,15 +183,13 @@ func BenchmarkGateway(b *testing.B) {
 		gwP99, gwCPU := paced(cases[4].base + cases[4].path)
 		added := gwP99 - baseP99
 		b.ReportMetric(float64(added.Microseconds()), "half-sat-added-p99-us")
-		group := "Gateway, 50 keep-alive clients on loopback, all in one process (CPU includes the clients)"
-		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 		rows = append(rows,
-			benchtable.Row{Group: group, Name: fmt.Sprintf("httputil.ReverseProxy paced at half the call-out case's rate (%.0f req/s)", rate/2),
-				Metrics: []benchtable.Metric{{Name: "process CPU µs/req", Value: baseCPU}, {Name: "p99 ms", Value: ms(baseP99)}}},
-			benchtable.Row{Group: group, Name: "gateway, a call-out per request, at the same pace",
-				Metrics: []benchtable.Metric{{Name: "process CPU µs/req", Value: gwCPU}, {Name: "p99 ms", Value: ms(gwP99)}}},
-			benchtable.Row{Group: group, Name: "p99 a call-out adds at half saturation (target < 1 ms)",
-				Metrics: []benchtable.Metric{{Name: "p99 ms", Value: ms(added)}}},
+			benchtable.Row{Group: benchGroup, Name: fmt.Sprintf("httputil.ReverseProxy paced at half the call-out case's rate (%.0f req/s)", rate/2),
+				Metrics: []benchtable.Metric{{Name: "process CPU µs/req", Value: baseCPU}, {Name: "p99 ms", Value: milliseconds(baseP99)}}},
+			benchtable.Row{Group: benchGroup, Name: "gateway, a call-out per request, at the same pace",
+				Metrics: []benchtable.Metric{{Name: "process CPU µs/req", Value: gwCPU}, {Name: "p99 ms", Value: milliseconds(gwP99)}}},
+			benchtable.Row{Group: benchGroup, Name: "p99 a call-out adds at half saturation (target < 1 ms)",
+				Metrics: []benchtable.Metric{{Name: "p99 ms", Value: milliseconds(added)}}},
 		)
 	}
 	rows = slices.DeleteFunc(rows, func(r benchtable.Row) bool { return len(r.Metrics) == 0 })
@@ -199,6 +197,11 @@ func BenchmarkGateway(b *testing.B) {
 		b.Fatal(err)
 	}
 }
+
+// benchGroup is the table group of every BenchmarkGateway row.
+const benchGroup = "Gateway, 50 keep-alive clients on loopback, all in one process (CPU includes the clients)"
+
+func milliseconds(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func cpuNanos() int64 {
 	var ru syscall.Rusage
