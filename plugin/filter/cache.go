@@ -1,8 +1,6 @@
 package filter
 
 import (
-	"encoding/binary"
-
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -20,30 +18,6 @@ import (
 
 const cachePrefix = "sluice.oc."
 
-// keyHash hashes a counter key: it picks the key's cache slot and its
-// entry in the VM's refusal memo. It takes the key a word at a time (a
-// loop over bytes is dear in WebAssembly) and mixes the result as
-// MurmurHash3's finalizer does, so that its low bits, which pick slots,
-// depend on every byte.
-func keyHash(key []byte) uint64 {
-	h := uint64(len(key)) * 0x9E3779B97F4A7C15
-	for len(key) >= 8 {
-		h = (h ^ binary.LittleEndian.Uint64(key)) * 0x9E3779B97F4A7C15
-		h ^= h >> 29
-		key = key[8:]
-	}
-	var last uint64
-	for i, c := range key {
-		last |= uint64(c) << (8 * i)
-	}
-	h = (h ^ last) * 0x9E3779B97F4A7C15
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	return h ^ h>>33
-}
-
 // cachedDenial finds an enforced limit of s that is cached as over limit;
 // h is its key's hash, and memo tells that the VM's own rendering of the
 // refusal (refusals[h%refusalSlots]) is of that key and configuration.
@@ -53,7 +27,7 @@ func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, h uint64, mem
 		if l.Action == rules.LogOnly {
 			continue
 		}
-		h := keyHash(l.Key)
+		h := rules.Hash(l.Key)
 		// This VM refused the key lately: its own copy of the cache entry
 		// answers without asking the host for shared data.
 		r := &p.refusals[h%refusalSlots]
@@ -77,7 +51,7 @@ func (p *Plugin) cacheDenial(cfg *rules.Config, key []byte, d *rules.Decision, n
 		return
 	}
 	local := p.host.NowNanos() / 1e6
-	k := p.slotName(keyHash(key), cfg.LocalCache.MaxEntries)
+	k := p.slotName(rules.Hash(key), cfg.LocalCache.MaxEntries)
 	e := &p.entry
 	for range casTries {
 		v, cas := p.host.SharedGetCAS(k)

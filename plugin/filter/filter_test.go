@@ -789,7 +789,7 @@ func TestKeyHash_Spreads(t *testing.T) {
 		counts := make([]int, slots)
 		const keys = 100_000
 		for i := 0; i < keys; i++ {
-			counts[keyHash([]byte(fmt.Sprintf("rl:{u:user%d}:api", i)))%slots]++
+			counts[rules.Hash([]byte(fmt.Sprintf("rl:{u:user%d}:api", i)))%slots]++
 		}
 		want := float64(keys) / float64(slots)
 		for slot, n := range counts {
@@ -798,7 +798,7 @@ func TestKeyHash_Spreads(t *testing.T) {
 			}
 		}
 	}
-	if keyHash([]byte("rl:{u:a}:x")) == keyHash([]byte("rl:{u:b}:x")) || keyHash([]byte("12345678a")) == keyHash([]byte("12345678b")) {
+	if rules.Hash([]byte("rl:{u:a}:x")) == rules.Hash([]byte("rl:{u:b}:x")) || rules.Hash([]byte("12345678a")) == rules.Hash([]byte("12345678b")) {
 		t.Error("keys one byte apart hash alike")
 	}
 }

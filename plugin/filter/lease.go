@@ -288,7 +288,7 @@ func (s *Stream) answerFromLeases() bool {
 func (p *Plugin) spend(s *Stream, i int) bool {
 	l, sl := &s.plan.Limits[i], &s.leases[i]
 	now, cost := s.nowMS, l.Spec.Cost
-	k := p.slotName(keyHash(l.Key), s.cfg.LocalCache.MaxEntries)
+	k := p.slotName(rules.Hash(l.Key), s.cfg.LocalCache.MaxEntries)
 	e := &p.entry
 	for range casTries {
 		v, cas := p.host.SharedGetCAS(k)
@@ -325,7 +325,7 @@ func (p *Plugin) spend(s *Stream, i int) bool {
 func (p *Plugin) unspend(s *Stream, i int) {
 	l, sl := &s.plan.Limits[i], &s.leases[i]
 	sl.spent = false
-	k := p.slotName(keyHash(l.Key), s.cfg.LocalCache.MaxEntries)
+	k := p.slotName(rules.Hash(l.Key), s.cfg.LocalCache.MaxEntries)
 	e := &p.entry
 	for range casTries {
 		v, cas := p.host.SharedGetCAS(k)
@@ -359,7 +359,7 @@ func (s *Stream) prepareLeases() {
 		s.leases = append(s.leases, streamLease{})
 		l := &s.plan.Limits[i]
 		now := s.nowMS
-		k := p.slotName(keyHash(l.Key), s.cfg.LocalCache.MaxEntries)
+		k := p.slotName(rules.Hash(l.Key), s.cfg.LocalCache.MaxEntries)
 		e := &p.entry
 		for range casTries {
 			v, cas := p.host.SharedGetCAS(k)
@@ -414,7 +414,7 @@ func (s *Stream) settleLeases(ok bool) {
 
 // unmark clears the renewing mark m of key, when it is still there.
 func (p *Plugin) unmark(cfg *rules.Config, key []byte, m int64) {
-	k := p.slotName(keyHash(key), cfg.LocalCache.MaxEntries)
+	k := p.slotName(rules.Hash(key), cfg.LocalCache.MaxEntries)
 	e := &p.entry
 	for range casTries {
 		v, cas := p.host.SharedGetCAS(k)
@@ -442,7 +442,7 @@ func (p *Plugin) install(cfg *rules.Config, key []byte, sp *rules.LimitSpec, d *
 	now := p.host.NowNanos() / 1e6
 	sub := leaseSub{expires: sentAt + g.TTLMS, start: sentAt, units: g.Units, granted: g.Units, tag: g.Tag,
 		remaining: d.Remaining, reset: d.ResetMS}
-	h := keyHash(key)
+	h := rules.Hash(key)
 	k := p.slotName(h, cfg.LocalCache.MaxEntries)
 	e := &p.entry
 	p.host.IncCounter(p.m.leaseGrants)

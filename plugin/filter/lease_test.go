@@ -140,7 +140,7 @@ func TestLease_CASConflict(t *testing.T) {
 	h, p := newLeasePlugin(t)
 	h.hot(p, 2)
 	h.answerCall(p, 1, "200", grantAnswer(h.nowMS, 10, 1000, 77, 989))
-	k := p.slotName(keyHash([]byte(hotKey)), 64)
+	k := p.slotName(rules.Hash([]byte(hotKey)), 64)
 	before := string(h.shared[k])
 	// Bump the token as a concurrent write of the same value would.
 	*h.casSeq++
@@ -237,11 +237,11 @@ func TestLease_SlotReuse(t *testing.T) {
 	var other []byte
 	for i := 0; ; i++ {
 		other = []byte("rl:{u:x" + itoaString(i) + "}:hot")
-		if keyHash(other)%64 == keyHash([]byte(hotKey))%64 {
+		if rules.Hash(other)%64 == rules.Hash([]byte(hotKey))%64 {
 			break
 		}
 	}
-	k := p.slotName(keyHash(other), 64)
+	k := p.slotName(rules.Hash(other), 64)
 	p.cacheDenial(p.cfg, other, &rules.Decision{Limit: 5, RetryAfterMS: 1000}, h.nowMS)
 	var e slotEntry
 	if !parseSlot(h.shared[k], &e) || string(e.key) != hotKey {
