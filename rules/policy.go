@@ -26,6 +26,8 @@ type Request struct {
 	Lazy LazyFields
 	// Tokens, when set, caches verified JWTs across requests.
 	Tokens *TokenCache
+
+	rec *reads // set while a PlanCache records what Evaluate reads
 }
 
 // LazyFields supplies Request fields on first use.
@@ -35,6 +37,9 @@ type LazyFields interface {
 }
 
 func (r *Request) source() string {
+	if r.rec != nil {
+		r.rec.sourceRead = true
+	}
 	if r.Source == "" && r.Lazy != nil {
 		r.Source = r.Lazy.Source()
 	}
@@ -42,10 +47,22 @@ func (r *Request) source() string {
 }
 
 func (r *Request) nowUnix() int64 {
+	if r.rec != nil {
+		r.rec.timeRead = true
+	}
 	if r.NowUnix == 0 && r.Lazy != nil {
 		r.NowUnix = r.Lazy.NowUnix()
 	}
 	return r.NowUnix
+}
+
+// header is the value of a request header, "" when absent.
+func (r *Request) header(name string) string {
+	v := r.Headers.Header(name)
+	if r.rec != nil {
+		r.rec.headers = append(r.rec.headers, [2]string{name, v})
+	}
+	return v
 }
 
 // Plan is the outcome of evaluating a request: its identity, whether it is
@@ -173,10 +190,10 @@ func (c *Config) ResolveClientIP(r *Request, plan *Plan) netip.Addr {
 	ipc := &c.Identity.ClientIP
 	var xff, xri string
 	if ipc.TrustedProxyDepth > 0 || len(ipc.TrustedProxies) > 0 {
-		xff = r.Headers.Header("x-forwarded-for")
+		xff = r.header("x-forwarded-for")
 	}
 	if ipc.UseXRealIP {
-		xri = r.Headers.Header("x-real-ip")
+		xri = r.header("x-real-ip")
 	}
 	plan.Identity.IP = ClientIP(ipc, xff, xri, r.source())
 	plan.ipResolved = true
@@ -188,12 +205,11 @@ func (p *Plan) IPResolved() bool { return p.ipResolved }
 
 func (c *Config) identify(r *Request, plan *Plan) {
 	id := &plan.Identity
-	h := r.Headers
 
 	var payload []byte // the verified JWT payload, for the tier claim
 	for i := range c.Identity.Sources {
 		src := &c.Identity.Sources[i]
-		v := h.Header(src.Header)
+		v := r.header(src.Header)
 		if v == "" {
 			continue
 		}
@@ -231,10 +247,10 @@ func (c *Config) identify(r *Request, plan *Plan) {
 		}
 	}
 	if c.Identity.APIKeyHeader != "" {
-		id.APIKey = h.Header(c.Identity.APIKeyHeader)
+		id.APIKey = r.header(c.Identity.APIKeyHeader)
 	}
 	if c.Identity.TenantHeader != "" {
-		id.Tenant = h.Header(c.Identity.TenantHeader)
+		id.Tenant = r.header(c.Identity.TenantHeader)
 	}
 	id.Tier = c.Tiers.Default
 	if len(c.Tiers.List) == 0 {
@@ -244,7 +260,7 @@ func (c *Config) identify(r *Request, plan *Plan) {
 	if c.Tiers.Claim != "" && payload != nil {
 		named, _ = Claim(payload, c.Tiers.Claim)
 	} else if c.Tiers.Header != "" {
-		named = h.Header(c.Tiers.Header)
+		named = r.header(c.Tiers.Header)
 	}
 	if named != "" && c.Tiers.Find(named) != nil {
 		id.Tier = named
@@ -312,7 +328,7 @@ func (m *Match) matches(r *Request, path string) bool {
 	}
 	for i := range m.Headers {
 		hm := &m.Headers[i]
-		v := r.Headers.Header(hm.Name)
+		v := r.header(hm.Name)
 		var hold bool
 		if hm.Present {
 			hold = v != ""

@@ -129,6 +129,9 @@ type Plugin struct {
 	// testPanics: requests may ask for a panic (see testPanicHeader).
 	testPanics bool
 	refusals   [refusalSlots]refusal
+	// plans: the plans of refused requests, so that a client refused
+	// again and again is not evaluated again and again.
+	plans rules.PlanCache
 	// Leases (lease.go): renewals and returns in flight, leases this VM
 	// installed, and scratch for changing slots.
 	leaseCalls    [leaseCallSlots]leaseCall
@@ -259,8 +262,9 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 // OnTick resumes the held requests that are due. Once a period (the tick
 // fires more often while requests are held) it follows the host's log
 // level, reports the refusals from the over-limit cache that no later
-// refusal has reported, hands back what leases that ended still hold, and
-// asks the bridge for its policy (rules_from).
+// refusal has reported, forgets the plans of refusals that stopped, hands
+// back what leases that ended still hold, and asks the bridge for its
+// policy (rules_from).
 func (p *Plugin) OnTick() {
 	now := p.host.NowNanos() / 1e6
 	p.throttleTick(now)
@@ -268,6 +272,7 @@ func (p *Plugin) OnTick() {
 		p.thr.slowAt = now + int64(p.basePeriod)
 		p.followLogLevel()
 		p.reportAllRefusals(now)
+		p.plans.Sweep()
 		p.leaseTick(now)
 		p.policyTick()
 	}

@@ -57,11 +57,7 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64, memo bool) {
 		r.start = cfg.AppendDenyBodyStart(r.start[:0], l, d, s.nowMS)
 		r.rule, r.action, r.limit, r.resetMS = l.Rule, l.Action.String(), d.Limit, d.ResetMS
 	}
-	s.state, s.answered = stateDone, true
-	p.host.IncCounter(p.m.denied)
-	s.body = rules.AppendDenyBodyEnd(append(s.body[:0], r.start...), bytesString(s.requestID))
-	p.host.SendLocalResponse(cfg.Deny.Status, r.headers, s.body)
-
+	s.sendRefusal(r)
 	if r.pending == 0 {
 		// The first refusal since the key's last event stands for those
 		// the next one reports: its client address is worked out only
@@ -75,6 +71,49 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64, memo bool) {
 	if s.nowMS/1000 > r.eventSec {
 		p.reportRefusals(r, s.nowMS)
 	}
+}
+
+// refuseAgain answers s from the refusal of a request that read the same
+// (kept, its plan, from the VM's plan cache; tag, its key's hash) when that
+// is what refuseCached would answer with nothing to render or report: the
+// plan's first enforced limit is the one refused, its refusal still holds
+// and shows the same Retry-After, and it is not the first of its second.
+// Otherwise it does nothing and returns false.
+func (s *Stream) refuseAgain(kept *rules.Plan, tag uint64) bool {
+	p := s.p
+	if !s.cfg.LocalCache.Enabled || leasable(kept.Limits) {
+		return false // a lease is spent before the cache is asked
+	}
+	i := 0
+	for i < len(kept.Limits) && kept.Limits[i].Action == rules.LogOnly {
+		i++
+	}
+	if i == len(kept.Limits) {
+		return false
+	}
+	r := &p.refusals[tag%refusalSlots]
+	if r.cfg != s.cfg || r.pending == 0 || string(r.key) != string(kept.Limits[i].Key) {
+		return false
+	}
+	now := s.now()
+	if r.until <= now || now/1000 > r.eventSec ||
+		r.retry != rules.RetryAfterSeconds(&rules.Decision{RetryAfterMS: r.until - now}, now) {
+		return false
+	}
+	s.keepRequestID()
+	s.plan.Limits = s.plan.Limits[:0] // the request's plan is kept's, not this one
+	s.sendRefusal(r)
+	r.pending++
+	return true
+}
+
+// sendRefusal answers s with r's 429, its own request id in the body.
+func (s *Stream) sendRefusal(r *refusal) {
+	p := s.p
+	s.state, s.answered = stateDone, true
+	p.host.IncCounter(p.m.denied)
+	s.body = rules.AppendDenyBodyEnd(append(s.body[:0], r.start...), bytesString(s.requestID))
+	p.host.SendLocalResponse(s.cfg.Deny.Status, r.headers, s.body)
 }
 
 // appendLocalHeaders appends the serialized headers of a 429: the content

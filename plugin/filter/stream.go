@@ -89,7 +89,17 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		Lazy:    s,
 		Tokens:  p.tokens,
 	}
-	s.cfg.Evaluate(&s.req, &s.plan)
+	cached := false
+	if kept, tag, ok := p.plans.Lookup(s.cfg, &s.req); ok {
+		if s.refuseAgain(kept, tag) {
+			h.IncCounter(p.m.cacheHits)
+			return proxywasm.Pause
+		}
+		s.plan.CopyFrom(kept)
+		cached = true
+	} else {
+		p.plans.Evaluate(s.cfg, &s.req, &s.plan)
+	}
 	if s.plan.Exempt {
 		h.IncCounter(p.m.exempt)
 		return proxywasm.Continue
@@ -104,6 +114,9 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	}
 	if s.cfg.LocalCache.Enabled {
 		if i, d, hash, memo, ok := p.cachedDenial(s); ok {
+			if !cached {
+				p.plans.Keep(s.cfg, &s.req, &s.plan, hash)
+			}
 			h.IncCounter(p.m.cacheHits)
 			s.refuseCached(i, &d, hash, memo)
 			return proxywasm.Pause

@@ -1,0 +1,131 @@
+package filter
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+
+	"github.com/sluicehq/sluice/rules"
+)
+
+// A client refused again in the same second, by the same rendering, is
+// answered from the plan cache without evaluating the request (its
+// stream's own plan stays empty), and as the evaluated path answers it.
+func TestStream_RefusedAgain(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	h.request(p, 2, map[string]string{"x-user-id": "bob"})
+	h.answer(p, "200", denyAnswer(h.nowMS))
+	refuse := func(user, path string) (fast bool) {
+		t.Helper()
+		s, _ := h.request(p, 3, map[string]string{"x-user-id": user, ":path": path})
+		if h.local == nil || h.local.status != 429 {
+			t.Fatalf("%s %s: not refused: %+v", user, path, h.local)
+		}
+		return len(s.plan.Limits) == 0
+	}
+	steps := []struct {
+		name      string
+		user      string
+		path      string
+		advanceMS int64
+		fast      bool
+	}{
+		{"the first refusal from the cache renders it", "bob", "/api/v1/items", 0, false},
+		{"the second is kept as a plan", "bob", "/api/v1/items", 0, false},
+		{"then from the plan cache", "bob", "/api/v1/items", 0, true},
+		{"and again", "bob", "/api/v1/items", 300, true},
+		{"another path evaluates", "bob", "/api/v1/other", 0, false},
+		{"the next second reports an event", "bob", "/api/v1/items", 1000, false},
+		{"the first after the event is the one the next describes", "bob", "/api/v1/items", 0, false},
+		{"after which the cache answers again", "bob", "/api/v1/items", 0, true},
+	}
+	for _, st := range steps {
+		h.nowMS += st.advanceMS
+		if fast := refuse(st.user, st.path); fast != st.fast {
+			t.Errorf("%s: from the plan cache %v, want %v", st.name, fast, st.fast)
+		}
+	}
+	// Other users are not refused by bob's plan.
+	calls := len(h.calls)
+	h.request(p, 4, map[string]string{"x-user-id": "carol"})
+	if h.local != nil || len(h.calls) != calls+1 {
+		t.Errorf("carol: local %+v, call-outs %d→%d", h.local, calls, len(h.calls))
+	}
+	// A new config: evaluated under it, whatever the cache holds.
+	h.config = []byte(`{"bridge": {"cluster": "bridge"}, "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": 10, "window": "1m", "action": "log_only"}]}`)
+	if !p.OnPluginStart(len(h.config)) {
+		t.Fatal("config refused")
+	}
+	h.request(p, 5, map[string]string{"x-user-id": "bob"})
+	if h.local != nil {
+		t.Errorf("refused under a config that only logs: %+v", h.local)
+	}
+}
+
+// The plan cache changes nothing a host sees: two proxies given the same
+// requests, answers, clock and ticks, one of them with its plan cache
+// emptied before every request, answer, log, count, call out and share
+// alike.
+func FuzzStream_PlanCache(f *testing.F) {
+	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x05\x05\x00\x00\x00\x00\x06\x0b\x00\x00\x00\x00\x07\x00\x00\x00\x01\x00"))
+	f.Add([]byte("\x00\x04\x01\x00\x04\x01\x01\x01\x00\x00\x00\x02\x05\xff\x00\x00\x04\x01\x06\x33\x00\x00\x04\x01\x00\x02\x02"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, pa := newPlugin(t, "fail_open")
+		b, pb := newPlugin(t, "fail_open")
+		users := []string{"bob", "carol", "ops"}
+		paths := []string{"/api/v1/items", "/api/v1/other", "/health"}
+		for step := 0; len(data) >= 3; step++ {
+			op, x, y := data[0], data[1], data[2]
+			data = data[3:]
+			for _, hp := range []struct {
+				h *fakeHost
+				p *Plugin
+			}{{a, pa}, {b, pb}} {
+				h, p := hp.h, hp.p
+				switch op % 8 {
+				case 5:
+					h.nowMS += int64(x) * 10
+				case 6:
+					h.nowMS += int64(x) * 100
+				case 7:
+					h.tick(p)
+				default:
+					if p == pb {
+						p.plans.Sweep()
+						p.plans.Sweep() // two periods without a hit: forgotten
+					}
+					calls := len(h.calls)
+					h.request(p, uint32(step+2), map[string]string{"x-user-id": users[int(x)%len(users)],
+						":path": paths[int(y)%len(paths)], "x-request-id": fmt.Sprint("r", step)})
+					if len(h.calls) > calls {
+						h.answer(p, "200", answer(h.nowMS, x&4 != 0, int64(y%5+1)*700))
+					}
+				}
+			}
+			for _, c := range []struct {
+				what string
+				a, b any
+			}{
+				{"local response", a.local, b.local}, {"call-outs", a.calls, b.calls}, {"counters", a.counters, b.counters},
+				{"logs", a.logs, b.logs}, {"shared data", a.shared, b.shared}, {"resumed", a.resumed, b.resumed},
+			} {
+				if !reflect.DeepEqual(c.a, c.b) {
+					t.Fatalf("step %d: %s differ:\n%+v\n%+v", step, c.what, c.a, c.b)
+				}
+			}
+		}
+	})
+}
+
+// answer is the bridge's answer for testConfig's two limits: the first
+// refused for retryMS when deny, the second allowed.
+func answer(now int64, deny bool, retryMS int64) string {
+	first := rules.Decision{Allowed: true, Limit: 10, Remaining: 5, ResetMS: now + 60_000}
+	if deny {
+		first = rules.Decision{Allowed: false, Limit: 10, Remaining: 0, ResetMS: now + retryMS, RetryAfterMS: retryMS}
+	}
+	return string(rules.AppendCheckResponse(nil, &rules.CheckResponse{Allowed: !deny, NowMS: now, Decisions: []rules.Decision{
+		first, {Allowed: true, Limit: 1, Remaining: 0, ResetMS: now + 60_000},
+	}}))
+}

@@ -1,0 +1,224 @@
+package rules
+
+import (
+	"strings"
+
+	"github.com/sluicehq/sluice/internal/streq"
+)
+
+// A client over its limit is refused many times a second, and each of its
+// requests evaluates to the same plan: the same rules, identity and keys.
+// On a proxy, evaluating is most of what such a refusal costs. A PlanCache
+// keeps the plans its user chooses (the plugin: those of refused requests)
+// with everything Evaluate read to make them (method, path, host, each
+// header it asked for, present or not, and the peer address if it asked),
+// and gives a request that reads the same the same plan without
+// evaluating. Evaluate depends on nothing else but the Config and the
+// time, so the plan is the one Evaluate would make; a plan that read the
+// time (a JWT's expiry, through the token cache or not) is not kept.
+
+// planCacheSlots is how many plans a PlanCache keeps, one per slot, picked
+// by the request's path and the value of the config's first identity header.
+const planCacheSlots = 64
+
+// PlanCache is a small cache of plans, for one goroutine (one proxy VM).
+// The zero value is ready to use.
+type PlanCache struct {
+	slots [planCacheSlots]planEntry
+	// kept counts the entries in use; while it is zero a lookup is not
+	// even tried, so a proxy refusing no one pays nothing. hits counts
+	// lookups answered since the last Sweep.
+	kept, hits int
+	rec        reads // what the evaluation in progress read
+}
+
+// reads is what one Evaluate read of its request, as views valid while
+// the request's headers are.
+type reads struct {
+	cfg                  *Config
+	valid                bool // a miss was just evaluated and may be kept
+	headers              [][2]string
+	sourceRead, timeRead bool
+}
+
+type planEntry struct {
+	cfg                *Config // nil: the slot is free
+	method, path, host string
+	// headers: name, value ("" for an absent header); the one at index
+	// is the config's index header, whose value the lookup has already.
+	headers    [][2]string
+	index      int
+	sourceRead bool
+	source     string
+	plan       Plan
+	tag        uint64
+}
+
+// Lookup returns the plan kept for a request that read what r reads under
+// c, and the tag it was kept with. The plan is the cache's own: read it, or
+// copy it (Plan.CopyFrom), while r's headers can be read.
+func (pc *PlanCache) Lookup(c *Config, r *Request) (plan *Plan, tag uint64, ok bool) {
+	if pc.kept == 0 {
+		return nil, 0, false
+	}
+	idx := c.planIndexValue(r)
+	e := &pc.slots[planSlot(r.Path, idx)]
+	if e.cfg != c || !e.matches(r, idx) {
+		return nil, 0, false
+	}
+	pc.hits++
+	pc.rec.valid = false // what was last evaluated is not this request
+	return &e.plan, e.tag, true
+}
+
+// Evaluate is c.Evaluate(r, plan), noting what it reads of r, so that Keep
+// may keep the plan until the next Evaluate.
+func (pc *PlanCache) Evaluate(c *Config, r *Request, plan *Plan) {
+	pc.rec = reads{cfg: c, headers: pc.rec.headers[:0]}
+	r.rec = &pc.rec
+	c.Evaluate(r, plan)
+	r.rec = nil
+	pc.rec.valid = true
+}
+
+// Keep keeps plan, which the last Evaluate made for r, with the caller's
+// tag, for requests that read the same. It must come before the caller
+// changes the plan's limits, and while r's headers can still be read. A
+// plan that read the time, an exempt plan or one without limits is not
+// kept.
+func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
+	rec := &pc.rec
+	if !rec.valid || rec.cfg != c || rec.timeRead || plan.Exempt || len(plan.Limits) == 0 {
+		return
+	}
+	rec.valid = false
+	idx := c.planIndexValue(r)
+	e := &pc.slots[planSlot(r.Path, idx)]
+	if e.cfg == nil {
+		pc.kept++
+	}
+	// One string holds every text the entry keeps (one allocation),
+	// written and then cut in the same order.
+	id := &plan.Identity
+	texts := [...]string{r.Method, r.Path, r.Host, plan.Endpoint, id.User, id.APIKey, id.Tenant, id.Tier, ""}
+	if rec.sourceRead {
+		texts[len(texts)-1] = r.Source
+	}
+	var b strings.Builder
+	n := 0
+	for _, t := range texts {
+		n += len(t)
+	}
+	for _, h := range rec.headers {
+		n += len(h[0]) + len(h[1])
+	}
+	b.Grow(n)
+	for _, t := range texts {
+		b.WriteString(t)
+	}
+	for _, h := range rec.headers {
+		b.WriteString(h[0])
+		b.WriteString(h[1])
+	}
+	all := b.String()
+	take := func(n int) string {
+		t := all[:n]
+		all = all[n:]
+		return t
+	}
+	e.cfg, e.tag = c, tag
+	e.method, e.path, e.host = take(len(r.Method)), take(len(r.Path)), take(len(r.Host))
+	e.plan.CopyFrom(plan)
+	e.plan.Endpoint = take(len(plan.Endpoint))
+	e.plan.Identity.User, e.plan.Identity.APIKey = take(len(id.User)), take(len(id.APIKey))
+	e.plan.Identity.Tenant, e.plan.Identity.Tier = take(len(id.Tenant)), take(len(id.Tier))
+	e.sourceRead, e.source = rec.sourceRead, take(len(texts[len(texts)-1]))
+	e.headers, e.index = e.headers[:0], -1
+	name := c.planIndexHeader()
+	for i, h := range rec.headers {
+		if e.index < 0 && h[0] == name {
+			e.index = i
+		}
+		e.headers = append(e.headers, [2]string{take(len(h[0])), take(len(h[1]))})
+	}
+}
+
+// Sweep forgets every kept plan unless a lookup was answered since the
+// last Sweep: a proxy calls it now and then (once a second), so that once
+// refusals stop, requests stop paying for lookups.
+func (pc *PlanCache) Sweep() {
+	if pc.hits == 0 && pc.kept > 0 {
+		for i := range pc.slots {
+			pc.slots[i].cfg = nil
+		}
+		pc.kept = 0
+	}
+	pc.hits = 0
+}
+
+// matches tells whether r reads what e's request read, under e's config.
+// idx is the value of the config's index header in r.
+func (e *planEntry) matches(r *Request, idx string) bool {
+	if !streq.Equal(e.path, r.Path) || !streq.Equal(e.method, r.Method) || !streq.Equal(e.host, r.Host) {
+		return false
+	}
+	for i := range e.headers {
+		h := &e.headers[i]
+		v := idx
+		if i != e.index {
+			v = r.Headers.Header(h[0])
+		}
+		if !streq.Equal(v, h[1]) {
+			return false
+		}
+	}
+	return !e.sourceRead || streq.Equal(r.source(), e.source)
+}
+
+// planIndexHeader is the header whose value, with the path, picks a plan's
+// slot: the first identity source's, which Evaluate reads first for any
+// request a limit applies to; "" when identity comes from the address.
+func (c *Config) planIndexHeader() string {
+	if len(c.Identity.Sources) == 0 {
+		return ""
+	}
+	return c.Identity.Sources[0].Header
+}
+
+// planIndexValue is the value of c's index header in r.
+func (c *Config) planIndexValue(r *Request) string {
+	if name := c.planIndexHeader(); name != "" {
+		return r.Headers.Header(name)
+	}
+	return ""
+}
+
+// planSlot picks the slot of a request by its index value, and by its
+// path's length and last byte rather than a hash of the path: one client
+// refused on a few paths rarely has two that share both.
+func planSlot(path, idx string) int {
+	h := uint64(len(path)) << 8
+	if len(path) > 0 {
+		h |= uint64(path[len(path)-1])
+	}
+	return int((Hash(idx) ^ h*0x9E3779B97F4A7C15) % planCacheSlots)
+}
+
+// CopyFrom makes p a copy of src, its limits and their keys in p's own
+// buffers (a caller may change them), its texts those of src. What only
+// Evaluate uses (the matched rules, the key ends) is not copied.
+func (p *Plan) CopyFrom(src *Plan) {
+	keys, ends, limits, matched := p.keys[:0], p.ends, p.Limits, p.matched
+	*p = *src
+	for i := range src.Limits {
+		keys = append(keys, src.Limits[i].Key...)
+	}
+	p.keys, p.ends, p.matched = keys, ends[:0], matched[:0]
+	p.Limits = append(limits[:0], src.Limits...)
+	start := 0
+	for i := range p.Limits {
+		end := start + len(p.Limits[i].Key)
+		p.Limits[i].Key = p.keys[start:end:end]
+		start = end
+	}
+}

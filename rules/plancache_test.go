@@ -1,0 +1,236 @@
+package rules
+
+import (
+	"reflect"
+	"testing"
+)
+
+// planValue is what a Plan tells its user, for comparing whole plans.
+func planValue(p *Plan) any {
+	type limit struct {
+		Key, Rule  string
+		Spec       *LimitSpec
+		Action     Action
+		PerUser    bool
+		MaxDelayMS int64
+		AskLease   bool
+		Return     LeaseReturn
+	}
+	v := struct {
+		Exempt                   bool
+		Identity                 Identity
+		IdentitySource, Endpoint string
+		JWTError                 error
+		IPResolved               bool
+		Limits                   []limit
+	}{p.Exempt, p.Identity, p.IdentitySource, p.Endpoint, p.JWTError, p.ipResolved, nil}
+	for _, l := range p.Limits {
+		v.Limits = append(v.Limits, limit{string(l.Key), l.Rule, l.Spec, l.Action, l.PerUser, l.MaxDelayMS, l.AskLease, l.Return})
+	}
+	return v
+}
+
+func evaluated(c *Config, r Request) *Plan {
+	var p Plan
+	c.Evaluate(&r, &p)
+	return &p
+}
+
+func TestPlanCache_Lookup(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	base := Request{Method: "POST", Path: "/api/v1/chat/send", Host: "api.example.com", Source: "192.0.2.9:1",
+		Headers: mapHeaders{"x-user-id": "carol", "x-tenant": "acme", "x-unrelated": "1"}}
+	with := func(f func(r *Request)) Request {
+		r := base
+		h := mapHeaders{}
+		for k, v := range base.Headers.(mapHeaders) {
+			h[k] = v
+		}
+		r.Headers = h
+		f(&r)
+		return r
+	}
+	var pc PlanCache
+	var plan Plan
+	r := base
+	pc.Evaluate(c, &r, &plan)
+	if !reflect.DeepEqual(planValue(&plan), planValue(evaluated(c, base))) {
+		t.Fatalf("evaluating through the cache: %+v, want %+v", planValue(&plan), planValue(evaluated(c, base)))
+	}
+	pc.Keep(c, &r, &plan, 42)
+	tests := []struct {
+		name string
+		req  Request
+		cfg  *Config
+		hit  bool
+	}{
+		{"the same request", base, c, true},
+		{"a header it did not read", with(func(r *Request) { r.Headers.(mapHeaders)["x-unrelated"] = "2" }), c, true},
+		{"the query string", with(func(r *Request) { r.Path += "?page=2" }), c, false},
+		{"another user", with(func(r *Request) { r.Headers.(mapHeaders)["x-user-id"] = "dave" }), c, false},
+		{"another tenant", with(func(r *Request) { r.Headers.(mapHeaders)["x-tenant"] = "umbrella" }), c, false},
+		{"a header it read as absent", with(func(r *Request) { r.Headers.(mapHeaders)["x-tier"] = "premium" }), c, false},
+		{"another method", with(func(r *Request) { r.Method = "GET" }), c, false},
+		{"another host", with(func(r *Request) { r.Host = "api.beta.example.com" }), c, false},
+		{"another path", with(func(r *Request) { r.Path = "/api/v1/chat/sent" }), c, false},
+		{"another config", base, mustConfig(t, policyConfig), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := tt.req
+			kept, tag, ok := pc.Lookup(tt.cfg, &r)
+			if ok != tt.hit {
+				t.Fatalf("hit %v, want %v", ok, tt.hit)
+			}
+			if !ok {
+				return
+			}
+			if tag != 42 {
+				t.Errorf("tag %d, want 42", tag)
+			}
+			if got, want := planValue(kept), planValue(evaluated(tt.cfg, tt.req)); !reflect.DeepEqual(got, want) {
+				t.Errorf("kept plan %+v, want %+v", got, want)
+			}
+		})
+	}
+}
+
+// A plan keyed by address read the address: another address misses.
+func TestPlanCache_LookupSource(t *testing.T) {
+	c := mustConfig(t, `{"identity":{"client_ip":{"trusted_proxy_depth":1}},
+	  "rules":[{"name":"r","match":{"paths":["/api/**"]},"scope":"ip","limit":1,"window":"1s"}]}`)
+	var pc PlanCache
+	var plan Plan
+	lazy := &countingLazy{}
+	r := Request{Method: "GET", Path: "/api/x", Headers: mapHeaders{"x-forwarded-for": "203.0.113.7"}, Lazy: lazy}
+	pc.Evaluate(c, &r, &plan)
+	pc.Keep(c, &r, &plan, 1)
+	for _, tt := range []struct {
+		source, xff string
+		hit         bool
+	}{
+		{"192.0.2.9:1", "203.0.113.7", true},
+		{"192.0.2.9:2", "203.0.113.7", false},
+		{"192.0.2.9:1", "203.0.113.8", false},
+	} {
+		r := Request{Method: "GET", Path: "/api/x", Source: tt.source, Headers: mapHeaders{"x-forwarded-for": tt.xff}}
+		if _, _, ok := pc.Lookup(c, &r); ok != tt.hit {
+			t.Errorf("source %s, x-forwarded-for %s: hit %v, want %v", tt.source, tt.xff, ok, tt.hit)
+		}
+	}
+}
+
+// What the cache does not keep: a plan that read the time (a JWT), an
+// exempt plan, one without limits, one Evaluate did not just make.
+func TestPlanCache_Keep(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	jwt := mustConfig(t, `{"identity":{"sources":[{"type":"jwt","keys":[{"alg":"HS256","secret":"0123456789abcdef0123456789abcdef"}]}]},
+	  "rules":[{"name":"r","limit":1,"window":"1s"}]}`)
+	tests := []struct {
+		name string
+		cfg  *Config
+		req  Request
+		keep func(pc *PlanCache, c *Config, r *Request, p *Plan)
+		hit  bool
+	}{
+		{"kept", c, Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "bob"}}, nil, true},
+		{"read the time", jwt, Request{Method: "GET", Path: "/x", NowUnix: 1_700_000_000, Headers: mapHeaders{"authorization": "Bearer a.b.c"}}, nil, false},
+		{"exempt", c, Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "ops"}}, nil, false},
+		{"no limits", c, Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "bob", "x-tier": "unlimited"}}, nil, false},
+		{"after a lookup", c, Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "bob"}},
+			func(pc *PlanCache, c *Config, r *Request, p *Plan) {
+				other := Request{Method: "GET", Path: "/y", Headers: mapHeaders{"x-user-id": "eve"}}
+				var op Plan
+				pc.Evaluate(c, &other, &op)
+				pc.Keep(c, &other, &op, 0)
+				pc.Lookup(c, &other) // a hit: the reads Evaluate noted are not this request's
+				pc.Keep(c, r, p, 0)
+			}, false},
+		{"under another config", c, Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "bob"}},
+			func(pc *PlanCache, _ *Config, r *Request, p *Plan) { pc.Keep(mustConfig(t, policyConfig), r, p, 0) }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var pc PlanCache
+			var plan Plan
+			r := tt.req
+			pc.Evaluate(tt.cfg, &r, &plan)
+			if tt.keep != nil {
+				tt.keep(&pc, tt.cfg, &r, &plan)
+			} else {
+				pc.Keep(tt.cfg, &r, &plan, 0)
+			}
+			r = tt.req
+			if _, _, ok := pc.Lookup(tt.cfg, &r); ok != tt.hit {
+				t.Errorf("hit %v, want %v", ok, tt.hit)
+			}
+		})
+	}
+}
+
+// Sweep forgets the kept plans once a sweep period passes without a hit.
+func TestPlanCache_Sweep(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	var pc PlanCache
+	var plan Plan
+	req := Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "bob"}}
+	r := req
+	pc.Evaluate(c, &r, &plan)
+	pc.Keep(c, &r, &plan, 0)
+	lookup := func() bool { r := req; _, _, ok := pc.Lookup(c, &r); return ok }
+	if !lookup() {
+		t.Fatal("not kept")
+	}
+	pc.Sweep() // a hit since the last sweep: kept
+	if !lookup() {
+		t.Fatal("forgotten after a period with a hit")
+	}
+	pc.Sweep()
+	pc.Sweep() // a period without one: forgotten
+	if lookup() {
+		t.Fatal("kept after a period without a hit")
+	}
+}
+
+// A plan from the cache is the plan Evaluate makes, whatever the requests
+// before: requests drawn from a few values of each input, kept or not.
+func FuzzPlanCache(f *testing.F) {
+	configs := []*Config{mustConfig(f, policyConfig), mustConfig(f, `{"identity":{"client_ip":{"trusted_proxy_depth":1}},
+	  "rules":[{"name":"r","match":{"paths":["/api/**"]},"scope":"ip","limit":1,"window":"1s"},
+	           {"name":"h","match":{"headers":[{"name":"x-tier","equals":"free"}]},"scope":"ip+endpoint","limit":1,"window":"1s"}]}`)}
+	f.Add([]byte("\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09"))
+	f.Add([]byte("\xff\x13\x37\x42\x99\x00\x00\x00\x00\x00\xff\x13\x37\x42\x99\x00\x00\x00\x00\x01"))
+	pick := func(b byte, vals ...string) string { return vals[int(b)%len(vals)] }
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var pc PlanCache
+		var plan Plan
+		for len(data) >= 10 {
+			d := data[:10]
+			data = data[10:]
+			c := configs[d[0]&1]
+			h := mapHeaders{}
+			for i, name := range []string{"x-user-id", "x-tenant", "x-tier", "x-api-key", "x-forwarded-for", "x-canary"} {
+				if v := pick(d[3+i], "", "a", "b", "ops", "premium", "free", "unlimited", "203.0.113.7", "10.1.2.3"); v != "" {
+					h[name] = v
+				}
+			}
+			req := Request{Method: pick(d[1], "GET", "POST"), Path: pick(d[2], "/api/v1/chat/x", "/api/v1/request", "/x", "/api/v1/login?y"),
+				Host: pick(d[9], "api.example.com", "a.beta.example.com"), Source: pick(d[9]>>1, "192.0.2.9:1", "10.0.0.1:2"), Headers: h}
+			want := planValue(evaluated(c, req))
+			r := req
+			if kept, _, ok := pc.Lookup(c, &r); ok {
+				if got := planValue(kept); !reflect.DeepEqual(got, want) {
+					t.Fatalf("%+v: kept plan %+v, want %+v", req, got, want)
+				}
+				continue
+			}
+			pc.Evaluate(c, &r, &plan)
+			if got := planValue(&plan); !reflect.DeepEqual(got, want) {
+				t.Fatalf("%+v: evaluated through the cache %+v, want %+v", req, got, want)
+			}
+			if d[0]&2 == 0 {
+				pc.Keep(c, &r, &plan, 0)
+			}
+		}
+	})
+}
