@@ -3,8 +3,8 @@
 // client identity, counter keys, response headers, and the wire format that
 // carries the limits of one HTTP request from the plugin to the bridge.
 //
-// It depends only on the standard library, gjson and internal/streq, and
-// builds for wasip1, because it runs inside the proxy on every request.
+// It depends only on the standard library and gjson, and builds for
+// wasip1, because it runs inside the proxy on every request.
 // Configuration is parsed and validated once (ParseConfig); per-request
 // work (Policy.Evaluate) reuses caller-owned buffers so that it does not
 // allocate in steady state, and a PlanCache spares a proxy evaluating the

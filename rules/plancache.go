@@ -1,10 +1,6 @@
 package rules
 
-import (
-	"strings"
-
-	"github.com/sluicehq/sluice/internal/streq"
-)
+import "strings"
 
 // A client over its limit is refused many times a second, and each of its
 // requests evaluates to the same plan: the same rules, identity and keys.
@@ -159,7 +155,7 @@ func (pc *PlanCache) Sweep() {
 // matches tells whether r reads what e's request read, under e's config.
 // idx is the value of the config's index header in r.
 func (e *planEntry) matches(r *Request, idx string) bool {
-	if !streq.Equal(e.path, r.Path) || !streq.Equal(e.method, r.Method) || !streq.Equal(e.host, r.Host) {
+	if e.path != r.Path || e.method != r.Method || e.host != r.Host {
 		return false
 	}
 	for i := range e.headers {
@@ -168,11 +164,11 @@ func (e *planEntry) matches(r *Request, idx string) bool {
 		if i != e.index {
 			v = r.Headers.Header(h[0])
 		}
-		if !streq.Equal(v, h[1]) {
+		if v != h[1] {
 			return false
 		}
 	}
-	return !e.sourceRead || streq.Equal(r.source(), e.source)
+	return !e.sourceRead || r.source() == e.source
 }
 
 // planIndexHeader is the header whose value, with the path, picks a plan's
