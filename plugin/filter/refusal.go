@@ -22,8 +22,9 @@ const refusalSlots = 64
 type refusal struct {
 	cfg   *rules.Config // the configuration it was rendered under
 	key   []byte
-	until int64 // the cache entry's retry time
-	retry int64 // the Retry-After seconds it shows
+	gen   uint32 // counts the keys the slot held, for refusalTag
+	until int64  // the cache entry's retry time
+	retry int64  // the Retry-After seconds it shows
 	// The reply: its headers, serialized, and its body up to the request id.
 	headers []byte
 	start   []byte
@@ -47,6 +48,7 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64, memo bool) {
 	if !memo {
 		p.reportRefusals(r, s.nowMS) // what is pending belongs to the key leaving
 		r.cfg, r.key, r.until = cfg, append(r.key[:0], l.Key...), 0
+		r.gen++
 	}
 	until, retry := s.nowMS+d.RetryAfterMS, rules.RetryAfterSeconds(d, s.nowMS)
 	if r.until != until || r.retry != retry {
@@ -57,7 +59,7 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64, memo bool) {
 		r.start = cfg.AppendDenyBodyStart(r.start[:0], l, d, s.nowMS)
 		r.rule, r.action, r.limit, r.resetMS = l.Rule, l.Action.String(), d.Limit, d.ResetMS
 	}
-	s.sendRefusal(r)
+	s.sendRefusal(r, bytesString(s.requestID))
 	if r.pending == 0 {
 		// The first refusal since the key's last event stands for those
 		// the next one reports: its client address is worked out only
@@ -73,8 +75,18 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64, memo bool) {
 	}
 }
 
+// refusalTag names the refusal of limit i of a request's plan, whose key's
+// hash is hash: the slot that holds it (the hash modulo refusalSlots), i,
+// and how many keys the slot has held. The plan cache keeps it with the
+// request's plan, so that refuseAgain finds the slot and knows that it
+// still holds the key of limit i without comparing keys.
+func (p *Plugin) refusalTag(hash uint64, i int) uint64 {
+	slot := hash % refusalSlots
+	return slot | uint64(min(i, 1<<24-1))<<8 | uint64(p.refusals[slot].gen)<<32
+}
+
 // refuseAgain answers s from the refusal of a request that read the same
-// (kept, its plan, from the VM's plan cache; tag, its key's hash) when that
+// (kept, its plan, from the VM's plan cache; tag, its refusalTag) when that
 // is what refuseCached would answer with nothing to render or report: the
 // plan's first enforced limit is the one refused, its refusal still holds
 // and shows the same Retry-After, and it is not the first of its second.
@@ -84,35 +96,39 @@ func (s *Stream) refuseAgain(kept *rules.Plan, tag uint64) bool {
 	if !s.cfg.LocalCache.Enabled || leasable(kept.Limits) {
 		return false // a lease is spent before the cache is asked
 	}
-	i := 0
-	for i < len(kept.Limits) && kept.Limits[i].Action == rules.LogOnly {
-		i++
-	}
-	if i == len(kept.Limits) {
+	r := &p.refusals[uint8(tag)%refusalSlots]
+	if r.gen != uint32(tag>>32) || r.cfg != s.cfg || r.pending == 0 {
 		return false
 	}
-	r := &p.refusals[tag%refusalSlots]
-	if r.cfg != s.cfg || r.pending == 0 || string(r.key) != string(kept.Limits[i].Key) {
+	// A limit before the refused one, refused too, is the one refuseCached
+	// would answer for.
+	i := int(uint32(tag) >> 8)
+	if i >= len(kept.Limits) {
 		return false
+	}
+	for j := range i {
+		if kept.Limits[j].Action != rules.LogOnly {
+			return false
+		}
 	}
 	now := s.now()
 	if r.until <= now || now/1000 > r.eventSec ||
 		r.retry != rules.RetryAfterSeconds(&rules.Decision{RetryAfterMS: r.until - now}, now) {
 		return false
 	}
-	s.keepRequestID()
 	s.plan.Limits = s.plan.Limits[:0] // the request's plan is kept's, not this one
-	s.sendRefusal(r)
+	s.sendRefusal(r, s.requestIDView())
 	r.pending++
 	return true
 }
 
-// sendRefusal answers s with r's 429, its own request id in the body.
-func (s *Stream) sendRefusal(r *refusal) {
+// sendRefusal answers s with r's 429, with the request's id rid in the
+// body.
+func (s *Stream) sendRefusal(r *refusal, rid string) {
 	p := s.p
 	s.state, s.answered = stateDone, true
 	p.host.IncCounter(p.m.denied)
-	s.body = rules.AppendDenyBodyEnd(append(s.body[:0], r.start...), bytesString(s.requestID))
+	s.body = rules.AppendDenyBodyEnd(append(s.body[:0], r.start...), rid)
 	p.host.SendLocalResponse(s.cfg.Deny.Status, r.headers, s.body)
 }
 

@@ -71,8 +71,8 @@ func FuzzStream_PlanCache(f *testing.F) {
 	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x05\x05\x00\x00\x00\x00\x06\x0b\x00\x00\x00\x00\x07\x00\x00\x00\x01\x00"))
 	f.Add([]byte("\x00\x04\x01\x00\x04\x01\x01\x01\x00\x00\x00\x02\x05\xff\x00\x00\x04\x01\x06\x33\x00\x00\x04\x01\x00\x02\x02"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		a, pa := newPlugin(t, "fail_open")
-		b, pb := newPlugin(t, "fail_open")
+		a, pa := startPlugin(t, fuzzPlanConfig)
+		b, pb := startPlugin(t, fuzzPlanConfig)
 		users := []string{"bob", "carol", "ops"}
 		paths := []string{"/api/v1/items", "/api/v1/other", "/health"}
 		for step := 0; len(data) >= 3; step++ {
@@ -99,7 +99,7 @@ func FuzzStream_PlanCache(f *testing.F) {
 					h.request(p, uint32(step+2), map[string]string{"x-user-id": users[int(x)%len(users)],
 						":path": paths[int(y)%len(paths)], "x-request-id": fmt.Sprint("r", step)})
 					if len(h.calls) > calls {
-						h.answer(p, "200", answer(h.nowMS, x&4 != 0, int64(y%5+1)*700))
+						h.answer(p, "200", answer(h.nowMS, 3-int(y)%len(paths), x>>2, int64(y%5+1)*700))
 					}
 				}
 			}
@@ -118,14 +118,32 @@ func FuzzStream_PlanCache(f *testing.F) {
 	})
 }
 
-// answer is the bridge's answer for testConfig's two limits: the first
-// refused for retryMS when deny, the second allowed.
-func answer(now int64, deny bool, retryMS int64) string {
-	first := rules.Decision{Allowed: true, Limit: 10, Remaining: 5, ResetMS: now + 60_000}
-	if deny {
-		first = rules.Decision{Allowed: false, Limit: 10, Remaining: 0, ResetMS: now + retryMS, RetryAfterMS: retryMS}
+// fuzzPlanConfig: on /api/v1/items a request has three limits, the
+// second log only; on /api/v1/other two.
+const fuzzPlanConfig = `{
+  "failure_mode": "fail_open",
+  "bridge": {"cluster": "bridge", "timeout": "150ms"},
+  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+  "rules": [
+    {"name": "api", "match": {"paths": ["/api/**"]}, "limit": 10, "window": "1m", "algorithm": "fixed_window"},
+    {"name": "log-only", "match": {"paths": ["/api/**"]}, "limit": 1, "window": "1m", "action": "log_only"},
+    {"name": "items", "match": {"paths": ["/api/v1/items"]}, "limit": 5, "window": "1m"}
+  ],
+  "exemptions": {"users": ["ops"]}
+}`
+
+// answer is the bridge's answer for the n limits of a request of
+// fuzzPlanConfig: limit i refused for retryMS when bit i of deny is set.
+func answer(now int64, n int, deny byte, retryMS int64) string {
+	var resp rules.CheckResponse
+	resp.Allowed, resp.NowMS = true, now
+	for i := range n {
+		d := rules.Decision{Allowed: true, Limit: 10, Remaining: 5, ResetMS: now + 60_000}
+		if deny&(1<<i) != 0 {
+			d = rules.Decision{Allowed: false, Limit: 10, Remaining: 0, ResetMS: now + retryMS, RetryAfterMS: retryMS}
+			resp.Allowed = resp.Allowed && i == 1 // the second only logs
+		}
+		resp.Decisions = append(resp.Decisions, d)
 	}
-	return string(rules.AppendCheckResponse(nil, &rules.CheckResponse{Allowed: !deny, NowMS: now, Decisions: []rules.Decision{
-		first, {Allowed: true, Limit: 1, Remaining: 0, ResetMS: now + 60_000},
-	}}))
+	return string(rules.AppendCheckResponse(nil, &resp))
 }

@@ -114,11 +114,11 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	}
 	if s.cfg.LocalCache.Enabled {
 		if i, d, hash, memo, ok := p.cachedDenial(s); ok {
-			if !cached {
-				p.plans.Keep(s.cfg, &s.req, &s.plan, hash)
-			}
 			h.IncCounter(p.m.cacheHits)
 			s.refuseCached(i, &d, hash, memo)
+			if !cached {
+				p.plans.Keep(s.cfg, &s.req, &s.plan, p.refusalTag(hash, i))
+			}
 			return proxywasm.Pause
 		}
 	}
@@ -185,7 +185,12 @@ func (s *Stream) keepIdentity() {
 }
 
 // keepRequestID copies the request's id, which every answer shows.
-func (s *Stream) keepRequestID() {
+func (s *Stream) keepRequestID() { s.requestID = append(s.requestID[:0], s.requestIDView()...) }
+
+// requestIDView is the request's id, a view valid during the request's
+// headers callback: its x-request-id, else the host's request.id, cut to
+// rules.MaxRequestIDLen.
+func (s *Stream) requestIDView() string {
 	rid := s.p.host.RequestHeader("x-request-id")
 	if rid == "" {
 		rid = s.p.host.Property("request.id")
@@ -198,7 +203,7 @@ func (s *Stream) keepRequestID() {
 		}
 		rid = rid[:n]
 	}
-	s.requestID = append(s.requestID[:0], rid...)
+	return rid
 }
 
 // OnHTTPCallResponse delivers the bridge's answer to the waiting stream.
