@@ -401,6 +401,7 @@ type benchHost struct {
 	fakeHost
 	hdr    map[string]string
 	shared map[string][]byte
+	locals int // local responses sent
 }
 
 func (b *benchHost) RequestHeader(n string) string { return b.hdr[n] }
@@ -432,7 +433,7 @@ func (b *benchHost) Log(proxywasm.LogLevel, []byte)           {}
 func (b *benchHost) IncCounter(uint32)                        {}
 func (b *benchHost) AddCounter(uint32, int64)                 {}
 func (b *benchHost) AddResponseHeader(string, []byte)         {}
-func (b *benchHost) SendLocalResponse(uint32, []byte, []byte) {}
+func (b *benchHost) SendLocalResponse(uint32, []byte, []byte) { b.locals++ }
 func (b *benchHost) Dispatch(string, [][2]string, []byte, uint32) (uint32, error) {
 	return 1, nil
 }
@@ -496,7 +497,13 @@ func BenchmarkStream(b *testing.B) {
 		h.shared = map[string][]byte{}
 		answer := []byte(allowAnswer(h.nowMS))
 		h.callStatus, h.callBody = "200", answer
-		run(b, with("/api/v1/x"), func() { p.OnHTTPCallResponse(1, 3, len(answer), 0) })
+		hdr := with("/api/v1/x")
+		hdr["x-user-id"] = "carol" // alice's key is refused (cache-hit above)
+		locals := h.locals
+		run(b, hdr, func() { p.OnHTTPCallResponse(1, 3, len(answer), 0) })
+		if h.locals != locals {
+			b.Fatal("refused: not the call-out path")
+		}
 	})
 }
 
