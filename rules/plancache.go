@@ -143,13 +143,21 @@ func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 // last Sweep: a proxy calls it now and then (once a second), so that once
 // refusals stop, requests stop paying for lookups.
 func (pc *PlanCache) Sweep() {
-	if pc.hits == 0 && pc.kept > 0 {
-		for i := range pc.slots {
-			pc.slots[i].cfg = nil
-		}
-		pc.kept = 0
+	if pc.hits == 0 {
+		pc.Reset()
 	}
 	pc.hits = 0
+}
+
+// Reset forgets every kept plan.
+func (pc *PlanCache) Reset() {
+	if pc.kept == 0 {
+		return
+	}
+	for i := range pc.slots {
+		pc.slots[i].cfg = nil
+	}
+	pc.kept = 0
 }
 
 // matches tells whether r reads what e's request read, under e's config.

@@ -234,3 +234,17 @@ func FuzzPlanCache(f *testing.F) {
 		}
 	})
 }
+
+func TestPlanCache_Reset(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	var pc PlanCache
+	var plan Plan
+	req := Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "bob"}}
+	r := req
+	pc.Evaluate(c, &r, &plan)
+	pc.Keep(c, &r, &plan, 0)
+	pc.Reset()
+	if r := req; func() bool { _, _, ok := pc.Lookup(c, &r); return ok }() {
+		t.Fatal("kept after Reset")
+	}
+}

@@ -48,7 +48,11 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64, memo bool) {
 	if !memo {
 		p.reportRefusals(r, s.nowMS) // what is pending belongs to the key leaving
 		r.cfg, r.key, r.until = cfg, append(r.key[:0], l.Key...), 0
-		r.gen++
+		if r.gen++; r.gen == 0 {
+			// Wrapped: a tag the plan cache keeps could name this key
+			// as the one the slot holds.
+			p.plans.Reset()
+		}
 	}
 	until, retry := s.nowMS+d.RetryAfterMS, rules.RetryAfterSeconds(d, s.nowMS)
 	if r.until != until || r.retry != retry {

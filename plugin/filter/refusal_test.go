@@ -147,3 +147,42 @@ func answer(now int64, n int, deny byte, retryMS int64) string {
 	}
 	return string(rules.AppendCheckResponse(nil, &resp))
 }
+
+// When a refusal slot's count of keys wraps, the plan cache forgets its
+// tags: one kept before could name the slot's key of the moment. Here bob's
+// plan is kept when his key is the first its slot holds (count 1); after
+// the count is set to wrap, two other keys of that slot take it round to
+// 1 again.
+func TestStream_RefusalGenerationWraps(t *testing.T) {
+	slot := func(user string) uint64 { return rules.Hash([]byte("rl:{u:"+user+"}:api")) % refusalSlots }
+	var others []string
+	for n := 0; len(others) < 2; n++ {
+		if u := fmt.Sprint("u", n); slot(u) == slot("bob") {
+			others = append(others, u)
+		}
+	}
+	h, p := newPlugin(t, "fail_open")
+	refuse := func(user string) (fast bool) {
+		t.Helper()
+		s, _ := h.request(p, 3, map[string]string{"x-user-id": user})
+		if h.local == nil || h.local.status != 429 {
+			t.Fatalf("%s not refused", user)
+		}
+		return len(s.plan.Limits) == 0
+	}
+	for _, user := range append([]string{"bob"}, others...) {
+		h.request(p, 2, map[string]string{"x-user-id": user})
+		h.answer(p, "200", denyAnswer(h.nowMS))
+	}
+	refuse("bob")
+	refuse("bob")
+	if r := &p.refusals[slot("bob")]; !refuse("bob") || r.gen != 1 {
+		t.Fatalf("bob not refused from the plan cache, or not his slot's first key (%d)", r.gen)
+	}
+	p.refusals[slot("bob")].gen = ^uint32(0)
+	refuse(others[0]) // the count wraps to 0
+	refuse(others[1]) // and is 1 again, another key
+	if refuse("bob") {
+		t.Error("refused from the plan cache by a tag its slot's count wrapped onto")
+	}
+}
