@@ -1,7 +1,5 @@
 package rules
 
-import "strings"
-
 // A client over its limit is refused many times a second, and each of its
 // requests evaluates to the same plan: the same rules, identity and keys.
 // On a proxy, evaluating is most of what such a refusal costs. A PlanCache
@@ -48,11 +46,13 @@ type planEntry struct {
 	source     string
 	plan       Plan
 	tag        uint64
+	buf        []byte // the texts above and the plan's, which view it
 }
 
 // Lookup returns the plan kept for a request that read what r reads under
 // c, and the tag it was kept with. The plan is the cache's own: read it, or
-// copy it (Plan.CopyFrom), while r's headers can be read.
+// copy it (Plan.CopyFrom), while r's headers can be read; its texts, and
+// those of a copy, are valid until the next Keep.
 func (pc *PlanCache) Lookup(c *Config, r *Request) (plan *Plan, tag uint64, ok bool) {
 	if pc.kept == 0 {
 		return nil, 0, false
@@ -93,50 +93,47 @@ func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 	if e.cfg == nil {
 		pc.kept++
 	}
-	// One string holds every text the entry keeps (one allocation),
-	// written and then cut in the same order.
+	// The entry's texts are views of its own buffer, reused from one plan
+	// to the next, so that keeping a plan allocates nothing once the
+	// buffer has grown: written in one order, then cut in the same.
 	id := &plan.Identity
 	texts := [...]string{r.Method, r.Path, r.Host, plan.Endpoint, id.User, id.APIKey, id.Tenant, id.Tier, ""}
 	if rec.sourceRead {
 		texts[len(texts)-1] = r.Source
 	}
-	var b strings.Builder
-	n := 0
+	b := e.buf[:0]
 	for _, t := range texts {
-		n += len(t)
+		b = append(b, t...)
 	}
 	for _, h := range rec.headers {
-		n += len(h[0]) + len(h[1])
+		b = append(b, h[0]...)
+		b = append(b, h[1]...)
 	}
-	b.Grow(n)
-	for _, t := range texts {
-		b.WriteString(t)
-	}
-	for _, h := range rec.headers {
-		b.WriteString(h[0])
-		b.WriteString(h[1])
-	}
-	all := b.String()
-	take := func(n int) string {
-		t := all[:n]
-		all = all[n:]
-		return t
-	}
+	e.buf = b
+	off := 0
 	e.cfg, e.tag = c, tag
-	e.method, e.path, e.host = take(len(r.Method)), take(len(r.Path)), take(len(r.Host))
+	e.method, e.path, e.host = e.text(&off, len(r.Method)), e.text(&off, len(r.Path)), e.text(&off, len(r.Host))
 	e.plan.CopyFrom(plan)
-	e.plan.Endpoint = take(len(plan.Endpoint))
-	e.plan.Identity.User, e.plan.Identity.APIKey = take(len(id.User)), take(len(id.APIKey))
-	e.plan.Identity.Tenant, e.plan.Identity.Tier = take(len(id.Tenant)), take(len(id.Tier))
-	e.sourceRead, e.source = rec.sourceRead, take(len(texts[len(texts)-1]))
+	e.plan.Endpoint = e.text(&off, len(plan.Endpoint))
+	e.plan.Identity.User, e.plan.Identity.APIKey = e.text(&off, len(id.User)), e.text(&off, len(id.APIKey))
+	e.plan.Identity.Tenant, e.plan.Identity.Tier = e.text(&off, len(id.Tenant)), e.text(&off, len(id.Tier))
+	e.sourceRead, e.source = rec.sourceRead, e.text(&off, len(texts[len(texts)-1]))
 	e.headers, e.index = e.headers[:0], -1
 	name := c.planIndexHeader()
 	for i, h := range rec.headers {
 		if e.index < 0 && h[0] == name {
 			e.index = i
 		}
-		e.headers = append(e.headers, [2]string{take(len(h[0])), take(len(h[1]))})
+		e.headers = append(e.headers, [2]string{e.text(&off, len(h[0])), e.text(&off, len(h[1]))})
 	}
+}
+
+// text is the n bytes of e's buffer at *off, as a view, and moves *off
+// past them.
+func (e *planEntry) text(off *int, n int) string {
+	t := bytesView(e.buf[*off : *off+n])
+	*off += n
+	return t
 }
 
 // Sweep forgets every kept plan unless a lookup was answered since the

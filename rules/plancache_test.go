@@ -170,14 +170,7 @@ func TestPlanCache_Keep(t *testing.T) {
 
 // Sweep forgets the kept plans once a sweep period passes without a hit.
 func TestPlanCache_Sweep(t *testing.T) {
-	c := mustConfig(t, policyConfig)
-	var pc PlanCache
-	var plan Plan
-	req := Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "bob"}}
-	r := req
-	pc.Evaluate(c, &r, &plan)
-	pc.Keep(c, &r, &plan, 0)
-	lookup := func() bool { r := req; _, _, ok := pc.Lookup(c, &r); return ok }
+	pc, lookup := keptBob(t)
 	if !lookup() {
 		t.Fatal("not kept")
 	}
@@ -236,15 +229,46 @@ func FuzzPlanCache(f *testing.F) {
 }
 
 func TestPlanCache_Reset(t *testing.T) {
+	pc, lookup := keptBob(t)
+	pc.Reset()
+	if lookup() {
+		t.Fatal("kept after Reset")
+	}
+}
+
+// keptBob is a plan cache that keeps the plan of a request by bob, and a
+// lookup of that request.
+func keptBob(t *testing.T) (*PlanCache, func() bool) {
 	c := mustConfig(t, policyConfig)
-	var pc PlanCache
+	pc := &PlanCache{}
 	var plan Plan
 	req := Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "bob"}}
 	r := req
 	pc.Evaluate(c, &r, &plan)
 	pc.Keep(c, &r, &plan, 0)
-	pc.Reset()
-	if r := req; func() bool { _, _, ok := pc.Lookup(c, &r); return ok }() {
-		t.Fatal("kept after Reset")
+	return pc, func() bool { r := req; _, _, ok := pc.Lookup(c, &r); return ok }
+}
+
+// Keeping a plan allocates nothing once the entry's buffers have grown: a
+// proxy under attack by many clients keeps plans over and over.
+func TestPlanCache_KeepAllocates(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	var pc PlanCache
+	var plan Plan
+	var headers []HeaderSource
+	for _, u := range []string{"bob", "carol", "dave"} {
+		headers = append(headers, mapHeaders{"x-user-id": u, "x-tenant": "acme"})
+	}
+	keep := func(i int) {
+		r := Request{Method: "POST", Path: "/api/v1/chat/send", Source: "192.0.2.9:1", Headers: headers[i%len(headers)]}
+		pc.Evaluate(c, &r, &plan)
+		pc.Keep(c, &r, &plan, 0)
+	}
+	for i := range 2 * len(headers) {
+		keep(i)
+	}
+	i := 0
+	if n := testing.AllocsPerRun(100, func() { keep(i); i++ }); n != 0 {
+		t.Errorf("%.1f allocations per plan evaluated and kept", n)
 	}
 }
