@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/benchtable"
-	"github.com/sluicehq/sluice/redisbridge/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/rules"

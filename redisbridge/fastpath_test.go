@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/redisbridge/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/rules"
 )
 

@@ -34,3 +34,37 @@ func Of(pid int) (time.Duration, error) {
 	}
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }
+
+// Machine returns the time every CPU of the machine spent busy (neither
+// idle nor waiting for I/O) and in all, summed over CPUs, from /proc/stat
+// (Linux), in clock ticks of 10 ms: busy/total over an interval is how
+// loaded the machine was, kernel work outside any process included. Time a
+// virtual machine's hypervisor gave to others (steal) is in neither.
+func Machine() (busy, total time.Duration, err error) {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	line, _, _ := bytes.Cut(raw, []byte("\n"))
+	f := bytes.Fields(line)
+	if len(f) < 6 || string(f[0]) != "cpu" {
+		return 0, 0, fmt.Errorf("/proc/stat: unexpected format")
+	}
+	var idle int64
+	for i, v := range f[1:] {
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("/proc/stat: unexpected format")
+		}
+		// Steal is not ours; guest time (the fields after it) is also
+		// counted in user time.
+		if i >= 7 {
+			break
+		}
+		total += time.Duration(n) * 10 * time.Millisecond
+		if i == 3 || i == 4 { // idle, iowait
+			idle += n
+		}
+	}
+	return total - time.Duration(idle)*10*time.Millisecond, total, nil
+}

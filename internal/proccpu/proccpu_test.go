@@ -25,3 +25,24 @@ func TestOf(t *testing.T) {
 		t.Error("no error for a process that does not exist")
 	}
 }
+
+// Work in this process shows as machine time busy, and busy time never
+// exceeds the time that passed on every CPU.
+func TestMachine(t *testing.T) {
+	busy0, total0, err := Machine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+	}
+	busy1, total1, err := Machine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if busy1 <= busy0 || total1 <= total0 {
+		t.Errorf("busy %v → %v, total %v → %v after 50 ms of work", busy0, busy1, total0, total1)
+	}
+	if busy1-busy0 > total1-total0 || busy1 > total1 {
+		t.Errorf("busy %v of %v", busy1-busy0, total1-total0)
+	}
+}

@@ -1,10 +1,13 @@
-// Package loadgen drives an HTTP endpoint the way a fleet of proxies
-// does. Over HTTP/1.1: a fixed set of keep-alive connections, each with
-// one request in flight, prebuilt requests written on raw connections and
-// only the status line and Content-Length of the answers parsed. Over h2c
-// (HTTP/2 with prior knowledge, as Envoy's HTTP/2 upstreams): a few
-// connections with many concurrent streams each (h2c.go). Either way its
-// own CPU per request stays small next to the server's it measures.
+// Package loadgen drives an HTTP endpoint the way a fleet of proxies or
+// clients does. Over HTTP/1.1: a fixed set of keep-alive connections, each
+// with one request in flight, prebuilt requests written on raw connections
+// and only the status line and Content-Length of the answers parsed, as
+// fast as the server answers or paced at a rate. Over h2c (HTTP/2 with
+// prior knowledge, as Envoy's HTTP/2 upstreams): a few connections with
+// many concurrent streams each (h2c.go). Either way its own CPU per
+// request stays small next to the server's it measures, and it allocates
+// nothing per request, so no garbage collection of its own lands in the
+// latencies it measures.
 package loadgen
 
 import (
@@ -25,12 +28,25 @@ import (
 
 // Options describe one run.
 type Options struct {
-	Addr   string   // host:port, loopback in tests
-	Path   string   // request target, e.g. /v1/rate-limit/check
-	Header string   // extra header lines, each ending in "\r\n"
-	Bodies [][]byte // POST bodies, sent round-robin across all connections
-	Conns  int      // concurrent connections, one request in flight each (HTTP/1.1)
-	N      int      // requests in all
+	Addr string // host:port, loopback in tests
+	Path string // request target, e.g. /v1/rate-limit/check
+	// Method defaults to POST when there are Bodies, else GET.
+	Method string
+	Header string // extra header lines, each ending in "\r\n"
+	// ConnHeaders are extra header lines by connection (HTTP/1.1):
+	// connection i adds ConnHeaders[i%len(ConnHeaders)] to each of its
+	// requests, a client of its own per connection, say.
+	ConnHeaders []string
+	Bodies      [][]byte // request bodies, sent round-robin across all connections; none: requests without one
+	Conns       int      // concurrent connections, one request in flight each (HTTP/1.1)
+	N           int      // requests in all
+	// Rate, above 0, paces the requests (HTTP/1.1): request i is due
+	// i/Rate seconds after the start and goes out on a connection that is
+	// free by then. Its latency counts from when it was written, so the
+	// generator's own lateness in waking up (hundreds of microseconds on
+	// an idle virtual machine) is not charged to the server. 0 sends each
+	// request as soon as its connection has the previous answer.
+	Rate float64
 	// H2C speaks HTTP/2 with prior knowledge, Streams requests in flight
 	// on each of the Conns connections.
 	H2C     bool
@@ -62,17 +78,16 @@ func (r *Result) Percentile(p float64) time.Duration {
 // Run dials o.Conns connections and sends o.N requests over them. It stops
 // at the first failed request or answer.
 func Run(ctx context.Context, o Options) (Result, error) {
-	if o.Conns <= 0 || o.N <= 0 || len(o.Bodies) == 0 {
-		return Result{}, errors.New("loadgen: Conns, N and Bodies must be set")
+	if o.Conns <= 0 || o.N <= 0 {
+		return Result{}, errors.New("loadgen: Conns and N must be set")
 	}
 	if o.H2C {
+		if len(o.Bodies) == 0 || o.Rate > 0 || len(o.ConnHeaders) > 0 {
+			return Result{}, errors.New("loadgen: h2c takes Bodies, and neither Rate nor ConnHeaders")
+		}
 		return runH2C(ctx, o)
 	}
-	reqs := make([][]byte, len(o.Bodies))
-	for i, b := range o.Bodies {
-		reqs[i] = fmt.Appendf(nil, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s",
-			o.Path, o.Addr, o.Header, len(b), b)
-	}
+	reqs := o.requests()
 	conns, err := dial(ctx, &o)
 	if err != nil {
 		return Result{}, err
@@ -102,14 +117,18 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			defer wg.Done()
 			mine := make([]time.Duration, 0, o.N/len(conns)+1)
 			r := bufio.NewReaderSize(c, 16<<10)
+			own := reqs[g%len(reqs)]
 			var body []byte
 			for ctx.Err() == nil {
 				i := next.Add(1) - 1
 				if i >= int64(o.N) {
 					break
 				}
+				if o.Rate > 0 {
+					time.Sleep(time.Until(t0.Add(time.Duration(float64(i) * float64(time.Second) / o.Rate))))
+				}
 				start := time.Now()
-				if _, err := c.Write(reqs[i%int64(len(reqs))]); err != nil {
+				if _, err := c.Write(own[i%int64(len(own))]); err != nil {
 					fail(fmt.Errorf("loadgen: write: %w", err))
 					return
 				}
@@ -130,6 +149,42 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	wg.Wait()
 	return result(ctx, t0, cpu0, lat, firstEr)
+}
+
+// requests are the prebuilt HTTP/1.1 requests: by connection header (one
+// set when there are none), then by body.
+func (o *Options) requests() [][][]byte {
+	method := o.Method
+	if method == "" {
+		method = "GET"
+		if len(o.Bodies) > 0 {
+			method = "POST"
+		}
+	}
+	conn := o.ConnHeaders
+	if len(conn) == 0 {
+		conn = []string{""}
+	}
+	bodies := o.Bodies
+	if len(bodies) == 0 {
+		bodies = [][]byte{nil}
+	}
+	reqs := make([][][]byte, len(conn))
+	for h, ch := range conn {
+		reqs[h] = make([][]byte, len(bodies))
+		for i, b := range bodies {
+			r := fmt.Appendf(nil, "%s %s HTTP/1.1\r\nHost: %s\r\n", method, o.Path, o.Addr)
+			if len(o.Bodies) > 0 {
+				r = append(r, "Content-Type: application/json\r\n"...)
+			}
+			r = append(append(r, o.Header...), ch...)
+			if len(o.Bodies) > 0 {
+				r = fmt.Appendf(r, "Content-Length: %d\r\n", len(b))
+			}
+			reqs[h][i] = append(append(r, "\r\n"...), b...)
+		}
+	}
+	return reqs
 }
 
 // dial opens o.Conns connections to o.Addr.

@@ -8,9 +8,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestReadResponse(t *testing.T) {
@@ -117,5 +120,75 @@ func TestRun_H2C(t *testing.T) {
 	}
 	if maxInFlight.Load() < 2 {
 		t.Fatalf("at most %d requests in flight: the streams did not overlap", maxInFlight.Load())
+	}
+}
+
+// TestRun_ConnHeaders: without bodies the requests are GETs, and each
+// connection sends its own header on every request.
+func TestRun_ConnHeaders(t *testing.T) {
+	var mu sync.Mutex
+	users := map[string]map[string]int{} // by peer: the user header values it sent
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != "GET" || r.ContentLength != 0 {
+			t.Errorf("%s with %d bytes of body", r.Method, r.ContentLength)
+		}
+		mu.Lock()
+		if users[r.RemoteAddr] == nil {
+			users[r.RemoteAddr] = map[string]int{}
+		}
+		users[r.RemoteAddr][r.Header.Get("X-User-Id")]++
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Options{Addr: strings.TrimPrefix(srv.URL, "http://"), Path: "/api",
+		ConnHeaders: []string{"X-User-Id: a\r\n", "X-User-Id: b\r\n"}, Conns: 4, N: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.N != 200 {
+		t.Fatalf("N %d", res.N)
+	}
+	perUser := map[string]int{}
+	for peer, seen := range users {
+		if len(seen) != 1 {
+			t.Errorf("connection %s sent users %v, want one", peer, seen)
+		}
+		for u := range seen {
+			perUser[u]++
+		}
+	}
+	if len(users) != 4 || perUser["a"] != 2 || perUser["b"] != 2 {
+		t.Fatalf("connections by user %v over %d connections, want 2 each of a and b over 4", perUser, len(users))
+	}
+}
+
+// TestRun_Paced: at a rate, no request goes out before it is due, so a
+// run of n takes at least (n-1)/rate however fast the server answers.
+func TestRun_Paced(t *testing.T) {
+	var mu sync.Mutex
+	var arrivals []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrivals = append(arrivals, time.Now())
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	const n, rate = 60, 400.0
+	start := time.Now()
+	res, err := Run(context.Background(), Options{Addr: strings.TrimPrefix(srv.URL, "http://"), Path: "/", Conns: 8, N: n, Rate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.N != n {
+		t.Fatalf("N %d", res.N)
+	}
+	slices.SortFunc(arrivals, func(a, b time.Time) int { return a.Compare(b) })
+	for i, at := range arrivals {
+		if due := start.Add(time.Duration(float64(i) * float64(time.Second) / rate)); at.Before(due) {
+			t.Fatalf("request %d arrived %v before it was due", i, due.Sub(at))
+		}
+	}
+	if _, err := Run(context.Background(), Options{Addr: "127.0.0.1:1", Bodies: [][]byte{{'x'}}, Conns: 1, N: 1, H2C: true, Rate: 1}); err == nil {
+		t.Fatal("h2c with a rate was accepted")
 	}
 }
