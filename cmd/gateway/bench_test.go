@@ -2,211 +2,374 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
 	"slices"
-	"sync"
-	"sync/atomic"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/internal/benchtable"
+	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/proccpu"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/wasmhost"
 )
 
-// BenchmarkGateway compares, over loopback TCP with keep-alive clients,
-// the upstream alone, a plain httputil.ReverseProxy, the gateway without
-// the plugin, and the gateway with the plugin on a request no limit
-// matches and on one that makes a call-out (bridge on its embedded memory
-// store). cpu-us/op is the whole process's CPU, load generator included.
-func BenchmarkGateway(b *testing.B) {
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "upstream")
-	}))
-	defer upstream.Close()
-	up, _ := url.Parse(upstream.URL)
+var benchRounds = flag.Int("bench.rounds", 3, "BenchmarkGateway: rounds of every case, interleaved; the table has their medians")
+
+// benchRoleEnv names the part of BenchmarkGateway a re-executed test
+// binary plays (benchRole); TestMain runs it instead of the tests.
+const benchRoleEnv = "SLUICE_GATEWAY_BENCH_ROLE"
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(benchRoleEnv); role != "" {
+		if err := benchRole(role, os.Args[1:]); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", role, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// benchRole serves one process of BenchmarkGateway until SIGTERM: args[0]
+// is the address to listen on, args[1] the upstream URL where there is
+// one. "gateway" is the command itself (run), with args its flags.
+func benchRole(role string, args []string) error {
+	if role == "gateway" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+		defer stop()
+		return run(ctx, args, os.Stderr)
+	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var h http.Handler
+	switch role {
+	case "upstream":
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "upstream") })
+	case "reverse-proxy", "gateway-no-plugin":
+		up, err := url.Parse(args[1])
+		if err != nil {
+			return err
+		}
+		if role == "gateway-no-plugin" {
+			h = newHandler(up, nil, logger, true, nil)
+		} else {
+			h = &httputil.ReverseProxy{Transport: wasmhost.NewTransport(), Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(up) }}
+		}
+	case "bridge":
+		set := redisbridge.DefaultSettings()
+		set.Logger = logger
+		set.AuditLog = filepath.Join(os.TempDir(), fmt.Sprintf("sluice-bench-audit-%d.log", os.Getpid()))
+		defer os.Remove(set.AuditLog)
+		br, err := redisbridge.New(set) // the embedded memory store
+		if err != nil {
+			return err
+		}
+		defer br.Close()
+		ln, err := net.Listen("tcp", args[0])
+		if err != nil {
+			return err
+		}
+		go br.Serve(ln) // the bridge's own listener: its HTTP/1.1 fast path
+		waitTerm()
+		return nil
+	default:
+		return fmt.Errorf("unknown role")
+	}
+	ln, err := net.Listen("tcp", args[0])
+	if err != nil {
+		return err
+	}
+	srv := newServer(h)
+	go srv.Serve(ln)
+	waitTerm()
+	return srv.Close()
+}
 
-	set := redisbridge.DefaultSettings()
-	set.Logger = logger
-	set.AuditLog = b.TempDir() + "/audit.log"
-	br, err := redisbridge.New(set)
-	if err != nil {
-		b.Fatal(err)
-	}
-	brLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go br.Serve(brLn) // the bridge's own listener: its HTTP/1.1 fast path
-	defer br.Close()
-	bridgeURL := "http://" + brLn.Addr().String()
+func waitTerm() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGTERM)
+	<-c
+}
 
-	wasm, err := e2etest.BuildPlugin()
+// benchProc is a process BenchmarkGateway started.
+type benchProc struct {
+	addr string
+	pid  int
+}
+
+// startRole runs this test binary as role (benchRole) listening on a free
+// loopback port, and waits until it accepts connections.
+func startRole(b *testing.B, role string, args ...string) benchProc {
+	addr := freeAddr(b)
+	if role == "gateway" {
+		args = append([]string{"--listen", addr}, args...)
+	} else {
+		args = append([]string{addr}, args...)
+	}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), benchRoleEnv+"="+role)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	b.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+		}
+	})
+	for end := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			b.Fatalf("%s exited (%v): %s", role, err, stderr.String())
+		default:
+		}
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return benchProc{addr: addr, pid: cmd.Process.Pid}
+		}
+		if time.Now().After(end) {
+			b.Fatalf("%s did not start: %s", role, stderr.String())
+		}
+	}
+}
+
+func freeAddr(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// gatewayCase is one way of serving a request that BenchmarkGateway
+// measures.
+type gatewayCase struct {
+	label  string
+	server *benchProc // the process that answers the load generator
+	path   string
+	base   bool
+}
+
+// gatewayRun is what one run of a case measured.
+type gatewayRun struct {
+	rate, p99ms, serverCPU, machineCPU, busy float64
+}
+
+// BenchmarkGateway compares, each as its own process on loopback as they
+// are deployed, the upstream alone, a plain httputil.ReverseProxy in front
+// of it, the gateway without the plugin, and the gateway with the plugin
+// on a request no limit matches and on one that makes a call-out to the
+// bridge (its own process, on its embedded memory store). The load
+// generator (internal/loadgen: 50 keep-alive connections, 26 users, no
+// allocation per request) runs in this process. Every case runs
+// -bench.rounds times, interleaved; the table has the medians.
+//
+// Saturated: each connection sends its next request when it has the
+// answer. Paced: the reverse proxy, the gateway without plugin and the
+// call-out case at a half and a quarter of the call-out case's saturated
+// rate, for the latency the plugin and its call-out add to the gateway
+// when it is not saturated; with how busy the machine's CPUs were, since
+// on a virtual machine a request that arrives at an idle CPU costs more
+// than one of a saturated stream.
+//
+//	go test -run '^$' -bench Gateway -benchtime 20000x ./cmd/gateway
+//
+// It prints its table, or, with $SLUICE_BENCH_TABLE set, appends the rows
+// there for internal/benchtable to print with the other parts.
+func BenchmarkGateway(b *testing.B) {
+	if b.N == 1 {
+		return // the probe run of -benchtime Nx
+	}
+	n := b.N
+	dir := b.TempDir()
+	plugin := filepath.Join(dir, "plugin.wasm")
+	config := filepath.Join(dir, "config.json")
 	const cfg = `{"bridge": {"cluster": "sluice_bridge", "timeout": "1s"},
 	  "identity": {"sources": [{"type": "header", "header": "x-user-id"}], "client_ip": {"trusted_proxy_depth": 1}},
 	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": 1000000000, "window": "1h", "algorithm": "fixed_window"}]}`
-	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{
-		Workers: 2, PluginConfig: []byte(cfg), RootID: "sluice", Logger: logger,
-		Clusters: map[string]string{"sluice_bridge": bridgeURL},
-		// As cmd/gateway's default --log-level info: at the host's zero
-		// level (trace) the plugin would format a debug event for every
-		// allowed request, which no deployment asks for.
-		LogLevel: wasmhost.LogLevelInfo,
-	})
-	if err != nil {
+	if err := os.WriteFile(plugin, e2etest.Plugin(b), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	defer host.Close()
-
-	serve := func(h http.Handler) string {
-		s := httptest.NewServer(h)
-		b.Cleanup(s.Close)
-		return s.URL
+	if err := os.WriteFile(config, []byte(cfg), 0o644); err != nil {
+		b.Fatal(err)
 	}
-	plain := &httputil.ReverseProxy{Transport: wasmhost.NewTransport(), Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(up) }}
-	cases := []struct{ name, label, base, path string }{
-		{"a-upstream", "upstream alone", upstream.URL, "/api/x"},
-		{"b-reverse-proxy", "httputil.ReverseProxy", serve(plain), "/api/x"},
-		{"c-gateway-no-plugin", "gateway, no plugin", serve(newHandler(up, nil, logger, true, nil)), "/api/x"},
-		{"d-gateway-no-match", "gateway, plugin, no limit matches", serve(newHandler(up, host, logger, true, nil)), "/health"},
-		{"e-gateway-call-out", "gateway, plugin, a call-out per request (bridge on its memory store)", serve(newHandler(up, host, logger, true, nil)), "/api/x"},
+	upstream := startRole(b, "upstream")
+	bridge := startRole(b, "bridge")
+	upURL := "http://" + upstream.addr
+	proxy := startRole(b, "reverse-proxy", upURL)
+	bare := startRole(b, "gateway-no-plugin", upURL)
+	// As cmd/gateway runs by default: one plugin VM per CPU, plugin logs
+	// at info (at debug the plugin formats an event for every allowed
+	// request, which no deployment asks for).
+	gateway := startRole(b, "gateway", "--plugin", plugin, "--config", config, "--upstream", upURL,
+		"--cluster", "sluice_bridge=http://"+bridge.addr, "--log-level", "info")
+	procs := []*benchProc{&upstream, &bridge, &proxy, &bare, &gateway}
+	cases := []gatewayCase{
+		{label: "upstream alone", server: &upstream, path: "/api/x"},
+		{label: "httputil.ReverseProxy", server: &proxy, path: "/api/x", base: true},
+		{label: "gateway, no plugin", server: &bare, path: "/api/x"},
+		{label: "gateway, plugin, no limit matches", server: &gateway, path: "/health"},
+		{label: "gateway, plugin, a call-out per request (bridge on its memory store)", server: &gateway, path: "/api/x"},
 	}
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DialContext: (&net.Dialer{}).DialContext}}
-	rows := make([]benchtable.Row, len(cases)) // the last run of each (the first is a probe of one request)
-	do := func(url, user string) (time.Duration, error) {
-		t0 := time.Now()
-		req, _ := http.NewRequest("GET", url, nil)
-		req.Header.Set("X-User-Id", user)
-		res, err := client.Do(req)
+	const callout = 4
+	users := make([]string, 26)
+	for i := range users {
+		users[i] = "X-User-Id: u" + string(rune('a'+i)) + "\r\n"
+	}
+	measure := func(c gatewayCase, n int, rate float64) gatewayRun {
+		cpu0 := make([]time.Duration, len(procs))
+		for i, p := range procs {
+			cpu0[i] = childCPU(b, p.pid)
+		}
+		busy0, total0, err := proccpu.Machine()
 		if err != nil {
-			return 0, err
+			b.Fatal(err)
 		}
-		io.Copy(io.Discard, res.Body)
-		res.Body.Close()
-		if res.StatusCode != 200 {
-			return 0, fmt.Errorf("status %d", res.StatusCode)
+		res, err := loadgen.Run(context.Background(), loadgen.Options{Addr: c.server.addr, Path: c.path,
+			ConnHeaders: users, Conns: 50, N: n, Rate: rate})
+		if err != nil {
+			b.Fatalf("%s: %v", c.label, err)
 		}
-		return time.Since(t0), nil
+		busy1, total1, err := proccpu.Machine()
+		if err != nil {
+			b.Fatal(err)
+		}
+		r := gatewayRun{rate: res.Rate(), p99ms: float64(res.Percentile(0.99).Microseconds()) / 1000,
+			machineCPU: float64((busy1 - busy0).Microseconds()) / float64(n),
+			busy:       100 * float64(busy1-busy0) / float64(total1-total0)}
+		for i, p := range procs {
+			if p == c.server {
+				r.serverCPU = float64((childCPU(b, p.pid) - cpu0[i]).Microseconds()) / float64(n)
+			}
+		}
+		return r
 	}
+	for _, c := range cases { // connections, VMs, the bridge's keys
+		measure(c, 2000, 0)
+	}
+	b.ResetTimer()
+	saturated := make([][]gatewayRun, len(cases))
+	for range *benchRounds {
+		for i, c := range cases {
+			saturated[i] = append(saturated[i], measure(c, n, 0))
+		}
+	}
+	rate := median(saturated[callout], func(r gatewayRun) float64 { return r.rate })
+	// Paced: the reverse proxy, the gateway without plugin and the
+	// call-out case at the same rates.
+	pacedCases := []int{1, 2, callout}
+	type pacedRow struct {
+		frac string
+		rate float64
+		runs [][]gatewayRun // by pacedCases
+	}
+	paced := []*pacedRow{{frac: "a half", rate: rate / 2}, {frac: "a quarter", rate: rate / 4}}
+	for _, p := range paced {
+		p.runs = make([][]gatewayRun, len(pacedCases))
+	}
+	for range *benchRounds {
+		for _, p := range paced {
+			np := max(int(p.rate*2), 1000) // two seconds each
+			for j, i := range pacedCases {
+				p.runs[j] = append(p.runs[j], measure(cases[i], np, p.rate))
+			}
+		}
+	}
+	b.StopTimer()
+
+	group := fmt.Sprintf("Gateway, each part its own process on loopback; 50 keep-alive clients (medians of %d rounds, interleaved)", *benchRounds)
+	var rows []benchtable.Row
 	for i, c := range cases {
-		b.Run(c.name, func(b *testing.B) {
-			var (
-				users atomic.Int64
-				mu    sync.Mutex
-				lat   []time.Duration
-			)
-			b.SetParallelism(25) // 50 clients on 2 cores
-			cpu := cpuNanos()
-			start := time.Now()
-			b.RunParallel(func(pb *testing.PB) {
-				user := "u" + string(rune('a'+users.Add(1)%26))
-				var mine []time.Duration
-				defer func() { mu.Lock(); lat = append(lat, mine...); mu.Unlock() }()
-				for pb.Next() {
-					d, err := do(c.base+c.path, user)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					mine = append(mine, d)
-				}
-			})
-			rate := float64(b.N) / time.Since(start).Seconds()
-			cpuUS := float64(cpuNanos()-cpu) / float64(b.N) / 1e3
-			slices.Sort(lat)
-			p99 := lat[len(lat)*99/100]
-			b.ReportMetric(rate, "req/s")
-			b.ReportMetric(cpuUS, "cpu-us/op")
-			b.ReportMetric(float64(p99.Microseconds()), "p99-us")
-			rows[i] = benchtable.Row{
-				Group: benchGroup,
-				Name:  c.label, Base: c.name == "b-reverse-proxy",
-				Metrics: []benchtable.Metric{
-					{Name: "req/s", Value: rate, Ratio: true},
-					{Name: "process CPU µs/req", Value: cpuUS, Ratio: true},
-					{Name: "p99 ms", Value: milliseconds(p99)},
-				},
-			}
-		})
+		runs := saturated[i]
+		rows = append(rows, benchtable.Row{Group: group, Name: c.label, Base: c.base, Metrics: []benchtable.Metric{
+			{Name: "req/s", Value: median(runs, func(r gatewayRun) float64 { return r.rate }), Ratio: true},
+			{Name: "its process CPU µs/req", Value: median(runs, func(r gatewayRun) float64 { return r.serverCPU }), Ratio: true},
+			{Name: "machine CPU µs/req", Value: median(runs, func(r gatewayRun) float64 { return r.machineCPU }), Ratio: true},
+			{Name: "p99 ms", Value: median(runs, func(r gatewayRun) float64 { return r.p99ms })},
+		}})
+		b.Logf("%s: %+v", c.label, runs)
 	}
-	// The latency a call-out adds when the gateway is not saturated: both
-	// the reverse proxy and the gateway with a call-out per request, paced
-	// at half the call-out case's saturated rate, p99 against p99. Their
-	// CPU per request is reported too: requests that arrive one by one
-	// into a machine that idles between them cost more than back-to-back
-	// ones (caches go cold), so half the saturated rate is more than half
-	// the CPU.
-	if len(rows[4].Metrics) > 0 && rows[4].Metrics[0].Value > 0 { // the call-out case ran (-bench may pick cases)
-		rate := rows[4].Metrics[0].Value
-		paced := func(url string) (p99 time.Duration, cpuUS float64) {
-			const n = 8000
-			every := time.Duration(float64(time.Second) / (rate / 2))
-			var next atomic.Int64
-			lat := make([]time.Duration, n)
-			var wg sync.WaitGroup
-			cpu, start := cpuNanos(), time.Now()
-			for w := 0; w < 50; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					user := "u" + string(rune('a'+w%26))
-					for i := next.Add(1) - 1; i < n; i = next.Add(1) - 1 {
-						time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
-						d, err := do(url, user)
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						lat[i] = d
-					}
-				}()
-			}
-			wg.Wait()
-			cpuUS = float64(cpuNanos()-cpu) / n / 1e3
-			slices.Sort(lat)
-			return lat[n*99/100], cpuUS
+	ratio := func(num, den int) float64 {
+		return median(saturated[num], func(r gatewayRun) float64 { return r.rate }) /
+			median(saturated[den], func(r gatewayRun) float64 { return r.rate })
+	}
+	rows = append(rows, benchtable.Row{Group: group, Name: "gateway, plugin, no limit matches, over the gateway without plugin (target ≥ 0.90)",
+		Metrics: []benchtable.Metric{{Name: "req/s", Value: ratio(3, 2)}}})
+	for _, p := range paced {
+		at := fmt.Sprintf("at %s of the call-out case's saturated rate (%.0f req/s)", p.frac, p.rate)
+		for j, i := range pacedCases {
+			runs := p.runs[j]
+			rows = append(rows, benchtable.Row{Group: group, Name: cases[i].label + ", " + at, Metrics: []benchtable.Metric{
+				{Name: "its process CPU µs/req", Value: median(runs, func(r gatewayRun) float64 { return r.serverCPU })},
+				{Name: "machine CPU µs/req", Value: median(runs, func(r gatewayRun) float64 { return r.machineCPU })},
+				{Name: "p99 ms", Value: median(runs, func(r gatewayRun) float64 { return r.p99ms })},
+				{Name: "machine busy %", Value: median(runs, func(r gatewayRun) float64 { return r.busy })},
+			}})
+			b.Logf("%s, %s: %+v", cases[i].label, at, runs)
 		}
-		baseP99, baseCPU := paced(cases[1].base + cases[1].path)
-		gwP99, gwCPU := paced(cases[4].base + cases[4].path)
-		added := gwP99 - baseP99
-		b.ReportMetric(float64(added.Microseconds()), "half-sat-added-p99-us")
-		rows = append(rows,
-			benchtable.Row{Group: benchGroup, Name: fmt.Sprintf("httputil.ReverseProxy paced at half the call-out case's rate (%.0f req/s)", rate/2),
-				Metrics: []benchtable.Metric{{Name: "process CPU µs/req", Value: baseCPU}, {Name: "p99 ms", Value: milliseconds(baseP99)}}},
-			benchtable.Row{Group: benchGroup, Name: "gateway, a call-out per request, at the same pace",
-				Metrics: []benchtable.Metric{{Name: "process CPU µs/req", Value: gwCPU}, {Name: "p99 ms", Value: milliseconds(gwP99)}}},
-			benchtable.Row{Group: benchGroup, Name: "p99 a call-out adds at half saturation (target < 1 ms)",
-				Metrics: []benchtable.Metric{{Name: "p99 ms", Value: milliseconds(added)}}},
-		)
+		// What the plugin and its call-out add to the same gateway, in
+		// the same round.
+		bare, call := p.runs[1], p.runs[2]
+		added := make([]gatewayRun, len(call))
+		for i := range call {
+			added[i].p99ms = call[i].p99ms - bare[i].p99ms
+		}
+		name := "p99 a call-out adds over the gateway without plugin " + at
+		if p.frac == "a half" {
+			name += " (target < 1 ms)"
+			b.ReportMetric(median(added, func(r gatewayRun) float64 { return r.p99ms })*1000, "half-sat-added-p99-us")
+		}
+		rows = append(rows, benchtable.Row{Group: group, Name: name,
+			Metrics: []benchtable.Metric{{Name: "p99 ms", Value: median(added, func(r gatewayRun) float64 { return r.p99ms })}}})
 	}
-	rows = slices.DeleteFunc(rows, func(r benchtable.Row) bool { return len(r.Metrics) == 0 })
-	if err := benchtable.Append(rows...); err != nil {
+	b.ReportMetric(rate, "call-out-req/s")
+	b.ReportMetric(ratio(callout, 1), "call-out/reverse-proxy")
+	b.ReportMetric(ratio(3, 2), "no-match/no-plugin")
+	if os.Getenv(benchtable.Env) == "" {
+		var sb strings.Builder
+		benchtable.Print(&sb, rows)
+		fmt.Fprintf(os.Stdout, "\n%s\n", sb.String())
+	} else if err := benchtable.Append(rows...); err != nil {
 		b.Fatal(err)
 	}
 }
 
-// benchGroup is the table group of every BenchmarkGateway row.
-const benchGroup = "Gateway, 50 keep-alive clients on loopback, all in one process (CPU includes the clients)"
-
-func milliseconds(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-func cpuNanos() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+// median is the median of f over runs.
+func median(runs []gatewayRun, f func(gatewayRun) float64) float64 {
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = f(r)
 	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+// childCPU is the CPU time process pid has used.
+func childCPU(b *testing.B, pid int) time.Duration {
+	d, err := proccpu.Of(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
 }

@@ -296,8 +296,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	logger.Info("plugin started", "workers", s.workers, "took", time.Since(start).String())
 
 	up, _ := url.Parse(s.upstream)
-	handler := newHandler(up, host, logger, s.appendXFF, s.strip)
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := newServer(newHandler(up, host, logger, s.appendXFF, s.strip))
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
@@ -358,6 +357,11 @@ func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, xff bool,
 		handler = stripHeaders(handler, strip)
 	}
 	return handler
+}
+
+// newServer is the gateway's HTTP server around its handler.
+func newServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 }
 
 // bufferPool lends the reverse proxy its copy buffers: without one it
