@@ -584,6 +584,77 @@ func TestHost_Hammer(t *testing.T) {
 	}
 }
 
+// TestHost_MiddlewareHammer: Middleware recycles its streams, so requests
+// at once and one after another through it must each see only their own
+// headers, answers and call-outs, and no stream may stay behind in a VM.
+func TestHost_MiddlewareHammer(t *testing.T) {
+	srv := hosttest.Backend(t)
+	h := newHost(t, Options{Workers: 2, Clusters: map[string]string{"backend": srv.URL}})
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Secret", "s")
+		w.Header().Set("X-Path-Seen", r.Header.Get("X-Prop-Request.path"))
+		w.Header().Set("X-Callout-Seen", r.Header.Get("X-Callout-Body"))
+		w.Header().Set("X-Value-Seen", r.Header.Get("X-Value"))
+		io.WriteString(w, "upstream body")
+	})
+	mw := h.Middleware(next)
+	const goroutines, each = 16, 40
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				path := fmt.Sprintf("/h/%d/%d", g, i)
+				mode := []string{"callout", "echo", "", "deny"}[(g+i)%4]
+				req := httptest.NewRequest("GET", path, nil)
+				if mode != "" {
+					req.Header.Set("X-Mode", mode)
+				}
+				req.Header.Set("X-Callout-Path", path)
+				req.Header.Set("X-Value", path)
+				rec := httptest.NewRecorder()
+				mw.ServeHTTP(rec, req)
+				hd := rec.Result().Header
+				var err error
+				switch mode {
+				case "deny":
+					if rec.Code != 429 || rec.Body.String() != "denied" || hd.Get("X-Path-Seen") != "" {
+						err = fmt.Errorf("%s deny: %d %q %v", path, rec.Code, rec.Body, hd)
+					}
+				case "echo":
+					if rec.Code != 200 || hd.Get("X-Path-Seen") != path || hd.Get("X-Guest-Saw-Status") != "200" || hd.Get("X-Secret") != "" {
+						err = fmt.Errorf("%s echo: %d %v", path, rec.Code, hd)
+					}
+				case "callout":
+					if rec.Code != 200 || hd.Get("X-Callout-Seen") != path || hd.Get("X-Value-Seen") != path || hd.Get("X-Guest-Saw-Status") != "" {
+						err = fmt.Errorf("%s call-out: %d %v", path, rec.Code, hd)
+					}
+				default:
+					if rec.Code != 200 || hd.Get("X-Value-Seen") != path || hd.Get("X-Secret") != "s" || hd.Get("X-Path-Seen") != "" {
+						err = fmt.Errorf("%s untouched: %d %v", path, rec.Code, hd)
+					}
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for _, v := range h.vms {
+		v.mu.Lock()
+		if n := len(v.inst.streams); n != 0 {
+			t.Errorf("vm %d keeps %d streams", v.idx, n)
+		}
+		v.mu.Unlock()
+	}
+}
+
 // TestGuest_HotPathDoesNotAllocate counts guest heap allocations over many
 // requests that use the binding's non-allocating calls.
 func TestGuest_HotPathDoesNotAllocate(t *testing.T) {

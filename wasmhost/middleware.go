@@ -1,12 +1,14 @@
 package wasmhost
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -18,26 +20,34 @@ import (
 // Options.FailurePolicy says; a stream the plugin resets is aborted.
 func (h *Host) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("X-Request-Id")
+		var id string
+		if v := r.Header["X-Request-Id"]; len(v) > 0 {
+			id = v[0]
+		}
 		if id == "" {
 			id = newRequestID()
-		}
-		hdrs := make([][2]string, 0, len(r.Header)+1)
-		for k, vs := range r.Header {
-			for _, v := range vs {
-				hdrs = append(hdrs, [2]string{lowerName(k), v})
-			}
 		}
 		scheme := "http"
 		if r.TLS != nil {
 			scheme = "https"
 		}
-		s := h.NewStream(r.Context(), RequestInfo{
+		s := pooledStream()
+		s.start(h, RequestInfo{
 			Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Scheme: scheme,
-			Headers: hdrs, SourceAddress: r.RemoteAddr, RequestID: id, Protocol: r.Proto,
+			SourceAddress: r.RemoteAddr, RequestID: id, Protocol: r.Proto,
 			EndOfStream: r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0,
-		})
-		defer s.Close()
+		}, len(r.Header)+1)
+		for k, vs := range r.Header {
+			name := lowerName(k)
+			for _, v := range vs {
+				s.req = append(s.req, [2]string{name, v})
+			}
+		}
+		s.addRequestID()
+		defer func() {
+			s.Close()
+			s.recycle()
+		}()
 		res, err := s.RequestHeaders(r.Context())
 		switch {
 		case err != nil && r.Context().Err() != nil:
@@ -54,7 +64,8 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 		if res.Modified {
 			applyRequest(r, res.Headers)
 		}
-		rw := &responseWriter{ResponseWriter: w, s: s, r: r, h: h}
+		rw := &s.rw
+		*rw = responseWriter{ResponseWriter: w, s: s, r: r, h: h}
 		next.ServeHTTP(rw, r)
 		if !rw.wroteHeader {
 			rw.WriteHeader(http.StatusOK)
@@ -138,6 +149,24 @@ func writeLocal(w http.ResponseWriter, l *LocalResponse) {
 	_, _ = w.Write(l.Body)
 }
 
+// responseHeadersOf is ResponseHeaders with the headers of a
+// ResponseWriter, put in the stream's map as they are read.
+func (s *Stream) responseHeadersOf(ctx context.Context, status int, hdr http.Header) (Result, error) {
+	s.vm.mu.Lock()
+	if err := s.usable(); err != nil {
+		s.vm.mu.Unlock()
+		return Result{}, err
+	}
+	s.resp = append(slices.Grow(s.resp[:0], len(hdr)+1), [2]string{":status", statusString(status)})
+	for k, vs := range hdr {
+		name := lowerName(k)
+		for _, v := range vs {
+			s.resp = append(s.resp, [2]string{name, v})
+		}
+	}
+	return s.responseHeaders(ctx)
+}
+
 // responseWriter runs the plugin's response-header callback just before the
 // status line goes out.
 type responseWriter struct {
@@ -154,13 +183,7 @@ func (rw *responseWriter) WriteHeader(code int) {
 		return
 	}
 	rw.wroteHeader = true
-	hdrs := make([][2]string, 0, len(rw.Header()))
-	for k, vs := range rw.Header() {
-		for _, v := range vs {
-			hdrs = append(hdrs, [2]string{lowerName(k), v})
-		}
-	}
-	res, err := rw.s.ResponseHeaders(rw.r.Context(), code, hdrs)
+	res, err := rw.s.responseHeadersOf(rw.r.Context(), code, rw.Header())
 	switch {
 	case errors.Is(err, ErrStreamReset):
 		panic(http.ErrAbortHandler)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
@@ -74,33 +76,88 @@ type Stream struct {
 	pendingDel                bool          // proxy_on_done returned false; deleted on proxy_done
 	wake                      chan struct{} // made when the stream first waits: most never do
 	connID                    uint64
+	rw                        responseWriter // Middleware's, kept with a pooled stream
 }
 
 // NewStream binds a request to a worker VM, round robin. Call Close when done.
 func (h *Host) NewStream(ctx context.Context, info RequestInfo) *Stream {
+	s := &Stream{}
+	s.start(h, info, len(info.Headers))
+	for _, p := range info.Headers {
+		s.req.Add(p[0], p[1])
+	}
+	s.addRequestID()
+	return s
+}
+
+// start binds s to a worker VM, round robin, and gives it the request's
+// pseudo headers; the regular ones (room for n) follow, then
+// addRequestID.
+func (s *Stream) start(h *Host, info RequestInfo, n int) {
 	if info.Scheme == "" {
 		info.Scheme = "http"
 	}
 	if info.Protocol == "" {
 		info.Protocol = "HTTP/1.1"
 	}
-	s := &Stream{h: h, vm: h.pick(), info: info}
+	s.h, s.vm, s.info = h, h.pick(), info
 	s.connID = info.ConnectionID
 	if s.connID == 0 {
 		s.connID = h.connID.Add(1)
 	}
-	s.req = make(fields.Map, 0, len(info.Headers)+5)
+	s.req = slices.Grow(s.req[:0], n+5)
 	s.req = append(s.req, [2]string{":authority", info.Host}, [2]string{":path", info.Path},
 		[2]string{":method", info.Method}, [2]string{":scheme", info.Scheme})
-	for _, p := range info.Headers {
-		s.req.Add(p[0], p[1])
-	}
-	if info.RequestID != "" {
+}
+
+// addRequestID adds x-request-id from RequestInfo.RequestID when the
+// request has none.
+func (s *Stream) addRequestID() {
+	if s.info.RequestID != "" {
 		if _, ok := s.req.Get("x-request-id"); !ok {
-			s.req.Add("x-request-id", info.RequestID)
+			s.req = append(s.req, [2]string{"x-request-id", s.info.RequestID})
 		}
 	}
-	return s
+}
+
+// streamPool keeps the streams of Middleware, with their header maps'
+// arrays: a request through the gateway allocated a stream, two maps, a
+// writer and the slices they were built from, most of what the plugin
+// cost it in garbage. Only Middleware recycles, since it alone knows no
+// Result of the stream is held after Close.
+var streamPool sync.Pool
+
+// pooledStream returns a stream from the pool, or a new one.
+func pooledStream() *Stream {
+	if s, ok := streamPool.Get().(*Stream); ok {
+		return s
+	}
+	return &Stream{}
+}
+
+// recycle returns s to the pool once nothing in the host can reach it:
+// closed, and its context deleted (a plugin whose proxy_on_done returned
+// false keeps it until proxy_done). The arrays of its maps are kept,
+// emptied.
+func (s *Stream) recycle() {
+	v := s.vm
+	v.mu.Lock()
+	reachable := !s.done || s.pendingDel || (s.inst != nil && s.inst.streams[s.id] == s)
+	v.mu.Unlock()
+	if reachable {
+		return
+	}
+	clear(s.req)
+	clear(s.resp)
+	req, resp, wake := s.req[:0], s.resp[:0], s.wake
+	if wake != nil {
+		select { // a signal nobody waited for
+		case <-wake:
+		default:
+		}
+	}
+	*s = Stream{req: req, resp: resp, wake: wake}
+	streamPool.Put(s)
 }
 
 // fail ends a stream from outside (VM crash, host close). vm.mu is held.
@@ -156,18 +213,23 @@ func (s *Stream) RequestHeaders(ctx context.Context) (Result, error) {
 // ResponseHeaders runs proxy_on_response_headers with the upstream status
 // and headers. The result's headers include ":status".
 func (s *Stream) ResponseHeaders(ctx context.Context, status int, headers [][2]string) (Result, error) {
-	v := s.vm
-	v.mu.Lock()
-	in := s.inst
+	s.vm.mu.Lock()
 	if err := s.usable(); err != nil {
-		v.mu.Unlock()
+		s.vm.mu.Unlock()
 		return Result{}, err
 	}
-	s.resp = make(fields.Map, 0, len(headers)+1)
-	s.resp = append(s.resp, [2]string{":status", strconv.Itoa(status)})
+	s.resp = append(slices.Grow(s.resp[:0], len(headers)+1), [2]string{":status", statusString(status)})
 	for _, p := range headers {
 		s.resp.Add(p[0], p[1])
 	}
+	return s.responseHeaders(ctx)
+}
+
+// responseHeaders runs proxy_on_response_headers with s.resp, on a usable
+// stream. It is entered with vm.mu held and returns with it released.
+func (s *Stream) responseHeaders(ctx context.Context) (Result, error) {
+	v := s.vm
+	in := s.inst
 	s.respPhase, s.resumed, s.reqOpen = true, false, false
 	if in.dead || v.inst != in {
 		s.failed = errVMFailed // the VM failed since the request
@@ -181,6 +243,44 @@ func (s *Stream) ResponseHeaders(ctx context.Context, status int, headers [][2]s
 	}
 	s.respOpen = false
 	return s.await(ctx, uint32(action), s.respHeaders)
+}
+
+// statusString is code as :status carries it, without formatting the
+// common ones.
+func statusString(code int) string {
+	switch code {
+	case 200:
+		return "200"
+	case 201:
+		return "201"
+	case 204:
+		return "204"
+	case 301:
+		return "301"
+	case 302:
+		return "302"
+	case 304:
+		return "304"
+	case 400:
+		return "400"
+	case 401:
+		return "401"
+	case 403:
+		return "403"
+	case 404:
+		return "404"
+	case 429:
+		return "429"
+	case 500:
+		return "500"
+	case 502:
+		return "502"
+	case 503:
+		return "503"
+	case 504:
+		return "504"
+	}
+	return strconv.Itoa(code)
 }
 
 // usable reports why the stream cannot take a callback. vm.mu is held.
