@@ -4,49 +4,31 @@ import (
 	"bufio"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
 
-	"github.com/sluicehq/sluice/internal/idleconn"
+	"github.com/sluicehq/sluice/internal/h1pool"
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
 // h1client sends the call-outs of plain-HTTP clusters over kept-alive
-// HTTP/1.1 connections, on the goroutine the call-out runs on: it writes
-// the request and reads the answer itself, with the connection's deadline
-// as the call-out's timeout. net/http's Transport does the same through a
-// reader and a writer goroutine per connection, a context and a timer per
-// request, and adds headers Envoy does not send (User-Agent,
-// Accept-Encoding: gzip, which it then undoes); with a call-out on every
-// request that cost the gateway about a third of its own work
-// (docs/deploy.md). The answer is parsed by net/http (http.ReadResponse).
-//
-// A connection the server closed while it sat idle is not used again: it
-// is probed before reuse (idleconn.Alive), as Envoy's connection pool notices a
-// remote close on an idle connection, rather than retried after a request
-// was sent on it, which could apply a check twice.
+// HTTP/1.1 connections (internal/h1pool), on the goroutine the call-out
+// runs on: it writes the request and reads the answer itself, with the
+// connection's deadline as the call-out's timeout. net/http's Transport
+// does the same through a reader and a writer goroutine per connection, a
+// context and a timer per request, and adds headers Envoy does not send
+// (User-Agent, Accept-Encoding: gzip, which it then undoes); with a
+// call-out on every request that cost the gateway about a third of its own
+// work (docs/deploy.md). The answer is parsed by net/http
+// (http.ReadResponse). A connection the server closed while it sat idle is
+// not used again (h1pool), rather than retried after a request was sent
+// on it, which could apply a check twice.
 type h1client struct {
-	mu     sync.Mutex
-	idle   map[string][]*h1conn // by host:port, most recently used last
-	busy   map[*h1conn]struct{} // in use, closed by close
-	closed bool
+	pool h1pool.Pool
 }
-
-type h1conn struct {
-	c    net.Conn
-	addr string
-	br   *bufio.Reader
-	bw   *bufio.Writer
-}
-
-// h1MaxIdle bounds the idle connections kept per address, as NewTransport's
-// MaxIdleConnsPerHost.
-const h1MaxIdle = 1024
 
 // errHostClosed: the host closed while the call-out was in flight.
 var errHostClosed = errors.New("wasmhost: host closed")
@@ -79,22 +61,24 @@ func validH1Request(r *h1Request) bool {
 // a connection failure or a timeout (Envoy's router answers those), after,
 // a reset.
 func (c *h1client) do(r *h1Request, maxBody int64) (res *calloutResponse, started bool, err error) {
-	conn, err := c.get(r.addr, r.deadline)
-	if err != nil {
+	conn, err := c.pool.Get(r.addr, r.deadline)
+	if errors.Is(err, h1pool.ErrClosed) {
+		return nil, false, errHostClosed
+	} else if err != nil {
 		return nil, false, err
 	}
 	ok := false
-	defer func() { c.put(conn, ok) }()
-	if err := conn.c.SetDeadline(r.deadline); err != nil {
+	defer func() { c.pool.Put(conn, ok) }()
+	if err := conn.SetDeadline(r.deadline); err != nil {
 		return nil, false, err
 	}
-	writeH1Request(conn.bw, r)
-	if err := conn.bw.Flush(); err != nil {
+	writeH1Request(conn.W, r)
+	if err := conn.W.Flush(); err != nil {
 		return nil, false, err
 	}
 	var resp *http.Response
 	for {
-		resp, err = http.ReadResponse(conn.br, &http.Request{Method: r.method})
+		resp, err = http.ReadResponse(conn.R, &http.Request{Method: r.method})
 		if err != nil {
 			return nil, false, err
 		}
@@ -150,80 +134,6 @@ func writeH1Request(w *bufio.Writer, r *h1Request) {
 	w.Write(r.body)
 }
 
-// get returns an idle connection to addr that is still open, or a new one.
-func (c *h1client) get(addr string, deadline time.Time) (*h1conn, error) {
-	c.mu.Lock()
-	for {
-		if c.closed {
-			c.mu.Unlock()
-			return nil, errHostClosed
-		}
-		list := c.idle[addr]
-		if len(list) == 0 {
-			break
-		}
-		conn := list[len(list)-1]
-		list[len(list)-1] = nil
-		c.idle[addr] = list[:len(list)-1]
-		c.mu.Unlock()
-		if conn.br.Buffered() == 0 && idleconn.Alive(conn.c) {
-			c.mu.Lock()
-			if c.closed {
-				c.mu.Unlock()
-				conn.c.Close()
-				return nil, errHostClosed
-			}
-			c.busy[conn] = struct{}{}
-			c.mu.Unlock()
-			return conn, nil
-		}
-		conn.c.Close()
-		c.mu.Lock()
-	}
-	c.mu.Unlock()
-	d := net.Dialer{Deadline: deadline}
-	nc, err := d.Dial("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	conn := &h1conn{c: nc, addr: addr, br: bufio.NewReader(nc), bw: bufio.NewWriter(nc)}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		nc.Close()
-		return nil, errHostClosed
-	}
-	c.busy[conn] = struct{}{}
-	return conn, nil
-}
-
-// put ends a use of conn: kept for the next call-out when reusable,
-// closed otherwise.
-func (c *h1client) put(conn *h1conn, reusable bool) {
-	c.mu.Lock()
-	delete(c.busy, conn)
-	if reusable && !c.closed && len(c.idle[conn.addr]) < h1MaxIdle && conn.c.SetDeadline(time.Time{}) == nil {
-		c.idle[conn.addr] = append(c.idle[conn.addr], conn)
-		c.mu.Unlock()
-		return
-	}
-	c.mu.Unlock()
-	conn.c.Close()
-}
-
 // close closes every connection, the busy ones included: call-outs in
 // flight fail at once rather than at their deadline.
-func (c *h1client) close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closed = true
-	for conn := range c.busy {
-		conn.c.Close()
-	}
-	for _, list := range c.idle {
-		for _, conn := range list {
-			conn.c.Close()
-		}
-	}
-	c.idle = nil
-}
+func (c *h1client) close() { c.pool.Close() }

@@ -12,12 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/idleconn"
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
 func newH1Client() *h1client {
-	return &h1client{idle: map[string][]*h1conn{}, busy: map[*h1conn]struct{}{}}
+	return &h1client{}
 }
 
 // countingServer is an httptest server that counts the connections it
@@ -130,39 +129,6 @@ func TestH1Client_Answers(t *testing.T) {
 	}
 	if _, started, err := c.do(req("/big"), 9); err == nil || !started {
 		t.Errorf("a body over the limit: started %v, err %v", started, err)
-	}
-}
-
-// A kept-alive connection the server closed while it sat idle is not used
-// for the next call-out, which goes out on a new one and succeeds.
-func TestH1Client_ServerClosedIdleConnection(t *testing.T) {
-	srv, conns := countingServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	c := newH1Client()
-	defer c.close()
-	if _, _, err := c.do(h1req(srv, "/"), 1<<20); err != nil {
-		t.Fatal(err)
-	}
-	srv.CloseClientConnections()
-	// The close reaches this side's socket asynchronously; the probe
-	// must see it once it has.
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		c.mu.Lock()
-		conn := c.idle[strings.TrimPrefix(srv.URL, "http://")][0]
-		c.mu.Unlock()
-		if !idleconn.Alive(conn.c) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the server closed the idle connection 5 s ago and the probe still finds it alive")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	res, _, err := c.do(h1req(srv, "/"), 1<<20)
-	if err != nil || string(res.body) != "ok" {
-		t.Fatalf("after the server closed the idle connection: %v %+v", err, res)
-	}
-	if n := conns.Load(); n != 2 {
-		t.Errorf("%d connections, want 2", n)
 	}
 }
 

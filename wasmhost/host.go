@@ -172,7 +172,7 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	if h.client == nil {
 		h.client = &http.Client{Transport: NewTransport()}
 	}
-	h.h1 = &h1client{idle: map[string][]*h1conn{}, busy: map[*h1conn]struct{}{}}
+	h.h1 = &h1client{}
 	h.workers.h = h
 	h.shared.init()
 	h.metrics.init()
