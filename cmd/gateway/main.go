@@ -336,7 +336,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 // stripped identity headers, the plugin (when host is not nil), and a
 // reverse proxy to up.
 func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, xff bool, strip []string) http.Handler {
-	proxy := &httputil.ReverseProxy{Transport: wasmhost.NewTransport(), BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
+	proxy := &httputil.ReverseProxy{Transport: newUpstreamTransport(), BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(up)
 		pr.Out.Host = pr.In.Host
 		// X-Forwarded-For already names the peer (appendXFF); pass it on as is.

@@ -50,13 +50,41 @@ type Pool struct {
 // Conn is a connection of a pool, with its buffers.
 type Conn struct {
 	net.Conn
-	R *bufio.Reader
+	R *bufio.Reader // reads through the limit of LimitReads
 	W *bufio.Writer
 	// Reused: the connection carried an exchange before this one.
 	Reused bool
 
 	addr      string
 	idleSince time.Time
+	left      int64 // bytes R may still read from the connection; < 0: no limit
+}
+
+// ErrReadLimit: more was read from a connection than LimitReads allowed.
+var ErrReadLimit = errors.New("h1pool: read limit exceeded")
+
+// LimitReads bounds what R reads from the connection from now on to n
+// bytes (n < 0: no bound), so that a server cannot make a caller that
+// reads an answer's head buffer without end: a bufio.Reader grows no
+// further than its size, but textproto keeps every header line.
+func (c *Conn) LimitReads(n int64) { c.left = n }
+
+// connReader is what R reads: the connection, within its limit.
+type connReader struct{ c *Conn }
+
+func (r connReader) Read(p []byte) (int, error) {
+	c := r.c
+	if c.left == 0 {
+		return 0, ErrReadLimit
+	}
+	if c.left > 0 && int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.Conn.Read(p)
+	if c.left > 0 {
+		c.left -= int64(n)
+	}
+	return n, err
 }
 
 // Get returns an idle connection to addr ("host:port") that is still open,
@@ -86,7 +114,7 @@ func (p *Pool) Get(addr string, deadline time.Time) (*Conn, error) {
 			}
 			p.busyAdd(c)
 			p.mu.Unlock()
-			c.Reused = true
+			c.Reused, c.left = true, -1
 			return c, nil
 		}
 		c.Conn.Close()
@@ -98,7 +126,8 @@ func (p *Pool) Get(addr string, deadline time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Conn{Conn: nc, addr: addr, R: bufio.NewReader(nc), W: bufio.NewWriter(nc)}
+	c := &Conn{Conn: nc, addr: addr, W: bufio.NewWriter(nc), left: -1}
+	c.R = bufio.NewReader(connReader{c})
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -169,3 +169,35 @@ func TestPool_Close(t *testing.T) {
 		t.Errorf("Get after Close: %v", err)
 	}
 }
+
+// LimitReads stops reading from the connection after n bytes, until it is
+// lifted.
+func TestConn_LimitReads(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Write([]byte(strings.Repeat("x", 100)))
+		}
+	}()
+	var p Pool
+	defer p.Close()
+	c, err := p.Get(ln.Addr().String(), time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.LimitReads(10)
+	b, err := io.ReadAll(c.R)
+	if len(b) != 10 || !errors.Is(err, ErrReadLimit) {
+		t.Fatalf("read %d bytes (%v), want 10 and the limit", len(b), err)
+	}
+	c.LimitReads(-1)
+	rest, err := io.ReadFull(c.R, make([]byte, 90))
+	if rest != 90 || err != nil {
+		t.Fatalf("after lifting the limit: %d bytes, %v", rest, err)
+	}
+}

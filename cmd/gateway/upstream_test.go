@@ -1,0 +1,353 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/wasmhost"
+)
+
+// rawUpstream is an upstream that answers each request it reads with what
+// answer writes on the connection, and keeps what it received.
+type rawUpstream struct {
+	ln    net.Listener
+	conns atomic.Int64
+	mu    sync.Mutex
+	seen  []string // each request as it arrived, Date-free
+}
+
+func startRawUpstream(t *testing.T, answer func(c net.Conn, br *bufio.Reader, req *http.Request, body []byte) bool) *rawUpstream {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &rawUpstream{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.conns.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					body, _ := io.ReadAll(req.Body)
+					dump, _ := httputil.DumpRequest(req, false)
+					u.mu.Lock()
+					u.seen = append(u.seen, string(dump)+string(body))
+					u.mu.Unlock()
+					if !answer(c, br, req, body) {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return u
+}
+
+func (u *rawUpstream) received() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.seen...)
+}
+
+// through sends raw requests, one connection each, to a ReverseProxy with
+// transport in front of u, and returns the raw answers with their Date
+// headers removed.
+func through(t *testing.T, transport http.RoundTripper, u *rawUpstream, rewrite func(*httputil.ProxyRequest), reqs ...string) []string {
+	up, _ := url.Parse("http://" + u.ln.Addr().String())
+	proxy := &httputil.ReverseProxy{Transport: transport, Rewrite: func(pr *httputil.ProxyRequest) {
+		pr.SetURL(up)
+		pr.Out.Host = "upstream"
+		if rewrite != nil {
+			rewrite(pr)
+		}
+	}, ErrorLog: log.New(io.Discard, "", 0)}
+	proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		http.Error(w, "upstream unavailable", http.StatusBadGateway)
+	}
+	// Whether net/http sniffs a Content-Type for an answer without one
+	// depends on a race in ReverseProxy (its first flush of a streamed
+	// answer against the first body write): no sniffing, so that what
+	// the transports do is all that differs.
+	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["Content-Type"] = nil
+		proxy.ServeHTTP(w, r)
+	}))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Close()
+	var out []string
+	for _, r := range reqs {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, r)
+		b, _ := io.ReadAll(c)
+		c.Close()
+		out = append(out, dateLine.ReplaceAllString(string(b), ""))
+	}
+	return out
+}
+
+var dateLine = regexp.MustCompile(`(?m)^Date: [^\r]*\r\n`)
+
+// noGzip drops the Accept-Encoding: gzip the Transport adds to a request
+// that has none (and takes off the answer).
+func noGzip(req string) string { return strings.Replace(req, "Accept-Encoding: gzip\r\n", "", 1) }
+
+// The gateway's upstream transport answers as net/http's Transport does:
+// for each upstream behaviour the client gets the same bytes through a
+// ReverseProxy with either, and the upstream the same request but for the
+// Accept-Encoding the Transport adds.
+func TestUpstreamTransport_AsNetHTTP(t *testing.T) {
+	const get = "GET /a?b=1 HTTP/1.1\r\nHost: gw\r\nX-User-Id: u1\r\nConnection: close\r\n\r\n"
+	const head = "HEAD /a HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
+	const post = "POST /p HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+	reply := func(s string) func(net.Conn, *bufio.Reader, *http.Request, []byte) bool {
+		return func(c net.Conn, _ *bufio.Reader, _ *http.Request, _ []byte) bool {
+			io.WriteString(c, s)
+			return true
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		answer  func(net.Conn, *bufio.Reader, *http.Request, []byte) bool
+		rewrite func(*httputil.ProxyRequest)
+		reqs    []string
+	}{
+		{"content-length", reply("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello"), nil, []string{get, get}},
+		{"chunked with trailers", reply("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\nX-T: done\r\n\r\n"), nil, []string{get, get}},
+		{"head", reply("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"), nil, []string{head, head}},
+		{"no content", reply("HTTP/1.1 204 No Content\r\nX-A: 1\r\n\r\n"), nil, []string{get, get}},
+		{"not modified", reply("HTTP/1.1 304 Not Modified\r\nEtag: \"x\"\r\n\r\n"), nil, []string{get}},
+		{"connection close", func(c net.Conn, _ *bufio.Reader, _ *http.Request, _ []byte) bool {
+			io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno")
+			return false
+		}, nil, []string{get, get}},
+		{"http/1.0 body to EOF", func(c net.Conn, _ *bufio.Reader, _ *http.Request, _ []byte) bool {
+			io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nuntil the end")
+			return false
+		}, nil, []string{get, get}},
+		{"early hints", reply("HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), nil, []string{get}},
+		{"many informational answers", reply(strings.Repeat("HTTP/1.1 102 Processing\r\n\r\n", 6) + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), nil, []string{get}},
+		{"closed without an answer", func(net.Conn, *bufio.Reader, *http.Request, []byte) bool { return false }, nil, []string{get}},
+		{"malformed answer", reply("HTTP/1.1 2x0 OK\r\n\r\n"), nil, []string{get}},
+		{"short body", func(c net.Conn, _ *bufio.Reader, _ *http.Request, _ []byte) bool {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+			return false
+		}, nil, []string{get}},
+		{"unasked switch of protocols", reply("HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n"), nil, []string{get}},
+		{"a body goes through the Transport", reply("HTTP/1.1 201 Created\r\nContent-Length: 1\r\n\r\nk"), nil, []string{post, post}},
+		{"a header value the Transport refuses", reply("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+			func(pr *httputil.ProxyRequest) { pr.Out.Header.Set("X-Bad", "a\r\nX-Smuggled: 1") }, []string{get}},
+		{"a method the Transport refuses", reply("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+			func(pr *httputil.ProxyRequest) { pr.Out.Method = "GE T" }, []string{get}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u1 := startRawUpstream(t, tc.answer)
+			u2 := startRawUpstream(t, tc.answer)
+			want := through(t, wasmhost.NewTransport(), u1, tc.rewrite, tc.reqs...)
+			got := through(t, newUpstreamTransport(), u2, tc.rewrite, tc.reqs...)
+			for i := range want {
+				if got[i] != want[i] {
+					t.Errorf("answer %d:\n got %q\nwant %q", i, got[i], want[i])
+				}
+			}
+			netHTTP, ours := u1.received(), u2.received()
+			if len(ours) != len(netHTTP) {
+				t.Fatalf("the upstream got %d requests, %d through net/http", len(ours), len(netHTTP))
+			}
+			for i := range ours {
+				g, w := noGzip(ours[i]), noGzip(netHTTP[i])
+				if g != w {
+					t.Errorf("request %d:\n got %q\nwant %q", i, g, w)
+				}
+			}
+		})
+	}
+}
+
+// Kept-alive connections carry the next requests: one connection for
+// requests in turn; a connection the upstream closes is not reused, and a
+// GET that finds its reused connection dead before any answer goes out
+// again on a new one.
+func TestUpstreamTransport_Connections(t *testing.T) {
+	var n atomic.Int64
+	u := startRawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request, _ []byte) bool {
+		switch req.URL.Path {
+		case "/drop-next":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			n.Store(1)
+			return true
+		}
+		if n.CompareAndSwap(1, 0) {
+			return false // reads the request, closes without answering
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	})
+	tr := newUpstreamTransport()
+	do := func(path string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+u.ln.Addr().String()+path, nil)
+		res, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if string(b) != "ok" {
+			t.Fatalf("%s: %q", path, b)
+		}
+	}
+	for range 10 {
+		do("/")
+	}
+	if c := u.conns.Load(); c != 1 {
+		t.Fatalf("%d connections for 10 requests in turn, want 1", c)
+	}
+	do("/drop-next")
+	do("/") // the upstream drops it on the kept-alive connection: sent again
+	if c := u.conns.Load(); c != 2 {
+		t.Errorf("%d connections, want 2", c)
+	}
+	if got := len(u.received()); got != 13 {
+		t.Errorf("the upstream got %d requests, want 13 (one sent twice)", got)
+	}
+}
+
+// A client that leaves while the upstream is slow cuts the exchange: the
+// upstream sees its connection closed, and the connection is not reused.
+func TestUpstreamTransport_ClientGone(t *testing.T) {
+	arrived, closed := make(chan struct{}), make(chan struct{})
+	u := startRawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request, _ []byte) bool {
+		close(arrived)
+		if _, err := br.ReadByte(); err != nil {
+			close(closed) // the gateway closed the connection
+		}
+		return false
+	})
+	proxy := newHandler(mustURL(t, "http://"+u.ln.Addr().String()), nil, discardLogger(), true, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(proxy)
+	go srv.Serve(ln)
+	defer srv.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: gw\r\n\r\n")
+	<-arrived
+	c.Close()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream connection outlived the client by 10 s")
+	}
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// The transport sends a request without a body itself, and one with a
+// body through net/http's Transport.
+func TestDirect(t *testing.T) {
+	get := func(mod func(*http.Request)) *http.Request {
+		r, _ := http.NewRequest("GET", "http://up:8080/x", nil)
+		if mod != nil {
+			mod(r)
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		name string
+		req  *http.Request
+		want bool
+	}{
+		{"get", get(nil), true},
+		{"https", get(func(r *http.Request) { r.URL.Scheme = "https" }), false},
+		{"body", get(func(r *http.Request) { r.Body, r.ContentLength = io.NopCloser(bytes.NewReader([]byte("x"))), 1 }), false},
+		{"upgrade", get(func(r *http.Request) { r.Header.Set("Upgrade", "websocket") }), false},
+		{"expect", get(func(r *http.Request) { r.Header.Set("Expect", "100-continue") }), false},
+		{"bad header", get(func(r *http.Request) { r.Header.Set("X", "a\nb") }), false},
+		{"bad method", get(func(r *http.Request) { r.Method = "G T" }), false},
+	} {
+		if got := direct(tc.req); got != tc.want {
+			t.Errorf("%s: direct = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// A connection goes back to the pool only after an answer read to its end
+// that neither side closed: not after Connection: close, nor after a body
+// closed before its end.
+func TestUpstreamTransport_KeepsOnlyCleanConnections(t *testing.T) {
+	u := startRawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request, _ []byte) bool {
+		switch req.URL.Path {
+		case "/close":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+		default:
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789")
+		}
+		return true
+	})
+	addr := u.ln.Addr().String()
+	for _, tc := range []struct {
+		path string
+		read int // bytes read before Close, -1 all
+		idle int
+	}{{"/close", -1, 0}, {"/", 4, 0}, {"/", -1, 1}} {
+		tr := newUpstreamTransport()
+		req, _ := http.NewRequest("GET", "http://"+addr+tc.path, nil)
+		res, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.read < 0 {
+			io.ReadAll(res.Body)
+		} else {
+			io.ReadFull(res.Body, make([]byte, tc.read))
+		}
+		res.Body.Close()
+		if n := tr.pool.Idle(addr); n != tc.idle {
+			t.Errorf("%s, %d bytes read: %d idle connections, want %d", tc.path, tc.read, n, tc.idle)
+		}
+	}
+}
