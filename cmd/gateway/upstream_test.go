@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -10,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,34 +36,38 @@ func startRawUpstream(t *testing.T, answer func(c net.Conn, br *bufio.Reader, re
 	}
 	u := &rawUpstream{ln: ln}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u.conns.Add(1)
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					body, _ := io.ReadAll(req.Body)
-					dump, _ := httputil.DumpRequest(req, false)
-					u.mu.Lock()
-					u.seen = append(u.seen, string(dump)+string(body))
-					u.mu.Unlock()
-					if !answer(c, br, req, body) {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	go serveRaw(u, answer)
 	return u
+}
+
+// serveRaw accepts u's connections and answers each request on them until
+// answer returns false.
+func serveRaw(u *rawUpstream, answer func(c net.Conn, br *bufio.Reader, req *http.Request, body []byte) bool) {
+	for {
+		c, err := u.ln.Accept()
+		if err != nil {
+			return
+		}
+		u.conns.Add(1)
+		go func() {
+			defer c.Close()
+			br := bufio.NewReader(c)
+			for {
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				body, _ := io.ReadAll(req.Body)
+				dump, _ := httputil.DumpRequest(req, false)
+				u.mu.Lock()
+				u.seen = append(u.seen, string(dump)+string(body))
+				u.mu.Unlock()
+				if !answer(c, br, req, body) {
+					return
+				}
+			}
+		}()
+	}
 }
 
 func (u *rawUpstream) received() []string {
@@ -72,11 +76,10 @@ func (u *rawUpstream) received() []string {
 	return append([]string(nil), u.seen...)
 }
 
-// through sends raw requests, one connection each, to a ReverseProxy with
-// transport in front of u, and returns the raw answers with their Date
-// headers removed.
-func through(t *testing.T, transport http.RoundTripper, u *rawUpstream, rewrite func(*httputil.ProxyRequest), reqs ...string) []string {
-	up, _ := url.Parse("http://" + u.ln.Addr().String())
+// testProxy is a ReverseProxy with transport in front of upstream, which
+// answers 502 for whatever fails.
+func testProxy(transport http.RoundTripper, upstream string, rewrite func(*httputil.ProxyRequest)) *httputil.ReverseProxy {
+	up, _ := url.Parse(upstream)
 	proxy := &httputil.ReverseProxy{Transport: transport, Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(up)
 		pr.Out.Host = "upstream"
@@ -87,14 +90,69 @@ func through(t *testing.T, transport http.RoundTripper, u *rawUpstream, rewrite 
 	proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
 		http.Error(w, "upstream unavailable", http.StatusBadGateway)
 	}
-	// Whether net/http sniffs a Content-Type for an answer without one
-	// depends on a race in ReverseProxy (its first flush of a streamed
-	// answer against the first body write): no sniffing, so that what
-	// the transports do is all that differs.
-	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return proxy
+}
+
+// sniffless keeps net/http from sniffing a Content-Type for an answer
+// without one: whether it does depends on a race in ReverseProxy (its
+// first flush of a streamed answer against the first body write), and the
+// tests compare what the transports do.
+func sniffless(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header()["Content-Type"] = nil
-		proxy.ServeHTTP(w, r)
-	}))
+		h.ServeHTTP(w, r)
+	})
+}
+
+// rawExchange sends req on a connection of its own to addr and returns
+// what came back (answerOf).
+func rawExchange(t *testing.T, addr, req string) string {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, req)
+	b, _ := io.ReadAll(c)
+	return answerOf(b, strings.HasPrefix(req, "HEAD "))
+}
+
+// answerOf describes the answers in raw: each status, its headers but Date,
+// its body and trailers; or that the answer was cut off. How a body was
+// framed is left out (Content-Length, Transfer-Encoding), and so is the
+// head of an answer cut off in its body (ReverseProxy aborts it): both
+// depend on a race in ReverseProxy, whether its first flush of a body of
+// unknown length comes before the body's end or its failure.
+func answerOf(raw []byte, head bool) string {
+	var sb strings.Builder
+	br := bufio.NewReader(bytes.NewReader(raw))
+	method := "GET"
+	if head {
+		method = "HEAD"
+	}
+	for {
+		res, err := http.ReadResponse(br, &http.Request{Method: method})
+		if err != nil {
+			if err != io.EOF {
+				sb.WriteString("cut off\n")
+			}
+			return sb.String()
+		}
+		body, err := io.ReadAll(res.Body)
+		if err != nil {
+			return sb.String() + "cut off\n"
+		}
+		res.Header.Del("Date")
+		res.Header.Del("Content-Length")
+		fmt.Fprintf(&sb, "%s %v\nbody %q, trailer %v\n", res.Status, res.Header, body, res.Trailer)
+	}
+}
+
+// through sends raw requests to a ReverseProxy with transport in front of
+// u and returns the raw answers.
+func through(t *testing.T, transport http.RoundTripper, u *rawUpstream, rewrite func(*httputil.ProxyRequest), reqs ...string) []string {
+	srv := newServer(sniffless(testProxy(transport, "http://"+u.ln.Addr().String(), rewrite)))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -103,20 +161,10 @@ func through(t *testing.T, transport http.RoundTripper, u *rawUpstream, rewrite 
 	defer srv.Close()
 	var out []string
 	for _, r := range reqs {
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		io.WriteString(c, r)
-		b, _ := io.ReadAll(c)
-		c.Close()
-		out = append(out, dateLine.ReplaceAllString(string(b), ""))
+		out = append(out, rawExchange(t, ln.Addr().String(), r))
 	}
 	return out
 }
-
-var dateLine = regexp.MustCompile(`(?m)^Date: [^\r]*\r\n`)
 
 // noGzip drops the Accept-Encoding: gzip the Transport adds to a request
 // that has none (and takes off the answer).
@@ -350,4 +398,60 @@ func TestUpstreamTransport_KeepsOnlyCleanConnections(t *testing.T) {
 			t.Errorf("%s, %d bytes read: %d idle connections, want %d", tc.path, tc.read, n, tc.idle)
 		}
 	}
+}
+
+// FuzzUpstreamTransport: whatever an upstream answers a GET with, the
+// client gets the same bytes through a ReverseProxy with the gateway's
+// transport as with net/http's.
+func FuzzUpstreamTransport(f *testing.F) {
+	for _, seed := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\n\r\n3\r\nabc\r\n0\r\nX-T: done\r\n\r\n",
+		"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+		"HTTP/1.0 200 OK\r\n\r\nto the end",
+		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+		"HTTP/1.1 301 Moved\r\nLocation: /b\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 2x0 OK\r\n\r\n",
+		"",
+	} {
+		f.Add([]byte(seed))
+	}
+	var mu sync.Mutex
+	var answer []byte
+	reply := func(c net.Conn, _ *bufio.Reader, _ *http.Request, _ []byte) bool {
+		mu.Lock()
+		a := answer
+		mu.Unlock()
+		c.Write(a)
+		return false
+	}
+	// One upstream and one proxy for each transport, kept over the inputs.
+	start := func(tr http.RoundTripper) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			f.Fatal(err)
+		}
+		u := &rawUpstream{ln: ln}
+		f.Cleanup(func() { ln.Close() })
+		go serveRaw(u, reply)
+		proxyLn, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			f.Fatal(err)
+		}
+		srv := newServer(sniffless(testProxy(tr, "http://"+ln.Addr().String(), nil)))
+		go srv.Serve(proxyLn)
+		f.Cleanup(func() { srv.Close() })
+		return proxyLn.Addr().String()
+	}
+	netHTTP, ours := start(wasmhost.NewTransport()), start(newUpstreamTransport())
+	f.Fuzz(func(t *testing.T, data []byte) {
+		mu.Lock()
+		answer = data
+		mu.Unlock()
+		const get = "GET /f HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
+		want, got := rawExchange(t, netHTTP, get), rawExchange(t, ours, get)
+		if got != want {
+			t.Fatalf("upstream answer %q:\n got %q\nwant %q", data, got, want)
+		}
+	})
 }
