@@ -164,8 +164,9 @@ func (t *upstreamTransport) exchange(req *http.Request) (resp *http.Response, re
 	b := &upstreamBody{t: t, c: c, cut: cut, body: resp.Body, reuse: !resp.Close && !req.Close}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// Not asked for (an upgrade goes through the Transport): the
-		// proxy refuses it, and the connection is not the next request's.
-		b.reuse, resp.Body = false, http.NoBody
+		// proxy refuses it (net/http gives it no body), and the
+		// connection is not the next request's.
+		b.reuse = false
 	}
 	if resp.Body == http.NoBody {
 		b.done(true) // nothing to read: the connection is free now

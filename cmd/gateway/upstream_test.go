@@ -455,3 +455,25 @@ func FuzzUpstreamTransport(f *testing.F) {
 		}
 	})
 }
+
+// An upstream that switches protocols unasked gets 502 sent to the
+// client and its connection closed, not left open.
+func TestUpstreamTransport_UnaskedSwitchCloses(t *testing.T) {
+	closed := make(chan struct{})
+	u := startRawUpstream(t, func(c net.Conn, br *bufio.Reader, _ *http.Request, _ []byte) bool {
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n")
+		if _, err := br.ReadByte(); err != nil {
+			close(closed)
+		}
+		return false
+	})
+	got := through(t, newUpstreamTransport(), u, nil, "GET / HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+	if !strings.HasPrefix(got[0], "502 ") {
+		t.Errorf("the client got %q", got[0])
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream's connection is still open 10 s after its unasked 101")
+	}
+}
