@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/tetratelabs/wazero/api"
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
@@ -27,40 +26,48 @@ import (
 // goroutine, and its outcome (see fetch) is delivered to
 // proxy_on_http_call_response on the root context of the dispatching VM.
 func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
-	name, ok1 := readString(m, u32(p, 0), u32(p, 1))
+	name, ok1 := read(m, u32(p, 0), u32(p, 1))
 	hb, ok2 := read(m, u32(p, 2), u32(p, 3))
 	body, ok3 := read(m, u32(p, 4), u32(p, 5))
 	if !ok1 || !ok2 || !ok3 {
 		return StatusInvalidMemoryAccess
 	}
-	base, known := h.opts.Clusters[name]
+	cl, known := h.clusters[string(name)]
 	if !known {
 		return StatusBadArgument // Envoy: cluster not found
 	}
-	hm, err := fields.Parse(hb)
-	if err != nil {
+	// The first of each pseudo header, its name in any case, as views
+	// into guest memory, valid during this call.
+	var pseudo [3][]byte // :method, :path, :authority
+	var seen [3]bool
+	err := fields.Visit(hb, func(k, v []byte) {
+		for i, want := range [3]string{":method", ":path", ":authority"} {
+			if !seen[i] && equalLower(k, want) {
+				pseudo[i], seen[i] = v, true
+			}
+		}
+	})
+	if err != nil || !seen[0] || !seen[1] || !seen[2] {
 		return StatusBadArgument
 	}
-	method, ok1 := hm.Get(":method")
-	path, ok2 := hm.Get(":path")
-	authority, ok3 := hm.Get(":authority")
-	if !ok1 || !ok2 || !ok3 {
-		return StatusBadArgument
-	}
-	target := strings.TrimSuffix(base, "/") + path
-	c := &callout{cluster: name, timeout: time.Duration(u32(p, 8)) * time.Millisecond}
-	if u, direct := h.h1Target(target); direct {
-		if !validMethod(method) {
+	method, path, authority := pseudo[0], pseudo[1], pseudo[2]
+	c := &callout{cluster: cl.name, timeout: time.Duration(u32(p, 8)) * time.Millisecond}
+	if t, direct := cl.h1Target(path); direct {
+		if !validName(method) {
 			return StatusBadArgument // as http.NewRequest
 		}
-		c.h1 = &h1Request{addr: u.Host, method: method, path: u.RequestURI(), authority: authority,
-			headers: withoutPseudo(hm), body: append([]byte(nil), body...)}
+		buf := h1Buffers.Get().(*[]byte)
+		raw, valid := appendH1Request((*buf)[:0], method, t.uri, authority, hb, body)
+		*buf = raw
+		c.h1 = &h1Request{addr: t.addr, head: string(method) == http.MethodHead, raw: raw, buf: buf, valid: valid}
 	} else {
-		req, err := http.NewRequest(method, target, bytes.NewReader(append([]byte(nil), body...)))
+		hm, _ := fields.Parse(hb) // its layout is checked
+		target := strings.TrimSuffix(cl.base, "/") + string(path)
+		req, err := http.NewRequest(string(method), target, bytes.NewReader(append([]byte(nil), body...)))
 		if err != nil {
 			return StatusBadArgument
 		}
-		req.Host = authority
+		req.Host = string(authority)
 		for _, kv := range hm {
 			if !strings.HasPrefix(kv[0], ":") {
 				req.Header.Add(kv[0], kv[1])
@@ -71,11 +78,86 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 	in.nextCallID++
 	id := in.nextCallID
 	if !m.WriteUint32Le(u32(p, 9), id) {
+		c.release()
 		return StatusInvalidMemoryAccess
 	}
 	h.wg.Add(1)
 	h.workers.run(calloutJob{in, id, c})
 	return StatusOK
+}
+
+// equalLower reports whether b, lower-cased, is lower (which is).
+func equalLower(b []byte, lower string) bool {
+	if len(b) != len(lower) {
+		return false
+	}
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// cluster is a call-out cluster: its name, its base URL, and for a
+// plain-HTTP one, where each path it was called with goes.
+type cluster struct {
+	name, base string
+	h1         bool // the host's own HTTP/1.1 client sends its call-outs
+	mu         sync.Mutex
+	targets    map[string]h1Target // by :path, at most maxTargets
+}
+
+// h1Target is where a call-out of a plain-HTTP cluster goes.
+type h1Target struct {
+	direct bool   // false: net/http sends it (the URL did not parse)
+	addr   string // host:port
+	uri    string // the request target
+}
+
+// maxTargets bounds the paths a cluster keeps targets for: a plugin calls
+// out on a few, and one that makes up a path per call-out parses each.
+const maxTargets = 64
+
+// newClusters is Options.Clusters with what each call-out needs.
+func newClusters(opts *Options) map[string]*cluster {
+	out := make(map[string]*cluster, len(opts.Clusters))
+	for name, base := range opts.Clusters {
+		out[name] = &cluster{name: name, base: base, targets: map[string]h1Target{},
+			h1: opts.HTTPClient == nil && strings.HasPrefix(base, "http://")}
+	}
+	return out
+}
+
+// h1Target is where a call-out on path goes when the host's HTTP/1.1
+// client sends it: a plain-HTTP cluster, no Options.HTTPClient (tests and
+// embedders that bring one get it used), and a URL that parses.
+func (cl *cluster) h1Target(path []byte) (h1Target, bool) {
+	if !cl.h1 {
+		return h1Target{}, false
+	}
+	cl.mu.Lock()
+	t, ok := cl.targets[string(path)]
+	cl.mu.Unlock()
+	if ok {
+		return t, t.direct
+	}
+	u, err := url.Parse(strings.TrimSuffix(cl.base, "/") + string(path))
+	if err == nil && u.Host != "" && u.User == nil {
+		if u.Port() == "" {
+			u.Host = net.JoinHostPort(u.Hostname(), "80")
+		}
+		t = h1Target{direct: true, addr: u.Host, uri: u.RequestURI()}
+	}
+	cl.mu.Lock()
+	if len(cl.targets) < maxTargets {
+		cl.targets[string(path)] = t
+	}
+	cl.mu.Unlock()
+	return t, t.direct
 }
 
 // calloutJob is a call-out for a worker: runCallout's arguments.
@@ -151,34 +233,12 @@ type callout struct {
 	timeout time.Duration // 0: none
 }
 
-// h1Target parses target, a call-out's URL, when the host's HTTP/1.1 client
-// sends it: a plain-HTTP cluster, and no Options.HTTPClient (tests and
-// embedders that bring one get it used). Host gets a port.
-func (h *Host) h1Target(target string) (*url.URL, bool) {
-	if h.opts.HTTPClient != nil || !strings.HasPrefix(target, "http://") {
-		return nil, false
+// release returns what the call-out borrowed, once it is sent or dropped.
+func (c *callout) release() {
+	if c.h1 != nil && c.h1.buf != nil {
+		h1Buffers.Put(c.h1.buf)
+		c.h1.buf, c.h1.raw = nil, nil
 	}
-	u, err := url.Parse(target)
-	if err != nil || u.Host == "" || u.User != nil {
-		return nil, false // net/http answers for it
-	}
-	if u.Port() == "" {
-		u.Host = net.JoinHostPort(u.Hostname(), "80")
-	}
-	return u, true
-}
-
-// validMethod is net/http's check of a request method: a token.
-func validMethod(m string) bool { return m != "" && httpguts.ValidHeaderFieldName(m) }
-
-func withoutPseudo(hm fields.Map) fields.Map {
-	out := make(fields.Map, 0, len(hm))
-	for _, kv := range hm {
-		if !strings.HasPrefix(kv[0], ":") {
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 func (h *Host) runCallout(in *instance, id uint32, c *callout) {
@@ -217,6 +277,7 @@ const maxClusterRequests = 1024
 // proxy_get_status gives BrokenConnection "reset" (Envoy's
 // Context::onHttpCallFailure).
 func (h *Host) fetch(c *callout) *calloutResponse {
+	defer c.release()
 	inflight := h.inflight(c.cluster)
 	if inflight.Add(1) > maxClusterRequests {
 		inflight.Add(-1)
@@ -264,7 +325,7 @@ func (h *Host) fetchH1(c *callout) *calloutResponse {
 	if c.timeout > 0 {
 		r.deadline = time.Now().Add(c.timeout)
 	}
-	if !validH1Request(r) {
+	if !r.valid {
 		// What net/http refuses to send fails as a connection would.
 		return failedBeforeResponse(errors.New("wasmhost: invalid call-out request"), false)
 	}

@@ -1,11 +1,11 @@
 package wasmhost
 
 import (
-	"bufio"
 	"errors"
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -33,23 +33,80 @@ type h1client struct {
 // errHostClosed: the host closed while the call-out was in flight.
 var errHostClosed = errors.New("wasmhost: host closed")
 
-// h1Request is a call-out for h1client.
+// h1Request is a call-out for h1client: the request as it goes on the
+// wire, rendered when the plugin dispatched it.
 type h1Request struct {
-	addr                    string // host:port of the cluster
-	method, path, authority string
-	headers                 fields.Map // without pseudo headers
-	body                    []byte
-	deadline                time.Time // zero: none
+	addr     string    // host:port of the cluster
+	head     bool      // a HEAD request: its answer has no body
+	raw      []byte    // request line, headers and body (appendH1Request)
+	buf      *[]byte   // raw's array, from h1Buffers
+	valid    bool      // false: HTTP/1.1 cannot carry it, and it is not sent
+	deadline time.Time // zero: none
 }
 
-// validH1Request reports whether the call-out can be written as HTTP/1.1:
-// a method token and header names and values net/http would also send.
-func validH1Request(r *h1Request) bool {
-	if !httpguts.ValidHeaderFieldName(r.method) || !httpguts.ValidHeaderFieldValue(r.authority) {
+// h1Buffers hold rendered call-outs until they are written.
+var h1Buffers = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// appendH1Request appends to dst a call-out as Envoy's HTTP/1 codec
+// writes it: the request line, :authority as Host, the guest's headers
+// with lower-case names (pseudo headers and the codec's own left out), the
+// body's length as Content-Length, the body. hb is the call-out's
+// serialized header map, its layout checked. It reports whether HTTP/1.1
+// can carry the request: a method token, and header names and values
+// net/http would also send.
+func appendH1Request(dst, method []byte, uri string, authority, hb, body []byte) ([]byte, bool) {
+	valid := validName(method) && validValue(authority)
+	dst = append(append(dst, method...), ' ')
+	dst = append(append(dst, uri...), " HTTP/1.1\r\nHost: "...)
+	dst = append(append(dst, authority...), "\r\n"...)
+	_ = fields.Visit(hb, func(k, v []byte) {
+		if len(k) > 0 && k[0] == ':' {
+			return
+		}
+		start := len(dst)
+		dst = append(dst, k...)
+		name := dst[start:]
+		for i, c := range name {
+			if 'A' <= c && c <= 'Z' {
+				name[i] = c + 'a' - 'A'
+			}
+		}
+		switch string(name) {
+		case "host", "content-length", "transfer-encoding", "connection":
+			dst = dst[:start] // the codec's own
+			return
+		}
+		valid = valid && validName(name) && validValue(v)
+		dst = append(append(append(dst, ": "...), v...), "\r\n"...)
+	})
+	switch string(method) {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+	default:
+		if len(body) == 0 {
+			return append(dst, "\r\n"...), valid
+		}
+	}
+	dst = strconv.AppendInt(append(dst, "Content-Length: "...), int64(len(body)), 10)
+	return append(append(dst, "\r\n\r\n"...), body...), valid
+}
+
+// validName and validValue are httpguts.ValidHeaderFieldName and
+// ValidHeaderFieldValue, on bytes.
+func validName(b []byte) bool {
+	if len(b) == 0 {
 		return false
 	}
-	for _, kv := range r.headers {
-		if !httpguts.ValidHeaderFieldName(kv[0]) || !httpguts.ValidHeaderFieldValue(kv[1]) {
+	for _, c := range b {
+		if !httpguts.IsTokenRune(rune(c)) {
+			return false
+		}
+	}
+	return true
+}
+
+func validValue(b []byte) bool {
+	for _, c := range b {
+		if c < ' ' && c != '\t' || c == 0x7f {
 			return false
 		}
 	}
@@ -72,13 +129,16 @@ func (c *h1client) do(r *h1Request, maxBody int64) (res *calloutResponse, starte
 	if err := conn.SetDeadline(r.deadline); err != nil {
 		return nil, false, err
 	}
-	writeH1Request(conn.W, r)
-	if err := conn.W.Flush(); err != nil {
+	if _, err := conn.Write(r.raw); err != nil {
 		return nil, false, err
+	}
+	req := postRequest
+	if r.head {
+		req = headRequest
 	}
 	var resp *http.Response
 	for {
-		resp, err = http.ReadResponse(conn.R, &http.Request{Method: r.method})
+		resp, err = http.ReadResponse(conn.R, req)
 		if err != nil {
 			return nil, false, err
 		}
@@ -88,15 +148,25 @@ func (c *h1client) do(r *h1Request, maxBody int64) (res *calloutResponse, starte
 			break
 		}
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
+	var body []byte
+	if n := resp.ContentLength; n >= 0 {
+		if n > maxBody {
+			return nil, true, errBodyTooLarge
+		}
+		body = make([]byte, n)
+		_, err = io.ReadFull(resp.Body, body)
+	} else {
+		body, err = io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
+	}
 	if err != nil || int64(len(body)) > maxBody {
 		return nil, true, errors.Join(err, errBodyTooLarge)
 	}
 	hm := make(fields.Map, 0, len(resp.Header)+1)
-	hm = append(hm, [2]string{":status", strconv.Itoa(resp.StatusCode)})
+	hm = append(hm, [2]string{":status", statusString(resp.StatusCode)})
 	for k, vs := range resp.Header {
+		name := lowerName(k)
 		for _, v := range vs {
-			hm.Add(k, v)
+			hm = append(hm, [2]string{name, v})
 		}
 	}
 	ok = !resp.Close
@@ -105,34 +175,13 @@ func (c *h1client) do(r *h1Request, maxBody int64) (res *calloutResponse, starte
 
 var errBodyTooLarge = errors.New("wasmhost: call-out response body over the limit")
 
-// writeH1Request writes r's request line, headers and body to w, as
-// Envoy's HTTP/1 codec would: :authority as Host, the body's length as
-// Content-Length.
-func writeH1Request(w *bufio.Writer, r *h1Request) {
-	w.WriteString(r.method)
-	w.WriteByte(' ')
-	w.WriteString(r.path)
-	w.WriteString(" HTTP/1.1\r\nHost: ")
-	w.WriteString(r.authority)
-	w.WriteString("\r\n")
-	for _, kv := range r.headers {
-		switch kv[0] {
-		case "host", "content-length", "transfer-encoding", "connection":
-			continue // the codec's own
-		}
-		w.WriteString(kv[0])
-		w.WriteString(": ")
-		w.WriteString(kv[1])
-		w.WriteString("\r\n")
-	}
-	if len(r.body) > 0 || r.method == http.MethodPost || r.method == http.MethodPut || r.method == http.MethodPatch {
-		w.WriteString("Content-Length: ")
-		w.WriteString(strconv.Itoa(len(r.body)))
-		w.WriteString("\r\n")
-	}
-	w.WriteString("\r\n")
-	w.Write(r.body)
-}
+// headRequest and postRequest tell http.ReadResponse whether an answer
+// may have a body: only an answer to HEAD has none whatever it says (the
+// request is read, never changed).
+var (
+	headRequest = &http.Request{Method: http.MethodHead}
+	postRequest = &http.Request{Method: http.MethodPost}
+)
 
 // close closes every connection, the busy ones included: call-outs in
 // flight fail at once rather than at their deadline.

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
@@ -34,10 +36,17 @@ func countingServer(t *testing.T, h http.Handler) (*httptest.Server, *atomic.Int
 	return srv, &conns
 }
 
+// newH1Request renders a call-out as httpCall does, from the serialized
+// header map the guest hands over.
+func newH1Request(addr, method, path, authority string, headers fields.Map, body []byte) *h1Request {
+	hb := append(fields.Map{{":method", method}, {":path", path}, {":authority", authority}}, headers...).Append(nil)
+	raw, valid := appendH1Request(nil, []byte(method), path, []byte(authority), hb, body)
+	return &h1Request{addr: addr, head: method == "HEAD", raw: raw, valid: valid, deadline: time.Now().Add(5 * time.Second)}
+}
+
 func h1req(srv *httptest.Server, path string) *h1Request {
-	return &h1Request{addr: strings.TrimPrefix(srv.URL, "http://"), method: "POST", path: path, authority: "bridge.local",
-		headers: fields.Map{{"content-type", "application/json"}, {"x-request-id", "r1"}}, body: []byte(`{"a":1}`),
-		deadline: time.Now().Add(5 * time.Second)}
+	return newH1Request(strings.TrimPrefix(srv.URL, "http://"), "POST", path, "bridge.local",
+		fields.Map{{"content-type", "application/json"}, {"x-request-id", "r1"}}, []byte(`{"a":1}`))
 }
 
 // The request goes out as Envoy's codec writes it, and kept-alive
@@ -107,9 +116,7 @@ func TestH1Client_Answers(t *testing.T) {
 	}()
 	c := newH1Client()
 	defer c.close()
-	req := func(path string) *h1Request {
-		return &h1Request{addr: ln.Addr().String(), method: "POST", path: path, authority: "a", deadline: time.Now().Add(5 * time.Second)}
-	}
+	req := func(path string) *h1Request { return newH1Request(ln.Addr().String(), "POST", path, "a", nil, nil) }
 	res, _, err := c.do(req("/chunked"), 1<<20)
 	if err != nil || string(res.body) != "abcde" {
 		t.Fatalf("chunked: %v %+v", err, res)
@@ -164,20 +171,47 @@ func TestH1Client_CloseEndsCallsInFlight(t *testing.T) {
 	}
 }
 
-// What the plugin may put in a call-out's headers but HTTP/1.1 cannot
-// carry is refused before anything is sent.
-func TestH1Client_InvalidRequest(t *testing.T) {
-	for _, r := range []h1Request{
-		{method: "PO ST", authority: "a"},
-		{method: "POST", authority: "a\r\nX: y"},
-		{method: "POST", authority: "a", headers: fields.Map{{"x-a", "1\r\nx-b: 2"}}},
-		{method: "POST", authority: "a", headers: fields.Map{{"x a", "1"}}},
+// A call-out goes out as Envoy's HTTP/1 codec writes it: names
+// lower-case, pseudo headers and the codec's own headers left out, the
+// body's length given; what HTTP/1.1 cannot carry is marked, not sent.
+func TestAppendH1Request(t *testing.T) {
+	for _, tc := range []struct {
+		name, method, authority string
+		headers                 fields.Map
+		body                    string
+		want                    string
+		valid                   bool
+	}{
+		{"post", "POST", "bridge", fields.Map{{"Content-Type", "application/json"}, {"X-Request-Id", "r1"}}, `{"a":1}`,
+			"POST /v1/check?x=1 HTTP/1.1\r\nHost: bridge\r\ncontent-type: application/json\r\nx-request-id: r1\r\nContent-Length: 7\r\n\r\n{\"a\":1}", true},
+		{"the codec's own headers", "POST", "b", fields.Map{{"Host", "x"}, {"content-length", "9"}, {"Transfer-Encoding", "chunked"}, {"connection", "close"}, {"x-a", "1"}}, "",
+			"POST /v1/check?x=1 HTTP/1.1\r\nHost: b\r\nx-a: 1\r\nContent-Length: 0\r\n\r\n", true},
+		{"get without body", "GET", "b", nil, "", "GET /v1/check?x=1 HTTP/1.1\r\nHost: b\r\n\r\n", true},
+		{"bad method", "PO ST", "a", nil, "", "", false},
+		{"bad authority", "POST", "a\r\nX: y", nil, "", "", false},
+		{"bad value", "POST", "a", fields.Map{{"x-a", "1\r\nx-b: 2"}}, "", "", false},
+		{"bad name", "POST", "a", fields.Map{{"x a", "1"}}, "", "", false},
+		{"tab in value", "POST", "a", fields.Map{{"x-a", "1\t2"}}, "", "POST /v1/check?x=1 HTTP/1.1\r\nHost: a\r\nx-a: 1\t2\r\nContent-Length: 0\r\n\r\n", true},
 	} {
-		if validH1Request(&r) {
-			t.Errorf("%+v accepted", r)
+		r := newH1Request("x:1", tc.method, "/v1/check?x=1", tc.authority, tc.headers, []byte(tc.body))
+		if r.valid != tc.valid || tc.valid && string(r.raw) != tc.want {
+			t.Errorf("%s: valid %v %q, want %v %q", tc.name, r.valid, r.raw, tc.valid, tc.want)
 		}
 	}
-	if !validH1Request(&h1Request{method: "POST", authority: "a", headers: fields.Map{{"x-a", "1"}}}) {
-		t.Error("a valid request refused")
+}
+
+// validName and validValue judge bytes as httpguts judges strings.
+func TestValidNameValue(t *testing.T) {
+	for c := 0; c < 256; c++ {
+		for _, s := range []string{string(rune(c)), "a" + string([]byte{byte(c)}) + "b"} {
+			b := []byte(s)
+			if validName(b) != httpguts.ValidHeaderFieldName(string(b)) || validValue(b) != httpguts.ValidHeaderFieldValue(string(b)) {
+				t.Errorf("%q: validName %v validValue %v, httpguts %v %v", b, validName(b), validValue(b),
+					httpguts.ValidHeaderFieldName(string(b)), httpguts.ValidHeaderFieldValue(string(b)))
+			}
+		}
+	}
+	if validName(nil) {
+		t.Error("an empty name is valid")
 	}
 }

@@ -114,7 +114,8 @@ type Host struct {
 	vms      []*vm
 	next     atomic.Uint32
 	client   *http.Client
-	h1       *h1client // call-outs to plain-HTTP clusters (h1client.go)
+	clusters map[string]*cluster // Options.Clusters
+	h1       *h1client           // call-outs to plain-HTTP clusters (h1client.go)
 	workers  calloutWorkers
 
 	cfgMu  sync.Mutex // serializes Configure
@@ -173,6 +174,7 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 		h.client = &http.Client{Transport: NewTransport()}
 	}
 	h.h1 = &h1client{}
+	h.clusters = newClusters(&opts)
 	h.workers.h = h
 	h.shared.init()
 	h.metrics.init()

@@ -96,30 +96,62 @@ var ErrMalformed = errors.New("malformed serialized header map")
 // Parse decodes a serialized map that came from guest memory. Empty input
 // and a single zero byte are both the empty map.
 func Parse(b []byte) (Map, error) {
+	n, err := layout(b)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	m := make(Map, 0, n)
+	visit(b, n, func(k, v []byte) { m = append(m, [2]string{strings.ToLower(string(k)), string(v)}) })
+	return m, nil
+}
+
+// Visit calls fn with each pair of a serialized map that came from guest
+// memory, in order, as views into b, once the whole layout is checked: fn
+// never sees part of a malformed map. Names are as the guest wrote them.
+func Visit(b []byte, fn func(name, value []byte)) error {
+	n, err := layout(b)
+	if err == nil && n > 0 {
+		visit(b, n, fn)
+	}
+	return err
+}
+
+// layout checks that b is a serialized map and returns its pair count.
+func layout(b []byte) (uint64, error) {
 	if len(b) == 0 || (len(b) == 1 && b[0] == 0) {
-		return nil, nil
+		return 0, nil
 	}
 	if len(b) < 4 {
-		return nil, ErrMalformed
+		return 0, ErrMalformed
 	}
 	n := uint64(binary.LittleEndian.Uint32(b))
 	if n > uint64(len(b)-4)/8 {
-		return nil, ErrMalformed
+		return 0, ErrMalformed
 	}
 	sizes := b[4 : 4+8*n]
 	data := b[4+8*n:]
-	m := make(Map, 0, n)
 	for i := uint64(0); i < n; i++ {
 		kl := uint64(binary.LittleEndian.Uint32(sizes[8*i:]))
 		vl := uint64(binary.LittleEndian.Uint32(sizes[8*i+4:]))
 		if kl+vl+2 > uint64(len(data)) || data[kl] != 0 || data[kl+1+vl] != 0 {
-			return nil, ErrMalformed
+			return 0, ErrMalformed
 		}
-		m = append(m, [2]string{strings.ToLower(string(data[:kl])), string(data[kl+1 : kl+1+vl])})
 		data = data[kl+vl+2:]
 	}
 	if len(data) != 0 {
-		return nil, ErrMalformed
+		return 0, ErrMalformed
 	}
-	return m, nil
+	return n, nil
+}
+
+// visit walks the n pairs of b, whose layout is checked.
+func visit(b []byte, n uint64, fn func(name, value []byte)) {
+	sizes := b[4 : 4+8*n]
+	data := b[4+8*n:]
+	for i := uint64(0); i < n; i++ {
+		kl := uint64(binary.LittleEndian.Uint32(sizes[8*i:]))
+		vl := uint64(binary.LittleEndian.Uint32(sizes[8*i+4:]))
+		fn(data[:kl], data[kl+1:kl+1+vl])
+		data = data[kl+vl+2:]
+	}
 }

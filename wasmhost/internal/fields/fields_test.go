@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -80,13 +81,24 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 0, 255, 255, 255, 255, 1, 0, 0, 0, 'a', 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Parse(b)
+		var visited Map
+		verr := Visit(b, func(k, v []byte) { visited = append(visited, [2]string{strings.ToLower(string(k)), string(v)}) })
+		if (err == nil) != (verr == nil) {
+			t.Fatalf("Parse: %v, Visit: %v", err, verr)
+		}
 		if err != nil {
+			if len(visited) > 0 {
+				t.Fatalf("Visit saw %v of a malformed map", visited)
+			}
 			return
 		}
-		// A parsed map re-serializes to an equivalent map.
+		if !reflect.DeepEqual(visited, m) && (len(visited) > 0 || len(m) > 0) {
+			t.Fatalf("Visit saw %v, Parse %v", visited, m)
+		}
+		// A parsed map re-serializes to the same map.
 		back, err := Parse(m.Append(nil))
-		if err != nil || len(back) != len(m) {
-			t.Fatalf("round trip: %v %v", back, err)
+		if err != nil || !reflect.DeepEqual(back, m) {
+			t.Fatalf("round trip: %v %v, want %v", back, err, m)
 		}
 	})
 }
