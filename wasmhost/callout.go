@@ -51,7 +51,7 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 		return StatusBadArgument
 	}
 	method, path, authority := pseudo[0], pseudo[1], pseudo[2]
-	c := &callout{cluster: cl.name, timeout: time.Duration(u32(p, 8)) * time.Millisecond}
+	c := &callout{cluster: cl, timeout: time.Duration(u32(p, 8)) * time.Millisecond}
 	if t, direct := cl.h1Target(path); direct {
 		if !validName(method) {
 			return StatusBadArgument // as http.NewRequest
@@ -102,13 +102,15 @@ func equalLower(b []byte, lower string) bool {
 	return true
 }
 
-// cluster is a call-out cluster: its name, its base URL, and for a
-// plain-HTTP one, where each path it was called with goes.
+// cluster is a call-out cluster: its base URL, its call-outs in flight
+// (Envoy's circuit breaker), and for a plain-HTTP one, where each path it
+// was called with goes.
 type cluster struct {
-	name, base string
-	h1         bool // the host's own HTTP/1.1 client sends its call-outs
-	mu         sync.Mutex
-	targets    map[string]h1Target // by :path, at most maxTargets
+	base     string
+	inflight atomic.Int64
+	h1       bool // the host's own HTTP/1.1 client sends its call-outs
+	mu       sync.Mutex
+	targets  map[string]h1Target // by :path, at most maxTargets
 }
 
 // h1Target is where a call-out of a plain-HTTP cluster goes.
@@ -126,7 +128,7 @@ const maxTargets = 64
 func newClusters(opts *Options) map[string]*cluster {
 	out := make(map[string]*cluster, len(opts.Clusters))
 	for name, base := range opts.Clusters {
-		out[name] = &cluster{name: name, base: base, targets: map[string]h1Target{},
+		out[name] = &cluster{base: base, targets: map[string]h1Target{},
 			h1: opts.HTTPClient == nil && strings.HasPrefix(base, "http://")}
 	}
 	return out
@@ -227,7 +229,7 @@ func (w *calloutWorkers) close() {
 // by the host's own HTTP/1.1 client (h1); otherwise by Options.HTTPClient
 // or net/http (req).
 type callout struct {
-	cluster string
+	cluster *cluster
 	h1      *h1Request
 	req     *http.Request
 	timeout time.Duration // 0: none
@@ -278,7 +280,7 @@ const maxClusterRequests = 1024
 // Context::onHttpCallFailure).
 func (h *Host) fetch(c *callout) *calloutResponse {
 	defer c.release()
-	inflight := h.inflight(c.cluster)
+	inflight := &c.cluster.inflight
 	if inflight.Add(1) > maxClusterRequests {
 		inflight.Add(-1)
 		r := localCalloutReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: overflow")
@@ -361,18 +363,6 @@ func localCalloutReply(status int, body string) *calloutResponse {
 		headers: fields.Map{{":status", strconv.Itoa(status)}, {"content-length", strconv.Itoa(len(body))}, {"content-type", "text/plain"}},
 		body:    []byte(body),
 	}
-}
-
-// inflight returns the counter of call-outs in flight to cluster.
-func (h *Host) inflight(cluster string) *atomic.Int64 {
-	h.inflightMu.Lock()
-	defer h.inflightMu.Unlock()
-	c, ok := h.inflightByCluster[cluster]
-	if !ok {
-		c = new(atomic.Int64)
-		h.inflightByCluster[cluster] = c
-	}
-	return c
 }
 
 // NewTransport is an HTTP transport for call-outs and for a gateway's

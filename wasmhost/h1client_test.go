@@ -215,3 +215,28 @@ func TestValidNameValue(t *testing.T) {
 		t.Error("an empty name is valid")
 	}
 }
+
+// A cluster with maxClusterRequests call-outs in flight answers the next
+// as Envoy's circuit breaker does, and counts only its own.
+func TestFetch_Overflow(t *testing.T) {
+	h := newHost(t, Options{Workers: 1, Clusters: map[string]string{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:1"}})
+	full, other := h.clusters["a"], h.clusters["b"]
+	full.inflight.Store(maxClusterRequests)
+	r := h.fetch(&callout{cluster: full, h1: newH1Request("127.0.0.1:1", "POST", "/", "a", nil, nil)})
+	if st, _ := r.headers.Get(":status"); st != "503" || !strings.Contains(string(r.body), "overflow") {
+		t.Errorf("overflow: %v %q", r.headers, r.body)
+	}
+	if v, _ := r.headers.Get("x-envoy-overloaded"); v != "true" {
+		t.Errorf("overflow headers: %v", r.headers)
+	}
+	if n := full.inflight.Load(); n != maxClusterRequests {
+		t.Errorf("%d in flight after the overflow, want %d", n, maxClusterRequests)
+	}
+	r = h.fetch(&callout{cluster: other, h1: newH1Request("127.0.0.1:1", "POST", "/", "b", nil, nil)})
+	if st, _ := r.headers.Get(":status"); st != "503" || strings.Contains(string(r.body), "overflow") {
+		t.Errorf("the other cluster: %v %q, want a connection failure", r.headers, r.body)
+	}
+	if n := other.inflight.Load(); n != 0 {
+		t.Errorf("%d in flight on the other cluster after its call-out, want 0", n)
+	}
+}

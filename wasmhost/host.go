@@ -131,9 +131,6 @@ type Host struct {
 	provided map[string]bool
 	environ  [][]byte
 	started  time.Time
-	// Call-outs in flight by cluster, for Envoy's circuit breaker.
-	inflightMu        sync.Mutex
-	inflightByCluster map[string]*atomic.Int64
 	// guestNanos is guest execution time with MeasureGuest.
 	guestNanos atomic.Int64
 
@@ -166,7 +163,7 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 		opts.ReloadBackoff = time.Second
 	}
 	h := &Host{opts: opts, client: opts.HTTPClient, config: opts.PluginConfig,
-		provided: map[string]bool{}, started: time.Now(), inflightByCluster: map[string]*atomic.Int64{}}
+		provided: map[string]bool{}, started: time.Now()}
 	for _, k := range sortedKeys(opts.Environment) {
 		h.environ = append(h.environ, []byte(k+"="+opts.Environment[k]+"\x00"))
 	}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -45,8 +44,9 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 		}
 		s.addRequestID()
 		defer func() {
-			s.Close()
-			s.recycle()
+			if s.close() {
+				s.recycle()
+			}
 		}()
 		res, err := s.RequestHeaders(r.Context())
 		switch {
@@ -152,12 +152,9 @@ func writeLocal(w http.ResponseWriter, l *LocalResponse) {
 // responseHeadersOf is ResponseHeaders with the headers of a
 // ResponseWriter, put in the stream's map as they are read.
 func (s *Stream) responseHeadersOf(ctx context.Context, status int, hdr http.Header) (Result, error) {
-	s.vm.mu.Lock()
-	if err := s.usable(); err != nil {
-		s.vm.mu.Unlock()
+	if err := s.openResponse(status, len(hdr)); err != nil {
 		return Result{}, err
 	}
-	s.resp = append(slices.Grow(s.resp[:0], len(hdr)+1), [2]string{":status", statusString(status)})
 	for k, vs := range hdr {
 		name := lowerName(k)
 		for _, v := range vs {

@@ -135,18 +135,10 @@ func pooledStream() *Stream {
 	return &Stream{}
 }
 
-// recycle returns s to the pool once nothing in the host can reach it:
-// closed, and its context deleted (a plugin whose proxy_on_done returned
-// false keeps it until proxy_done). The arrays of its maps are kept,
-// emptied.
+// recycle returns s to the pool, the arrays of its maps kept, emptied.
+// Only for a stream whose close deleted its context: nothing in the host
+// reaches it any more.
 func (s *Stream) recycle() {
-	v := s.vm
-	v.mu.Lock()
-	reachable := !s.done || s.pendingDel || (s.inst != nil && s.inst.streams[s.id] == s)
-	v.mu.Unlock()
-	if reachable {
-		return
-	}
 	clear(s.req)
 	clear(s.resp)
 	req, resp, wake := s.req[:0], s.resp[:0], s.wake
@@ -213,16 +205,26 @@ func (s *Stream) RequestHeaders(ctx context.Context) (Result, error) {
 // ResponseHeaders runs proxy_on_response_headers with the upstream status
 // and headers. The result's headers include ":status".
 func (s *Stream) ResponseHeaders(ctx context.Context, status int, headers [][2]string) (Result, error) {
-	s.vm.mu.Lock()
-	if err := s.usable(); err != nil {
-		s.vm.mu.Unlock()
+	if err := s.openResponse(status, len(headers)); err != nil {
 		return Result{}, err
 	}
-	s.resp = append(slices.Grow(s.resp[:0], len(headers)+1), [2]string{":status", statusString(status)})
 	for _, p := range headers {
 		s.resp.Add(p[0], p[1])
 	}
 	return s.responseHeaders(ctx)
+}
+
+// openResponse takes the VM and starts the stream's response map with
+// :status, room for n headers to follow; for a stream that cannot take a
+// callback it releases the VM and says why.
+func (s *Stream) openResponse(status, n int) error {
+	s.vm.mu.Lock()
+	if err := s.usable(); err != nil {
+		s.vm.mu.Unlock()
+		return err
+	}
+	s.resp = append(slices.Grow(s.resp[:0], n+1), [2]string{":status", statusString(status)})
+	return nil
 }
 
 // responseHeaders runs proxy_on_response_headers with s.resp, on a usable
@@ -402,46 +404,54 @@ func (s *Stream) sendLocal(l *LocalResponse) {
 
 // Close ends the stream: proxy_on_done, proxy_on_log and proxy_on_delete.
 // It is safe to call more than once and after failures.
-func (s *Stream) Close() {
+func (s *Stream) Close() { s.close() }
+
+// close is Close; it reports whether this call deleted the stream's
+// context, after which nothing in the host reaches the stream (a context
+// a plugin keeps with proxy_on_done returning false, or one of a failed
+// VM, is not).
+func (s *Stream) close() (deleted bool) {
 	v := s.vm
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if s.done {
-		return
+		return false
 	}
 	s.done = true
 	in := s.inst
 	if in == nil || in.dead || v.inst != in {
-		return
+		return false
 	}
 	in.effective = s.id
 	ok, err := in.call(in.onDone, uint64(s.id))
 	if err != nil {
 		v.fail(in, err)
-		return
+		return false
 	}
 	if in.onDone != nil && uint32(ok) == 0 {
 		s.pendingDel = true // proxy_done finishes it
-		return
+		return false
 	}
-	in.finish(s)
+	return in.finish(s)
 }
 
-// finish runs proxy_on_log and proxy_on_delete. vm.mu is held.
-func (in *instance) finish(s *Stream) {
+// finish runs proxy_on_log and proxy_on_delete, and reports whether the
+// context was deleted (the VM did not fail). vm.mu is held.
+func (in *instance) finish(s *Stream) bool {
 	v := in.vm
 	in.effective = s.id
 	s.reqOpen, s.respOpen = false, false
 	if _, err := in.call(in.onLog, uint64(s.id)); err != nil {
 		v.fail(in, err)
-		return
+		return false
 	}
 	if _, err := in.call(in.onDelete, uint64(s.id)); err != nil {
 		v.fail(in, err)
-		return
+		return false
 	}
 	delete(in.streams, s.id)
 	in.effective = in.rootID
+	return true
 }
 
 // property returns a stream property serialized as Envoy does: strings as

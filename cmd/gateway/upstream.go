@@ -75,7 +75,7 @@ func direct(req *http.Request) bool {
 		len(req.TransferEncoding) > 0 || len(req.Trailer) > 0 || req.Cancel != nil {
 		return false
 	}
-	if req.Method != "" && !validMethod(req.Method) {
+	if req.Method != "" && !httpguts.ValidHeaderFieldName(req.Method) { // a token, as the Transport checks it
 		return false
 	}
 	for k, vs := range req.Header {
@@ -97,8 +97,6 @@ func direct(req *http.Request) bool {
 	}
 	return true
 }
-
-func validMethod(m string) bool { return m != "" && httpguts.ValidHeaderFieldName(m) }
 
 // exchange sends req on a connection of the pool and reads the answer's
 // head. retry: the exchange failed on a reused connection before any
