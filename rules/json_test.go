@@ -1,7 +1,10 @@
 package rules
 
 import (
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -68,6 +71,9 @@ func FuzzAppendJSONString(f *testing.F) {
 		if want := validPerByte(s); got != want {
 			t.Fatalf("%q → %s reads back as %q, want %q", s, out, got, want)
 		}
+		if want := appendJSONByByte(nil, s); string(out) != string(want) {
+			t.Fatalf("%q → %s, byte by byte %s", s, out, want)
+		}
 		if !utf8.Valid(out) {
 			t.Fatalf("%q → %q is not UTF-8", s, out)
 		}
@@ -77,6 +83,75 @@ func FuzzAppendJSONString(f *testing.F) {
 			}
 		}
 	})
+}
+
+// appendJSONByByte is AppendJSONString one byte at a time, without the
+// word-at-a-time scan: what it must write.
+func appendJSONByByte(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		switch {
+		case c >= 0x20 && c < 0x7f && c != '"' && c != '\\':
+			dst = append(dst, c)
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				dst = append(dst, `\ufffd`...)
+			} else {
+				dst = append(dst, s[i:i+size]...)
+			}
+			i += size
+			continue
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c == '\n':
+			dst = append(dst, `\n`...)
+		case c == '\r':
+			dst = append(dst, `\r`...)
+		case c == '\t':
+			dst = append(dst, `\t`...)
+		default:
+			dst = append(dst, fmt.Sprintf(`\u%04x`, c)...)
+		}
+		i++
+	}
+	return append(dst, '"')
+}
+
+// plainASCII8 answers for a word what its bytes answer one by one: every
+// byte value in every position of a plain word, and random words.
+func TestPlainASCII8(t *testing.T) {
+	plain := func(c byte) bool { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\' }
+	check := func(w [8]byte) {
+		want := true
+		for _, c := range w {
+			want = want && plain(c)
+		}
+		if got := plainASCII8(binary.LittleEndian.Uint64(w[:])); got != want {
+			t.Fatalf("%q: %v, want %v", w, got, want)
+		}
+	}
+	for pos := range 8 {
+		for c := range 256 {
+			w := [8]byte{'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a'}
+			w[pos] = byte(c)
+			check(w)
+			w[(pos+3)%8] = 0xff // a carry out of another byte
+			check(w)
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200_000 {
+		var w [8]byte
+		binary.LittleEndian.PutUint64(w[:], r.Uint64())
+		for i := range w {
+			if r.IntN(4) > 0 { // mostly plain, so that single bad bytes are tried
+				w[i] = byte(0x20 + r.IntN(0x5f))
+			}
+		}
+		check(w)
+	}
 }
 
 func BenchmarkAppendJSONString(b *testing.B) {
