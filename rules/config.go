@@ -249,6 +249,7 @@ type Tier struct {
 	MaxDelayMS int64
 
 	keyName string // "tier.<name>"
+	head    *limitHead
 }
 
 // EndpointOverride replaces the tier limit for matching requests.
@@ -257,6 +258,7 @@ type EndpointOverride struct {
 	Spec  LimitSpec
 
 	keyName string // "tier.<name>.<index>"
+	head    *limitHead
 }
 
 // Category groups endpoints under one limit (chat, upload, auth).
@@ -268,6 +270,8 @@ type Category struct {
 	Action Action
 	// MaxDelayMS is how long a throttle limit may hold a request.
 	MaxDelayMS int64
+
+	head *limitHead // set by the parser
 }
 
 // Rule is an explicit limit for matching requests.
@@ -281,6 +285,8 @@ type Rule struct {
 	Enabled  bool
 	// MaxDelayMS is how long a throttle limit may hold a request.
 	MaxDelayMS int64
+
+	head *limitHead // set by the parser
 }
 
 // LimitSpec is how much may pass.

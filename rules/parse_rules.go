@@ -64,6 +64,7 @@ func (p *parser) rule(e gjson.Result, rp string, defPenalty *Penalty) Rule {
 	}
 	r.Spec = p.limitSpec(e, rp, actionDefault(LimitSpec{}, r.Action), defPenalty)
 	r.MaxDelayMS = p.limitAction(e, rp, r.Action, &r.Spec)
+	r.head = newLimitHead(r.Name, &r.Spec, r.Action == LogOnly, r.Scope.Has(ScopeUser))
 	return r
 }
 
@@ -173,6 +174,7 @@ func (p *parser) categories(v gjson.Result, path string, defPenalty *Penalty) []
 		c.Action = p.action(e.Get("action"), join(cp, "action"))
 		c.Spec = p.limitSpec(e, cp, actionDefault(def, c.Action), defPenalty)
 		c.MaxDelayMS = p.limitAction(e, cp, c.Action, &c.Spec)
+		c.head = newLimitHead(c.Name, &c.Spec, c.Action == LogOnly, c.Scope.Has(ScopeUser))
 		for j := range out {
 			if out[j].Name == c.Name && p.err == nil {
 				p.fail(join(cp, "name"), "%q is already the name of %s", c.Name, index(path, j))

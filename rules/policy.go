@@ -143,21 +143,21 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 	for _, m := range plan.matched {
 		if m >= 0 {
 			rule := &c.Rules[m]
-			plan.add(c, r, rule.Name, &rule.Spec, rule.Action, rule.MaxDelayMS, rule.Scope)
+			plan.add(c, r, rule.Name, &rule.Spec, rule.head, rule.Action, rule.MaxDelayMS, rule.Scope)
 		} else {
 			cat := &c.Categories[^m]
-			plan.add(c, r, cat.Name, &cat.Spec, cat.Action, cat.MaxDelayMS, cat.Scope)
+			plan.add(c, r, cat.Name, &cat.Spec, cat.head, cat.Action, cat.MaxDelayMS, cat.Scope)
 		}
 	}
 	if tier := c.Tiers.Find(id.Tier); tier != nil && !tier.Unlimited {
-		spec, name := &tier.Spec, tier.keyName
+		spec, name, head := &tier.Spec, tier.keyName, tier.head
 		for j := range tier.Endpoints {
-			if tier.Endpoints[j].Match.matchPath(plan.Endpoint) {
-				spec, name = &tier.Endpoints[j].Spec, tier.Endpoints[j].keyName
+			if ep := &tier.Endpoints[j]; ep.Match.matchPath(plan.Endpoint) {
+				spec, name, head = &ep.Spec, ep.keyName, ep.head
 				break
 			}
 		}
-		plan.add(c, r, name, spec, tier.Action, tier.MaxDelayMS, tier.Scope)
+		plan.add(c, r, name, spec, head, tier.Action, tier.MaxDelayMS, tier.Scope)
 	}
 	// Keys were appended to one buffer that may have moved while growing;
 	// slice it only now.
@@ -168,7 +168,7 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 	}
 }
 
-func (p *Plan) add(c *Config, r *Request, name string, spec *LimitSpec, action Action, maxDelayMS int64, scope Scope) {
+func (p *Plan) add(c *Config, r *Request, name string, spec *LimitSpec, head *limitHead, action Action, maxDelayMS int64, scope Scope) {
 	id := &p.Identity
 	if !p.ipResolved && keyNeedsIP(scope, id, c.Identity.Anonymous) {
 		c.ResolveClientIP(r, p)
@@ -176,7 +176,7 @@ func (p *Plan) add(c *Config, r *Request, name string, spec *LimitSpec, action A
 	p.keys = AppendKey(p.keys, name, scope, id, c.Identity.Anonymous, r.Method, p.Endpoint)
 	p.ends = append(p.ends, len(p.keys))
 	p.Limits = append(p.Limits, PlannedLimit{
-		Rule: name, Spec: spec, Action: action, MaxDelayMS: maxDelayMS, PerUser: scope.Has(ScopeUser),
+		Rule: name, Spec: spec, Action: action, MaxDelayMS: maxDelayMS, PerUser: scope.Has(ScopeUser), head: head,
 	})
 }
 
@@ -343,13 +343,20 @@ func (m *Match) matches(r *Request, path string) bool {
 }
 
 // setKeyNames fixes the counter names of tier limits: "tier.free" for the
-// tier, "tier.free.0", ... for its endpoint overrides in config order.
+// tier, "tier.free.0", ... for its endpoint overrides in config order;
+// and, under those names, the heads of their checks.
 func (t *TierConfig) setKeyNames() {
 	for i := range t.List {
 		tier := &t.List[i]
 		tier.keyName = "tier." + tier.Name
+		logOnly, perUser := tier.Action == LogOnly, tier.Scope.Has(ScopeUser)
+		if !tier.Unlimited {
+			tier.head = newLimitHead(tier.keyName, &tier.Spec, logOnly, perUser)
+		}
 		for j := range tier.Endpoints {
-			tier.Endpoints[j].keyName = tier.keyName + "." + strconv.Itoa(j)
+			ep := &tier.Endpoints[j]
+			ep.keyName = tier.keyName + "." + strconv.Itoa(j)
+			ep.head = newLimitHead(ep.keyName, &ep.Spec, logOnly, perUser)
 		}
 	}
 }

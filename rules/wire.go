@@ -139,6 +139,8 @@ type PlannedLimit struct {
 	// and hand back the units of an earlier grant.
 	AskLease bool
 	Return   LeaseReturn
+
+	head *limitHead // the start of its encoding, from the config
 }
 
 // AppendCheckRequest encodes a check for limits and appends it to dst.
@@ -169,7 +171,7 @@ func appendPlanned(dst []byte, l *PlannedLimit) []byte {
 	if l.Action == Throttle {
 		maxDelay = l.MaxDelayMS
 	}
-	return appendLimit(dst, l.Key, l.Rule, l.Spec, l.Action == LogOnly, l.PerUser, maxDelay, lease, l.Return)
+	return appendLimit(dst, l.Key, l.head, l.Rule, l.Spec, l.Action == LogOnly, l.PerUser, maxDelay, lease, l.Return)
 }
 
 // AppendCheckRequestFrom encodes an already decoded request (bridge tests, tools).
@@ -180,7 +182,7 @@ func AppendCheckRequestFrom(dst []byte, req *CheckRequest) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendLimit(dst, []byte(l.Key), l.Rule, &l.Spec, l.LogOnly, l.PerUser, l.MaxDelay(), l.Spec.Lease, l.Return)
+		dst = appendLimit(dst, []byte(l.Key), nil, l.Rule, &l.Spec, l.LogOnly, l.PerUser, l.MaxDelay(), l.Spec.Lease, l.Return)
 	}
 	return append(dst, "]}"...)
 }
@@ -223,27 +225,15 @@ func appendCheckHead(dst []byte, op Op, requestID, user, endpoint string) []byte
 	return append(dst, `"limits":[`...)
 }
 
-// appendLimit appends one limit; maxDelay < 0: not a throttle limit.
-func appendLimit(dst, key []byte, rule string, s *LimitSpec, logOnly, perUser bool, maxDelay int64, lease Lease, ret LeaseReturn) []byte {
+// appendLimit appends one limit; maxDelay < 0: not a throttle limit. head,
+// when it fits the limit, is its start rendered before.
+func appendLimit(dst, key []byte, head *limitHead, rule string, s *LimitSpec, logOnly, perUser bool, maxDelay int64, lease Lease, ret LeaseReturn) []byte {
 	dst = append(dst, `{"key":`...)
 	dst = AppendJSONBytes(dst, key)
-	dst = append(dst, `,"rule":`...)
-	dst = AppendJSONString(dst, rule)
-	dst = append(dst, `,"algorithm":"`...)
-	dst = append(dst, s.Algorithm.String()...)
-	dst = append(dst, `","limit":`...)
-	dst = strconv.AppendInt(dst, s.Limit, 10)
-	dst = append(dst, `,"window_ms":`...)
-	dst = strconv.AppendInt(dst, s.WindowMS, 10)
-	dst = append(dst, `,"burst":`...)
-	dst = strconv.AppendInt(dst, s.Burst, 10)
-	dst = append(dst, `,"cost":`...)
-	dst = strconv.AppendInt(dst, s.Cost, 10)
-	if logOnly {
-		dst = append(dst, `,"log_only":true`...)
-	}
-	if perUser {
-		dst = append(dst, `,"per_user":true`...)
+	if head.fits(rule, s, logOnly, perUser) {
+		dst = append(dst, head.text...)
+	} else {
+		dst = appendLimitHead(dst, rule, s, logOnly, perUser)
 	}
 	if maxDelay >= 0 {
 		dst = appendInt(dst, `,"max_delay_ms":`, maxDelay)
@@ -272,6 +262,59 @@ func appendLimit(dst, key []byte, rule string, s *LimitSpec, logOnly, perUser bo
 		dst = append(appendInt(dst, `,"units":`, ret.Units), '}')
 	}
 	return append(dst, '}')
+}
+
+// appendLimitHead appends the fields of a limit from "rule" to
+// "per_user": those that are the same on every check of a configured
+// limit.
+func appendLimitHead(dst []byte, rule string, s *LimitSpec, logOnly, perUser bool) []byte {
+	dst = append(dst, `,"rule":`...)
+	dst = AppendJSONString(dst, rule)
+	dst = append(dst, `,"algorithm":"`...)
+	dst = append(dst, s.Algorithm.String()...)
+	dst = append(dst, `","limit":`...)
+	dst = strconv.AppendInt(dst, s.Limit, 10)
+	dst = append(dst, `,"window_ms":`...)
+	dst = strconv.AppendInt(dst, s.WindowMS, 10)
+	dst = append(dst, `,"burst":`...)
+	dst = strconv.AppendInt(dst, s.Burst, 10)
+	dst = append(dst, `,"cost":`...)
+	dst = strconv.AppendInt(dst, s.Cost, 10)
+	if logOnly {
+		dst = append(dst, `,"log_only":true`...)
+	}
+	if perUser {
+		dst = append(dst, `,"per_user":true`...)
+	}
+	return dst
+}
+
+// limitHead is appendLimitHead's text for a configured limit, rendered
+// when the configuration is parsed: on the proxy's wasm engines
+// formatting those numbers and names again on every call-out was a good
+// part of what the call-out cost the plugin. It is used only for a limit
+// whose fields are still the ones it was rendered from.
+type limitHead struct {
+	rule             string
+	alg              Algorithm
+	limit, window    int64
+	burst, cost      int64
+	logOnly, perUser bool
+	text             string
+}
+
+func newLimitHead(rule string, s *LimitSpec, logOnly, perUser bool) *limitHead {
+	return &limitHead{rule: rule, alg: s.Algorithm, limit: s.Limit, window: s.WindowMS, burst: s.Burst, cost: s.Cost,
+		logOnly: logOnly, perUser: perUser, text: string(appendLimitHead(nil, rule, s, logOnly, perUser))}
+}
+
+// fits reports whether h renders these fields. The rule name must be the
+// very string h was rendered for (comparing text would cost about what
+// rendering it does); another one, even equal, is rendered anew.
+func (h *limitHead) fits(rule string, s *LimitSpec, logOnly, perUser bool) bool {
+	return h != nil && len(h.rule) == len(rule) && unsafe.StringData(h.rule) == unsafe.StringData(rule) &&
+		h.alg == s.Algorithm && h.limit == s.Limit && h.window == s.WindowMS && h.burst == s.Burst && h.cost == s.Cost &&
+		h.logOnly == logOnly && h.perUser == perUser
 }
 
 // appendInt appends the literal lit and n in decimal.

@@ -3,6 +3,7 @@ package rules
 import (
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -341,20 +342,21 @@ func TestAppendCheckRequest_LongOverrideFields(t *testing.T) {
 
 // The plugin encodes a check and decodes the answer on every request that
 // reaches the bridge: both must stay allocation-free once buffers grew.
+// The limits are those of a parsed configuration, as the plugin's are.
 func BenchmarkAppendCheckRequest(b *testing.B) {
-	pen := &Penalty{Enabled: true, DetectionWindowMS: 3600_000, ViolationThreshold: 3, Multipliers: []int64{1, 2, 4, 8}}
-	specs := []LimitSpec{
-		{Algorithm: TokenBucket, Limit: 10, WindowMS: 1000, Burst: 20, Cost: 1, Penalty: pen},
-		{Algorithm: SlidingWindow, Limit: 100, WindowMS: 60_000, Burst: 100, Cost: 1},
-	}
-	limits := []PlannedLimit{
-		{Key: []byte("rl:{u:jos\xc3\xa9}:chat"), Rule: "chat", Spec: &specs[0], Action: Reject, PerUser: true},
-		{Key: []byte("rl:{u:jos\xc3\xa9}:tier.free"), Rule: "tier.free", Spec: &specs[1], Action: LogOnly, PerUser: true},
+	c := mustConfig(b, `{"identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+	  "rules": [
+	    {"name": "chat", "match": {"paths": ["/api/v1/chat/**"]}, "algorithm": "token_bucket", "limit": 10, "burst": 20, "window": "1s", "penalty": {"enabled": true}},
+	    {"name": "tier-free", "match": {"paths": ["/api/**"]}, "limit": 100, "window": "1m", "action": "log_only"}]}`)
+	var plan Plan
+	c.Evaluate(&Request{Method: "POST", Path: "/api/v1/chat/send", Headers: mapHeaders{"x-user-id": "jos\xc3\xa9"}}, &plan)
+	if len(plan.Limits) != 2 {
+		b.Fatalf("%d limits, want 2", len(plan.Limits))
 	}
 	var buf []byte
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		buf = AppendCheckRequest(buf[:0], "0f8fad5b-d9cb-469f-a165-70867728950e", "jos\xc3\xa9", "/api/v1/chat/send", limits)
+		buf = AppendCheckRequest(buf[:0], "0f8fad5b-d9cb-469f-a165-70867728950e", "jos\xc3\xa9", "/api/v1/chat/send", plan.Limits)
 	}
 }
 
@@ -447,6 +449,89 @@ func TestDecodeCheckResponse_CanonicalTakesEncoderOutput(t *testing.T) {
 		}
 		if !reflect.DeepEqual(got, resp) {
 			t.Errorf("got %+v, want %+v", got, resp)
+		}
+	}
+}
+
+// A check of a parsed configuration's limits goes out with the heads
+// rendered at parse time, byte for byte what rendering them per request
+// writes; a limit changed since, or one not from the configuration, is
+// rendered anew.
+func TestAppendCheckRequest_Heads(t *testing.T) {
+	c := mustConfig(t, `{
+	  "identity": {"sources": [{"type": "header", "header": "x-user-id"}], "tenant_header": "x-tenant"},
+	  "tiers": {"header": "x-tier", "default": "free", "list": [
+	    {"name": "free", "limit": 100, "window": "1m", "action": "log_only"},
+	    {"name": "gold", "scope": "tenant", "algorithm": "token_bucket", "limit": 1000, "burst": 1500, "window": "1m",
+	     "lease": {"size": 10, "ttl": "2s"}, "endpoints": {"/api/bulk/**": {"limit": 50, "window": "1h"}, "/api/one": 50}}]},
+	  "categories": [{"name": "chat", "paths": ["/api/chat/**"], "limit": 9, "window": "10s", "algorithm": "sliding_log",
+	    "penalty": {"enabled": true}}],
+	  "rules": [
+	    {"name": "writes", "match": {"methods": ["POST"]}, "scope": "global", "limit": 20, "window": "1s", "cost": 2},
+	    {"name": "slow", "match": {"paths": ["/api/**"]}, "limit": 3, "window": "1s", "action": "throttle", "max_delay": "2s"}
+	  ]}`)
+	var limits []PlannedLimit
+	for _, r := range []Request{
+		{Method: "POST", Path: "/api/chat/x", Headers: mapHeaders{"x-user-id": "alice"}},
+		{Method: "GET", Path: "/api/bulk/a", Headers: mapHeaders{"x-user-id": "bob", "x-tier": "gold", "x-tenant": "acme"}},
+		{Method: "GET", Path: "/api/one", Headers: mapHeaders{"x-user-id": "bob", "x-tier": "gold", "x-tenant": "acme"}},
+		{Method: "GET", Path: "/api/two", Headers: mapHeaders{"x-user-id": "bob", "x-tier": "gold", "x-tenant": "acme"}},
+	} {
+		var plan Plan
+		c.Evaluate(&r, &plan)
+		for _, l := range plan.Limits {
+			l.Key = append([]byte(nil), l.Key...)
+			limits = append(limits, l)
+		}
+	}
+	if len(limits) != 10 {
+		t.Fatalf("%d limits, want 10", len(limits))
+	}
+	for i := range limits {
+		l := &limits[i]
+		if !l.head.fits(l.Rule, l.Spec, l.Action == LogOnly, l.PerUser) {
+			t.Fatalf("limit %s: its head is missing or does not fit", l.Rule)
+		}
+		switch i % 3 { // what a filter sets before encoding
+		case 1:
+			l.AskLease = l.Spec.Lease.Size > 0
+			l.Return = LeaseReturn{Tag: 7, Granted: 10, Units: 4}
+		case 2:
+			l.MaxDelayMS = 0
+		}
+	}
+	rendered := func(ls []PlannedLimit) string {
+		fresh := slices.Clone(ls)
+		for i := range fresh {
+			fresh[i].head = nil
+		}
+		return string(AppendCheckRequest(nil, "rid", "alice", "/api/x", fresh))
+	}
+	if got, want := string(AppendCheckRequest(nil, "rid", "alice", "/api/x", limits)), rendered(limits); got != want {
+		t.Fatalf("with heads:\n%s\nrendered:\n%s", got, want)
+	}
+	if _, err := DecodeCheckRequest(AppendCheckRequest(nil, "rid", "alice", "/api/x", limits)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Each field a head holds, changed after parsing, is sent as changed.
+	for _, change := range []func(l *PlannedLimit){
+		func(l *PlannedLimit) { l.Rule = strings.Clone(l.Rule) + "2" },
+		func(l *PlannedLimit) { l.Action = LogOnly },
+		func(l *PlannedLimit) { l.PerUser = !l.PerUser },
+		func(l *PlannedLimit) { l.Spec.Algorithm = FixedWindow },
+		func(l *PlannedLimit) { l.Spec.Limit++ },
+		func(l *PlannedLimit) { l.Spec.WindowMS++ },
+		func(l *PlannedLimit) { l.Spec.Burst++ },
+		func(l *PlannedLimit) { l.Spec.Cost++ },
+	} {
+		l := limits[2] // the category "chat": reject, per user
+		spec := *l.Spec
+		l.Spec = &spec
+		change(&l)
+		one := []PlannedLimit{l}
+		if got, want := string(AppendCheckRequest(nil, "rid", "alice", "/api/x", one)), rendered(one); got != want {
+			t.Errorf("changed limit: sent\n%s\nwant\n%s", got, want)
 		}
 	}
 }
