@@ -1,6 +1,7 @@
 package wasmhost
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"net/http"
@@ -22,8 +23,8 @@ import (
 // context and a timer per request, and adds headers Envoy does not send
 // (User-Agent, Accept-Encoding: gzip, which it then undoes); with a
 // call-out on every request that cost the gateway about a third of its own
-// work (docs/deploy.md). The answer is parsed by net/http
-// (http.ReadResponse). A connection the server closed while it sat idle is
+// work (docs/deploy.md). The answer is read by readPlainAnswer when it has
+// the usual shape, by net/http (http.ReadResponse) otherwise. A connection the server closed while it sat idle is
 // not used again (h1pool), rather than retried after a request was sent
 // on it, which could apply a check twice.
 type h1client struct {
@@ -132,15 +133,37 @@ func (c *h1client) do(r *h1Request, maxBody int64) (res *calloutResponse, starte
 	if _, err := conn.Write(r.raw); err != nil {
 		return nil, false, err
 	}
+	if !r.head {
+		if hm, body, fast, err := readPlainAnswer(conn.R, maxBody); fast {
+			if err != nil {
+				return nil, true, err
+			}
+			ok = true
+			return &calloutResponse{headers: hm, body: body}, true, nil
+		}
+	}
 	req := postRequest
 	if r.head {
 		req = headRequest
 	}
+	hm, body, keep, started, err := readAnswer(conn.R, req, maxBody)
+	if err != nil {
+		return nil, started, err
+	}
+	ok = keep
+	return &calloutResponse{headers: hm, body: body}, true, nil
+}
+
+// readAnswer reads any answer to req from r with http.ReadResponse: its
+// header map (":status" first), its body of at most maxBody bytes, and
+// whether the connection may carry another exchange. started: the answer
+// had begun when an error came.
+func readAnswer(r *bufio.Reader, req *http.Request, maxBody int64) (hm fields.Map, body []byte, keep, started bool, err error) {
 	var resp *http.Response
 	for {
-		resp, err = http.ReadResponse(conn.R, req)
+		resp, err = http.ReadResponse(r, req)
 		if err != nil {
-			return nil, false, err
+			return nil, nil, false, false, err
 		}
 		// Informational answers precede the response (Envoy's codec skips
 		// them too).
@@ -148,10 +171,9 @@ func (c *h1client) do(r *h1Request, maxBody int64) (res *calloutResponse, starte
 			break
 		}
 	}
-	var body []byte
 	if n := resp.ContentLength; n >= 0 {
 		if n > maxBody {
-			return nil, true, errBodyTooLarge
+			return nil, nil, false, true, errBodyTooLarge
 		}
 		body = make([]byte, n)
 		_, err = io.ReadFull(resp.Body, body)
@@ -159,9 +181,9 @@ func (c *h1client) do(r *h1Request, maxBody int64) (res *calloutResponse, starte
 		body, err = io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
 	}
 	if err != nil || int64(len(body)) > maxBody {
-		return nil, true, errors.Join(err, errBodyTooLarge)
+		return nil, nil, false, true, errors.Join(err, errBodyTooLarge)
 	}
-	hm := make(fields.Map, 0, len(resp.Header)+1)
+	hm = make(fields.Map, 0, len(resp.Header)+1)
 	hm = append(hm, [2]string{":status", statusString(resp.StatusCode)})
 	for k, vs := range resp.Header {
 		name := lowerName(k)
@@ -169,8 +191,7 @@ func (c *h1client) do(r *h1Request, maxBody int64) (res *calloutResponse, starte
 			hm = append(hm, [2]string{name, v})
 		}
 	}
-	ok = !resp.Close
-	return &calloutResponse{headers: hm, body: body}, true, nil
+	return hm, body, !resp.Close, true, nil
 }
 
 var errBodyTooLarge = errors.New("wasmhost: call-out response body over the limit")
