@@ -476,12 +476,12 @@ func (in *instance) mutateHeader(m api.Memory, p []uint64, f func(hm *fields.Map
 	if !in.writable(t) {
 		return StatusBadArgument
 	}
-	k, ok1 := readString(m, u32(p, 1), u32(p, 2))
+	kb, ok1 := read(m, u32(p, 1), u32(p, 2))
 	v, ok2 := readString(m, u32(p, 3), u32(p, 4))
 	if !ok1 || !ok2 {
 		return StatusInvalidMemoryAccess
 	}
-	f(hm, k, v)
+	f(hm, lowerString(kb), v)
 	in.markModified(t)
 	return StatusOK
 }

@@ -73,33 +73,6 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 	})
 }
 
-// lowerNames lower-cases the header names most requests and responses
-// carry without allocating: net/http hands them over canonical
-// ("User-Agent"), the plugin sees them as Envoy keeps them ("user-agent").
-var lowerNames = func() map[string]string {
-	m := map[string]string{}
-	for _, n := range []string{
-		"Accept", "Accept-Charset", "Accept-Encoding", "Accept-Language", "Authorization", "Cache-Control",
-		"Connection", "Content-Encoding", "Content-Length", "Content-Type", "Cookie", "Date", "Etag",
-		"Forwarded", "If-Match", "If-Modified-Since", "If-None-Match", "Last-Modified", "Location",
-		"Origin", "Pragma", "Referer", "Server", "Set-Cookie", "Traceparent", "Tracestate",
-		"Transfer-Encoding", "User-Agent", "Vary", "Via", "X-Api-Key", "X-B3-Traceid", "X-B3-Spanid",
-		"X-Content-Type-Options", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
-		"X-Real-Ip", "X-Request-Id", "X-Tenant-Id", "X-User-Id",
-	} {
-		m[n] = strings.ToLower(n)
-	}
-	return m
-}()
-
-// lowerName lower-cases a header name.
-func lowerName(k string) string {
-	if l, ok := lowerNames[k]; ok {
-		return l
-	}
-	return strings.ToLower(k)
-}
-
 // newRequestID makes an x-request-id for a request without one, as Envoy
 // does; it needs to be unique, not secret, so it comes from the runtime's
 // fast generator rather than the kernel's.
@@ -208,7 +181,8 @@ func (rw *responseWriter) WriteHeader(code int) {
 			}
 			continue
 		}
-		out.Add(kv[0], kv[1])
+		k := canonicalName(kv[0])
+		out[k] = append(out[k], kv[1])
 	}
 	rw.ResponseWriter.WriteHeader(code)
 }
