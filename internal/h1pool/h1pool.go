@@ -8,7 +8,7 @@
 // gateway's requests to its upstream share this pool.
 //
 // A connection the server closed while it sat idle is not handed out
-// again: it is probed before reuse (idleconn.Alive), as Envoy's connection
+// again: it is probed before reuse (idleconn.Probe), as Envoy's connection
 // pool notices a remote close on an idle connection, rather than found
 // dead after a request was written on it.
 package h1pool
@@ -56,6 +56,7 @@ type Conn struct {
 	Reused bool
 
 	addr      string
+	probe     *idleconn.Probe
 	idleSince time.Time
 	left      int64 // bytes R may still read from the connection; < 0: no limit
 }
@@ -105,7 +106,7 @@ func (p *Pool) Get(addr string, deadline time.Time) (*Conn, error) {
 		p.idle[addr] = list[:len(list)-1]
 		p.mu.Unlock()
 		fresh := p.IdleTimeout <= 0 || time.Since(c.idleSince) < p.IdleTimeout
-		if fresh && c.R.Buffered() == 0 && idleconn.Alive(c.Conn) {
+		if fresh && c.R.Buffered() == 0 && c.probe.Alive() {
 			p.mu.Lock()
 			if p.closed {
 				p.mu.Unlock()
@@ -126,7 +127,7 @@ func (p *Pool) Get(addr string, deadline time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Conn{Conn: nc, addr: addr, W: bufio.NewWriter(nc), left: -1}
+	c := &Conn{Conn: nc, addr: addr, W: bufio.NewWriter(nc), left: -1, probe: idleconn.NewProbe(nc)}
 	c.R = bufio.NewReader(connReader{c})
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -9,7 +9,8 @@ import (
 )
 
 // TestAlive: an idle connection is alive until its peer closes it or
-// sends something unasked; probing it reads nothing.
+// sends something unasked; probing it reads nothing, and a Probe kept
+// for the connection probes it without allocating.
 func TestAlive(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -39,6 +40,7 @@ func TestAlive(t *testing.T) {
 			tc.peer(peer)
 			// What the peer did reaches this end within a moment.
 			deadline := time.Now().Add(2 * time.Second)
+			probe := NewProbe(c) // one probe, asked again and again
 			got := Alive(c)
 			for got != tc.want && time.Now().Before(deadline) {
 				time.Sleep(time.Millisecond)
@@ -46,6 +48,14 @@ func TestAlive(t *testing.T) {
 			}
 			if got != tc.want {
 				t.Fatalf("Alive = %v, want %v", got, tc.want)
+			}
+			if got := probe.Alive(); got != tc.want {
+				t.Fatalf("Probe.Alive = %v, want %v", got, tc.want)
+			}
+			if tc.want {
+				if n := testing.AllocsPerRun(20, func() { probe.Alive() }); n != 0 {
+					t.Errorf("Probe.Alive: %v allocations", n)
+				}
 			}
 			if tc.want {
 				// The probe consumed nothing: the connection still works.
