@@ -58,6 +58,7 @@ func TestReadPlainAnswer(t *testing.T) {
 		"HTTP/1.1 200 OK\r\n\r\n",                  // no length: read to the end
 		"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n", // the head is not all there
 		"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\n" + strings.Repeat("A: b\r\n", maxPlainHeaders) + "Content-Length: 0\r\n\r\n",
 	} {
 		r := bufio.NewReader(strings.NewReader(answer))
 		if _, _, ok, _ := readPlainAnswer(r, 1<<20); ok {
