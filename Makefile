@@ -59,8 +59,12 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# The rules package's tests also run compiled to WebAssembly on wazero, as
+# the plugin runs its code (internal/tools/wasmexec).
 test: deps wasm
 	$(GO) test -count=1 ./...
+	$(GO) build -o $(BUILD)/wasmexec ./internal/tools/wasmexec
+	GOOS=wasip1 GOARCH=wasm $(GO) test -count=1 -exec $(abspath $(BUILD))/wasmexec ./rules
 	$(MAKE) test-fuzz
 
 # Long soaks: tests named TestLong_* in files built with the tag "long"
