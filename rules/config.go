@@ -248,8 +248,8 @@ type Tier struct {
 	// MaxDelayMS is how long a throttle limit may hold a request.
 	MaxDelayMS int64
 
-	keyName string // "tier.<name>"
-	head    *limitHead
+	keyName string     // "tier.<name>"
+	head    *limitHead // the start of its checks (setKeyNames)
 }
 
 // EndpointOverride replaces the tier limit for matching requests.
@@ -257,8 +257,8 @@ type EndpointOverride struct {
 	Match PathPattern
 	Spec  LimitSpec
 
-	keyName string // "tier.<name>.<index>"
-	head    *limitHead
+	keyName string     // "tier.<name>.<index>"
+	head    *limitHead // the start of its checks (setKeyNames)
 }
 
 // Category groups endpoints under one limit (chat, upload, auth).
@@ -271,7 +271,7 @@ type Category struct {
 	// MaxDelayMS is how long a throttle limit may hold a request.
 	MaxDelayMS int64
 
-	head *limitHead // set by the parser
+	head *limitHead // the start of its checks, set by the parser
 }
 
 // Rule is an explicit limit for matching requests.
@@ -286,7 +286,7 @@ type Rule struct {
 	// MaxDelayMS is how long a throttle limit may hold a request.
 	MaxDelayMS int64
 
-	head *limitHead // set by the parser
+	head *limitHead // the start of its checks, set by the parser
 }
 
 // LimitSpec is how much may pass.
