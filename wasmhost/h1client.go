@@ -24,9 +24,10 @@ import (
 // (User-Agent, Accept-Encoding: gzip, which it then undoes); with a
 // call-out on every request that cost the gateway about a third of its own
 // work (docs/deploy.md). The answer is read by readPlainAnswer when it has
-// the usual shape, by net/http (http.ReadResponse) otherwise. A connection the server closed while it sat idle is
-// not used again (h1pool), rather than retried after a request was sent
-// on it, which could apply a check twice.
+// the usual shape, by net/http (http.ReadResponse) otherwise. A
+// connection the server closed while it sat idle is not used again
+// (h1pool), rather than retried after a request was sent on it, which
+// could apply a check twice.
 type h1client struct {
 	pool h1pool.Pool
 }
