@@ -8,32 +8,17 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
 func newH1Client() *h1client {
 	return &h1client{}
-}
-
-// countingServer is an httptest server that counts the connections it
-// accepted.
-func countingServer(t *testing.T, h http.Handler) (*httptest.Server, *atomic.Int64) {
-	var conns atomic.Int64
-	srv := httptest.NewUnstartedServer(h)
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv, &conns
 }
 
 // newH1Request renders a call-out as httpCall does, from the serialized
@@ -52,7 +37,7 @@ func h1req(srv *httptest.Server, path string) *h1Request {
 // The request goes out as Envoy's codec writes it, and kept-alive
 // connections carry the next call-outs: no dial per call-out.
 func TestH1Client_KeepsConnections(t *testing.T) {
-	srv, conns := countingServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, conns := nettest.Counting(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		w.Header().Set("X-Seen", r.Method+" "+r.URL.RequestURI()+" "+r.Host+" "+r.Header.Get("Content-Type")+" "+r.Header.Get("X-Request-Id")+" "+string(b)+" ua="+r.Header.Get("User-Agent"))
 		io.WriteString(w, "ok")
@@ -79,44 +64,28 @@ func TestH1Client_KeepsConnections(t *testing.T) {
 // Answers net/http's client also takes: chunked, informational answers
 // first, Connection: close (the connection is not reused).
 func TestH1Client_Answers(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var accepted atomic.Int64
-	go func() {
+	addr, accepted := nettest.Raw(t, func(nc net.Conn) {
+		br := bufio.NewReader(nc)
 		for {
-			nc, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			accepted.Add(1)
-			go func() {
-				defer nc.Close()
-				br := bufio.NewReader(nc)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					switch req.URL.Path {
-					case "/chunked":
-						io.WriteString(nc, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
-					case "/close":
-						io.WriteString(nc, "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno")
-						return
-					case "/big":
-						io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789")
-					}
-				}
-			}()
+			io.Copy(io.Discard, req.Body)
+			switch req.URL.Path {
+			case "/chunked":
+				io.WriteString(nc, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+			case "/close":
+				io.WriteString(nc, "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno")
+				return
+			case "/big":
+				io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789")
+			}
 		}
-	}()
+	})
 	c := newH1Client()
 	defer c.close()
-	req := func(path string) *h1Request { return newH1Request(ln.Addr().String(), "POST", path, "a", nil, nil) }
+	req := func(path string) *h1Request { return newH1Request(addr, "POST", path, "a", nil, nil) }
 	res, _, err := c.do(req("/chunked"), 1<<20)
 	if err != nil || string(res.body) != "abcde" {
 		t.Fatalf("chunked: %v %+v", err, res)

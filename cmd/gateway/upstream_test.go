@@ -17,57 +17,54 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/wasmhost"
 )
 
 // rawUpstream is an upstream that answers each request it reads with what
 // answer writes on the connection, and keeps what it received.
 type rawUpstream struct {
-	ln    net.Listener
-	conns atomic.Int64
+	addr  string
+	conns *atomic.Int64 // accepted
 	mu    sync.Mutex
 	seen  []string // each request as it arrived, Date-free
 }
 
-func startRawUpstream(t *testing.T, answer func(c net.Conn, br *bufio.Reader, req *http.Request, body []byte) bool) *rawUpstream {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &rawUpstream{ln: ln}
-	t.Cleanup(func() { ln.Close() })
-	go serveRaw(u, answer)
+// startRawUpstream starts an upstream that answers each request of a
+// connection until answer returns false.
+func startRawUpstream(tb testing.TB, answer func(c net.Conn, br *bufio.Reader, req *http.Request, body []byte) bool) *rawUpstream {
+	u := &rawUpstream{}
+	u.addr, u.conns = nettest.Raw(tb, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			body, _ := io.ReadAll(req.Body)
+			dump, _ := httputil.DumpRequest(req, false)
+			u.mu.Lock()
+			u.seen = append(u.seen, string(dump)+string(body))
+			u.mu.Unlock()
+			if !answer(c, br, req, body) {
+				return
+			}
+		}
+	})
 	return u
 }
 
-// serveRaw accepts u's connections and answers each request on them until
-// answer returns false.
-func serveRaw(u *rawUpstream, answer func(c net.Conn, br *bufio.Reader, req *http.Request, body []byte) bool) {
-	for {
-		c, err := u.ln.Accept()
-		if err != nil {
-			return
-		}
-		u.conns.Add(1)
-		go func() {
-			defer c.Close()
-			br := bufio.NewReader(c)
-			for {
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				body, _ := io.ReadAll(req.Body)
-				dump, _ := httputil.DumpRequest(req, false)
-				u.mu.Lock()
-				u.seen = append(u.seen, string(dump)+string(body))
-				u.mu.Unlock()
-				if !answer(c, br, req, body) {
-					return
-				}
-			}
-		}()
+// serveGateway serves h on a loopback port as the gateway does (newServer)
+// until tb ends, and returns the address.
+func serveGateway(tb testing.TB, h http.Handler) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
 	}
+	srv := newServer(h)
+	go srv.Serve(ln)
+	tb.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
 }
 
 func (u *rawUpstream) received() []string {
@@ -152,16 +149,10 @@ func answerOf(raw []byte, head bool) string {
 // through sends raw requests to a ReverseProxy with transport in front of
 // u and returns the raw answers.
 func through(t *testing.T, transport http.RoundTripper, u *rawUpstream, rewrite func(*httputil.ProxyRequest), reqs ...string) []string {
-	srv := newServer(sniffless(testProxy(transport, "http://"+u.ln.Addr().String(), rewrite)))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Close()
+	addr := serveGateway(t, sniffless(testProxy(transport, "http://"+u.addr, rewrite)))
 	var out []string
 	for _, r := range reqs {
-		out = append(out, rawExchange(t, ln.Addr().String(), r))
+		out = append(out, rawExchange(t, addr, r))
 	}
 	return out
 }
@@ -264,7 +255,7 @@ func TestUpstreamTransport_Connections(t *testing.T) {
 	tr := newUpstreamTransport()
 	do := func(path string) {
 		t.Helper()
-		req, _ := http.NewRequest("GET", "http://"+u.ln.Addr().String()+path, nil)
+		req, _ := http.NewRequest("GET", "http://"+u.addr+path, nil)
 		res, err := tr.RoundTrip(req)
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
@@ -302,15 +293,8 @@ func TestUpstreamTransport_ClientGone(t *testing.T) {
 		}
 		return false
 	})
-	proxy := newHandler(mustURL(t, "http://"+u.ln.Addr().String()), nil, discardLogger(), true, nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := newServer(proxy)
-	go srv.Serve(ln)
-	defer srv.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
+	addr := serveGateway(t, newHandler(mustURL(t, "http://"+u.addr), nil, discardLogger(), true, nil))
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +360,7 @@ func TestUpstreamTransport_KeepsOnlyCleanConnections(t *testing.T) {
 		}
 		return true
 	})
-	addr := u.ln.Addr().String()
+	addr := u.addr
 	for _, tc := range []struct {
 		path string
 		read int // bytes read before Close, -1 all
@@ -427,21 +411,8 @@ func FuzzUpstreamTransport(f *testing.F) {
 	}
 	// One upstream and one proxy for each transport, kept over the inputs.
 	start := func(tr http.RoundTripper) string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			f.Fatal(err)
-		}
-		u := &rawUpstream{ln: ln}
-		f.Cleanup(func() { ln.Close() })
-		go serveRaw(u, reply)
-		proxyLn, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			f.Fatal(err)
-		}
-		srv := newServer(sniffless(testProxy(tr, "http://"+ln.Addr().String(), nil)))
-		go srv.Serve(proxyLn)
-		f.Cleanup(func() { srv.Close() })
-		return proxyLn.Addr().String()
+		u := startRawUpstream(f, reply)
+		return serveGateway(f, sniffless(testProxy(tr, "http://"+u.addr, nil)))
 	}
 	netHTTP, ours := start(wasmhost.NewTransport()), start(newUpstreamTransport())
 	f.Fuzz(func(t *testing.T, data []byte) {

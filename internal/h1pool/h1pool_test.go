@@ -13,21 +13,13 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/idleconn"
+	"github.com/sluicehq/sluice/internal/nettest"
 )
 
 // server is an HTTP/1.1 server that answers "ok" and counts the
 // connections it accepted.
 func server(t *testing.T) (*httptest.Server, *atomic.Int64) {
-	var conns atomic.Int64
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return srv, &conns
+	return nettest.Counting(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 }
 
 // get sends one GET on a connection of p and reads the answer.
@@ -135,22 +127,9 @@ func TestPool_IdleTimeoutAndNotReusable(t *testing.T) {
 
 // Close ends the connections in use at once, and Get fails after it.
 func TestPool_Close(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go io.Copy(io.Discard, c) // reads, never answers
-		}
-	}()
+	addr, _ := nettest.Raw(t, func(c net.Conn) { io.Copy(io.Discard, c) }) // reads, never answers
 	var p Pool
-	c, err := p.Get(ln.Addr().String(), time.Time{})
+	c, err := p.Get(addr, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +144,7 @@ func TestPool_Close(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a read in flight outlived the pool")
 	}
-	if _, err := p.Get(ln.Addr().String(), time.Time{}); !errors.Is(err, ErrClosed) {
+	if _, err := p.Get(addr, time.Time{}); !errors.Is(err, ErrClosed) {
 		t.Errorf("Get after Close: %v", err)
 	}
 }
@@ -173,20 +152,10 @@ func TestPool_Close(t *testing.T) {
 // LimitReads stops reading from the connection after n bytes, until it is
 // lifted.
 func TestConn_LimitReads(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			c.Write([]byte(strings.Repeat("x", 100)))
-		}
-	}()
+	addr, _ := nettest.Raw(t, func(c net.Conn) { c.Write([]byte(strings.Repeat("x", 100))) })
 	var p Pool
 	defer p.Close()
-	c, err := p.Get(ln.Addr().String(), time.Time{})
+	c, err := p.Get(addr, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}

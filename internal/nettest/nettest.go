@@ -1,0 +1,55 @@
+// Package nettest holds the loopback servers the tests of the project's
+// HTTP/1.1 clients share (internal/h1pool, the wasm host's call-outs, the
+// gateway's upstream transport). Each counts the connections it accepted:
+// whether a client kept its connection alive is what those tests check.
+package nettest
+
+import (
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+)
+
+// Counting starts an httptest server of h, closed with tb, and counts the
+// connections it accepts.
+func Counting(tb testing.TB, h http.Handler) (*httptest.Server, *atomic.Int64) {
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	tb.Cleanup(srv.Close)
+	return srv, &conns
+}
+
+// Raw listens on a loopback port until tb ends and serves each connection
+// it accepts with serve, on a goroutine of its own, closing the connection
+// when serve returns: for answers net/http's server would not write. It
+// returns the address and the count of connections accepted.
+func Raw(tb testing.TB, serve func(net.Conn)) (addr string, conns *atomic.Int64) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	conns = new(atomic.Int64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	return ln.Addr().String(), conns
+}
