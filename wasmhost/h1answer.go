@@ -5,8 +5,6 @@ import (
 	"bytes"
 	"io"
 
-	"golang.org/x/net/http/httpguts"
-
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
@@ -78,14 +76,10 @@ func readPlainAnswer(r *bufio.Reader, maxBody int64) (hm fields.Map, body []byte
 		s.name = len(text)
 		text = append(text, buf[pos:pos+colon]...)
 		name := text[s.name:]
-		for i, c := range name {
-			if !httpguts.IsTokenRune(rune(c)) {
-				return nil, nil, false, nil
-			}
-			if 'A' <= c && c <= 'Z' {
-				name[i] = c + 'a' - 'A'
-			}
+		if !validName(name) {
+			return nil, nil, false, nil
 		}
+		lowerASCII(name)
 		s.value = len(text)
 		value := bytes.Trim(buf[pos+colon+1:lineEnd], " \t")
 		for _, c := range value {

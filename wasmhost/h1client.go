@@ -68,11 +68,7 @@ func appendH1Request(dst, method []byte, uri string, authority, hb, body []byte)
 		start := len(dst)
 		dst = append(dst, k...)
 		name := dst[start:]
-		for i, c := range name {
-			if 'A' <= c && c <= 'Z' {
-				name[i] = c + 'a' - 'A'
-			}
-		}
+		lowerASCII(name)
 		switch string(name) {
 		case "host", "content-length", "transfer-encoding", "connection":
 			dst = dst[:start] // the codec's own

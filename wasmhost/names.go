@@ -55,14 +55,20 @@ func lowerString(b []byte) string {
 		return strings.ToLower(string(b))
 	}
 	l := buf[:len(b)]
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		l[i] = c
-	}
+	copy(l, b)
+	lowerASCII(l)
 	if c, ok := canonicalNames[string(l)]; ok {
 		return lowerNames[c]
 	}
 	return string(l)
+}
+
+// lowerASCII lower-cases the ASCII letters of b in place: a header name
+// as Envoy keeps it.
+func lowerASCII(b []byte) {
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
 }
