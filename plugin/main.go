@@ -51,14 +51,30 @@ func view(b []byte, err error) string {
 func (*abiHost) PluginConfig() ([]byte, error) { return proxywasm.GetPluginConfiguration() }
 
 func (*abiHost) RequestHeader(name string) string {
-	if seq := proxywasm.CallbackSeq(); seq != reqHeadersSeq {
-		if err := proxywasm.GetRequestHeaderMapView(&reqHeaders); err != nil {
-			return view(proxywasm.GetRequestHeaderBytes(name))
-		}
-		reqHeadersSeq = seq
+	if !requestHeaders() {
+		return view(proxywasm.GetRequestHeaderBytes(name))
 	}
 	v, _ := reqHeaders.Get(name)
 	return v
+}
+
+func (h *abiHost) RequestPseudoHeaders() (method, path, authority string) {
+	if !requestHeaders() {
+		return h.RequestHeader(":method"), h.RequestHeader(":path"), h.RequestHeader(":authority")
+	}
+	return reqHeaders.Pseudo()
+}
+
+// requestHeaders fetches the current callback's request headers into
+// reqHeaders unless they are there, and tells whether they are.
+func requestHeaders() bool {
+	if seq := proxywasm.CallbackSeq(); seq != reqHeadersSeq {
+		if err := proxywasm.GetRequestHeaderMapView(&reqHeaders); err != nil {
+			return false
+		}
+		reqHeadersSeq = seq
+	}
+	return true
 }
 
 func (*abiHost) Property(path string) string {

@@ -22,6 +22,9 @@ import (
 type Host interface {
 	PluginConfig() ([]byte, error)
 	RequestHeader(name string) string
+	// RequestPseudoHeaders is RequestHeader of :method, :path and
+	// :authority, which every request reads, in one call.
+	RequestPseudoHeaders() (method, path, authority string)
 	Property(path string) string
 	AddResponseHeader(name string, value []byte)
 	// SendLocalResponse answers the request; headers is a serialized

@@ -64,7 +64,10 @@ func newFakeHost(config string) *fakeHost {
 
 func (h *fakeHost) PluginConfig() ([]byte, error) { return h.config, nil }
 func (h *fakeHost) RequestHeader(n string) string { return h.reqHeaders[n] }
-func (h *fakeHost) Property(p string) string      { h.propReads++; return h.props[p] }
+func (h *fakeHost) RequestPseudoHeaders() (string, string, string) {
+	return h.reqHeaders[":method"], h.reqHeaders[":path"], h.reqHeaders[":authority"]
+}
+func (h *fakeHost) Property(p string) string { h.propReads++; return h.props[p] }
 func (h *fakeHost) AddResponseHeader(n string, v []byte) {
 	h.respHeaders = append(h.respHeaders, [2]string{n, string(v)})
 }
@@ -405,7 +408,10 @@ type benchHost struct {
 }
 
 func (b *benchHost) RequestHeader(n string) string { return b.hdr[n] }
-func (b *benchHost) Property(string) string        { return "203.0.113.9:5555" }
+func (b *benchHost) RequestPseudoHeaders() (string, string, string) {
+	return b.hdr[":method"], b.hdr[":path"], b.hdr[":authority"]
+}
+func (b *benchHost) Property(string) string { return "203.0.113.9:5555" }
 func (b *benchHost) SharedGetCAS(k string) ([]byte, uint32) {
 	v, ok := b.shared[k]
 	if !ok {

@@ -81,10 +81,11 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	// The peer address and the time are asked for only when a limit
 	// applies (rules.LazyFields): most requests of a proxy may match none.
 	s.nowMS = 0
+	method, path, host := h.RequestPseudoHeaders()
 	s.req = rules.Request{
-		Method:  h.RequestHeader(":method"),
-		Path:    h.RequestHeader(":path"),
-		Host:    h.RequestHeader(":authority"),
+		Method:  method,
+		Path:    path,
+		Host:    host,
 		Headers: s.hdrs,
 		Lazy:    s,
 		Tokens:  p.tokens,

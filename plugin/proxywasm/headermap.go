@@ -110,7 +110,8 @@ func checkHeaderMap(b []byte) (int, error) {
 // WebAssembly every instruction of a loop is dear: walking the serialized
 // sizes for each lookup cost more than the lookups, so a lookup scans one
 // word per header, the name's length and last byte, and compares a name
-// only when that word matches.
+// only when that word matches. The pseudo-headers every request reads
+// (Pseudo) are found by the indexing pass itself.
 type HeaderMapView struct {
 	data []byte
 	tags []uint64    // per pair: headerTag of its name
@@ -125,17 +126,17 @@ type headerEnt struct {
 
 func headerTag(n uint64, last byte) uint64 { return n<<8 | uint64(last) }
 
-// sizePair reads a pair's key and value lengths, two little-endian
-// uint32, in one load: Go compiled to WebAssembly reads
-// encoding/binary's integers a byte at a time, and a request's map is
-// indexed on every request. WebAssembly memory, and the hosts the plugin's
-// tests run on, are little-endian.
-func sizePair(b []byte) (k, v uint64) {
-	w := *(*uint64)(unsafe.Pointer(&b[:8][0]))
-	return w & 0xffffffff, w >> 32
-}
+// The tags of the pseudo-headers Pseudo returns.
+const (
+	tagMethod    = 7<<8 | 'd'
+	tagPath      = 5<<8 | 'h'
+	tagAuthority = 10<<8 | 'y'
+)
 
-// Reset makes v the view of b, or of an empty map when b is malformed.
+// Reset makes v the view of b, or of an empty map when b is malformed. The
+// pass reads b through unsafe pointers: each access is within b by the
+// checks before it, and the bounds checks Go would add cost as much as the
+// rest of the loop in WebAssembly.
 func (v *HeaderMapView) Reset(b []byte) error {
 	v.data, v.tags, v.ents = nil, v.tags[:0], v.ents[:0]
 	if len(b) == 0 || (len(b) == 1 && b[0] == 0) {
@@ -152,23 +153,34 @@ func (v *HeaderMapView) Reset(b []byte) error {
 	if cap(v.ents) < n {
 		v.ents, v.tags = make([]headerEnt, 0, n), make([]uint64, 0, n)
 	}
-	ents, tags := v.ents[:n], v.tags[:n]
-	sizes := b[4 : 4+8*n]
+	tags, ents := v.tags[:n], v.ents[:n]
+	base := unsafe.Pointer(unsafe.SliceData(b))
+	sp := unsafe.Add(base, 4) // the sizes: 8n bytes, within b by the check on n
+	tp, ep := unsafe.Pointer(unsafe.SliceData(tags)), unsafe.Pointer(unsafe.SliceData(ents))
 	off := uint64(4 + 8*n)
 	end := uint64(len(b))
-	for i := range ents {
-		kl, vl := sizePair(sizes[8*i : 8*i+8])
-		// Each name and value is followed by a NUL.
+	for range n {
+		// A pair's two lengths in one load: Go compiled to WebAssembly
+		// reads encoding/binary's integers a byte at a time. WebAssembly
+		// memory, and the hosts the plugin's tests run on, are
+		// little-endian.
+		w := *(*uint64)(sp)
+		sp = unsafe.Add(sp, 8)
+		kl, vl := w&0xffffffff, w>>32
+		// Each name and value is followed by a NUL; next <= end puts both
+		// within b, and off >= 4 puts off+kl-1 there too.
 		next := off + kl + vl + 2
-		if next > end || b[off+kl] != 0 || b[next-1] != 0 {
+		if next > end || *(*byte)(unsafe.Add(base, off+kl))|*(*byte)(unsafe.Add(base, next-1)) != 0 {
 			return ErrMalformedMap
 		}
-		var last byte
+		name := unsafe.Add(base, off)
+		tag := kl << 8
 		if kl > 0 {
-			last = b[off+kl-1]
+			tag |= uint64(*(*byte)(unsafe.Add(name, kl-1)))
 		}
-		tags[i] = headerTag(kl, last)
-		ents[i] = headerEnt{uint32(off), uint32(kl), uint32(off + kl + 1), uint32(vl)}
+		*(*uint64)(tp) = tag
+		*(*headerEnt)(ep) = headerEnt{uint32(off), uint32(kl), uint32(off + kl + 1), uint32(vl)}
+		tp, ep = unsafe.Add(tp, 8), unsafe.Add(ep, unsafe.Sizeof(headerEnt{}))
 		off = next
 	}
 	if off != end {
@@ -176,6 +188,50 @@ func (v *HeaderMapView) Reset(b []byte) error {
 	}
 	v.data, v.tags, v.ents = b, tags, ents
 	return nil
+}
+
+// Pseudo returns the first :method, :path and :authority, "" for one that
+// is absent, as Get would, in one scan: hosts put them first.
+func (v *HeaderMapView) Pseudo() (method, path, authority string) {
+	var ents [3]*headerEnt
+	var found uint32 // a bit per name found
+	for i, t := range v.tags {
+		e := &v.ents[i]
+		name := unsafe.Add(unsafe.Pointer(unsafe.SliceData(v.data)), e.name)
+		// Which of the three it is: the tag has the length and last byte,
+		// the rest is compared a word at a time, within the name.
+		p := uint32(3)
+		switch t {
+		case tagMethod:
+			if *(*uint32)(name) == 0x74656d3a && *(*uint32)(unsafe.Add(name, 3)) == 0x646f6874 { // ":met", "thod"
+				p = 0
+			}
+		case tagPath:
+			if *(*uint32)(name) == 0x7461703a { // ":pat"
+				p = 1
+			}
+		case tagAuthority:
+			if *(*uint64)(name) == 0x69726f687475613a && *(*uint32)(unsafe.Add(name, 6)) == 0x79746972 { // ":authori", "rity"
+				p = 2
+			}
+		}
+		if p < 3 && found&(1<<p) == 0 {
+			found |= 1 << p
+			ents[p] = e
+			if found == 7 {
+				break
+			}
+		}
+	}
+	return v.value(ents[0]), v.value(ents[1]), v.value(ents[2])
+}
+
+// value is e's value, "" for nil.
+func (v *HeaderMapView) value(e *headerEnt) string {
+	if e == nil || e.valueLen == 0 {
+		return ""
+	}
+	return unsafe.String((*byte)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(v.data)), e.value)), e.valueLen)
 }
 
 // Get returns the first value of name, compared exactly (the host gives

@@ -119,8 +119,20 @@ func TestHeaderMapView(t *testing.T) {
 			t.Errorf("Get(%q) = %q, %v; want %q, %v", c.name, got, ok, c.want, c.ok)
 		}
 	}
+	// The first of each pseudo-header, compared exactly; names of the
+	// same length and last byte are others.
+	if err := v.Reset(AppendHeaderMap(nil, [][2]string{{":pbth", "no"}, {":Path", "no"}, {":path", "/p"}, {":path", "/q"},
+		{":mexhod", "no"}, {":authority", "h"}, {":method", "PUT"}, {":authorizy", "no"}})); err != nil {
+		t.Fatal(err)
+	}
+	if method, path, authority := v.Pseudo(); method != "PUT" || path != "/p" || authority != "h" {
+		t.Errorf("Pseudo() = %q, %q, %q", method, path, authority)
+	}
 	if err := v.Reset([]byte{1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 'a', 1, 'b', 0}); !errors.Is(err, ErrMalformedMap) || v.Len() != 0 {
 		t.Errorf("malformed map: %v, %d pairs", err, v.Len())
+	}
+	if method, path, authority := v.Pseudo(); method+path+authority != "" {
+		t.Errorf("Pseudo() of a malformed map = %q, %q, %q", method, path, authority)
 	}
 	b := AppendHeaderMap(nil, [][2]string{{"a", "1"}, {"b", "2"}})
 	if n := testing.AllocsPerRun(100, func() { _ = v.Reset(b); v.Get("b") }); n != 0 {
@@ -144,6 +156,8 @@ func FuzzParseHeaderMap(f *testing.F) {
 	f.Add([]byte{0})
 	f.Add(AppendHeaderMap(nil, [][2]string{{"a", "1"}, {"b", "22"}}))
 	f.Add([]byte{1, 0, 0, 0, 255, 255, 255, 255, 1, 0, 0, 0, 'a', 0})
+	f.Add(AppendHeaderMap(nil, [][2]string{{":path", "/a"}, {":method", "GET"}, {":mexhod", "x"}, {":authority", "h"}, {":path", "/b"}}))
+	f.Add(AppendHeaderMap(nil, [][2]string{{":scheme", "http"}, {":pbth", "x"}, {":authorizy", "y"}, {":", ""}, {"", "z"}}))
 	var v HeaderMapView
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := ParseHeaderMap(b)
@@ -158,6 +172,16 @@ func FuzzParseHeaderMap(f *testing.F) {
 			if !ok || (first == i && got != kv[1]) {
 				t.Fatalf("view of %v: Get(%q) = %q, %v; want %q", m, kv[0], got, ok, m[first][1])
 			}
+		}
+		// Pseudo has the first value of each of its three names.
+		var want [3]string
+		for i, name := range [3]string{":method", ":path", ":authority"} {
+			if j := slices.IndexFunc(m, func(p [2]string) bool { return p[0] == name }); j >= 0 {
+				want[i] = m[j][1]
+			}
+		}
+		if method, path, authority := v.Pseudo(); [3]string{method, path, authority} != want {
+			t.Fatalf("view of %v: Pseudo() = %q, %q, %q; want %q", m, method, path, authority, want)
 		}
 		if err != nil {
 			return
