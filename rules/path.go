@@ -102,14 +102,32 @@ func (p *PathPattern) matchPath(path string) bool {
 	return false
 }
 
-// stripQuery cuts path at the first '?' or '#'.
+// stripQuery cuts path at the first '?' or '#'. Every request a proxy
+// sees is cut, most of them with no query: it steps eight bytes at a time
+// while neither byte is among them.
 func stripQuery(path string) string {
-	for i := 0; i < len(path); i++ {
+	i := 0
+	for ; i+8 <= len(path); i += 8 {
+		if hasQueryByte8(word8(path, i)) {
+			break
+		}
+	}
+	for ; i < len(path); i++ {
 		if path[i] == '?' || path[i] == '#' {
 			return path[:i]
 		}
 	}
 	return path
+}
+
+// hasQueryByte8 reports whether one of the eight bytes of x is '?' or
+// '#'. Each test is exact for the word as a whole: x^c*ones has a zero
+// byte where x holds c.
+func hasQueryByte8(x uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q := x ^ '?'*ones
+	h := x ^ '#'*ones
+	return ((q-ones)&^q|(h-ones)&^h)&highs != 0
 }
 
 // matchSegments matches path segment by segment, with "**" as a star over

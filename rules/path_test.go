@@ -181,7 +181,9 @@ func TestPathPattern_Match_pathological(t *testing.T) {
 
 // refMatchPath is an obviously correct, slow matcher.
 func refMatchPath(p *PathPattern, path string) bool {
-	path = stripQuery(path)
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		path = path[:i]
+	}
 	switch p.Kind {
 	case PatternExact:
 		return path == p.Text
@@ -297,4 +299,44 @@ func BenchmarkPathPattern_Match(b *testing.B) {
 			}
 		})
 	}
+}
+
+// stripQuery cuts at the first '?' or '#' wherever it is, in a word or
+// after the last whole one, and whatever the other bytes are.
+func TestStripQuery(t *testing.T) {
+	want := func(p string) string {
+		if i := strings.IndexAny(p, "?#"); i >= 0 {
+			return p[:i]
+		}
+		return p
+	}
+	for n := 0; n <= 40; n++ {
+		base := []byte(strings.Repeat("/a-Z", 10)[:n])
+		if got := stripQuery(string(base)); got != string(base) {
+			t.Fatalf("stripQuery(%q) = %q", base, got)
+		}
+		for i := range n {
+			for c := range 256 {
+				b := append([]byte(nil), base...)
+				b[i] = byte(c)
+				if got, w := stripQuery(string(b)), want(string(b)); got != w {
+					t.Fatalf("stripQuery(%q) = %q, want %q", b, got, w)
+				}
+			}
+		}
+	}
+}
+
+func FuzzStripQuery(f *testing.F) {
+	f.Add("/api/v1/items?x=1#f")
+	f.Add("/a#b?c")
+	f.Fuzz(func(t *testing.T, p string) {
+		want := p
+		if i := strings.IndexAny(p, "?#"); i >= 0 {
+			want = p[:i]
+		}
+		if got := stripQuery(p); got != want {
+			t.Fatalf("stripQuery(%q) = %q, want %q", p, got, want)
+		}
+	})
 }

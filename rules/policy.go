@@ -168,6 +168,46 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 	}
 }
 
+// MayApply reports whether a limit of c may apply to a request for path
+// (as :path has it, query and all). When it is false, Evaluate gives every
+// request for path no limits and no exemption, whatever else it carries:
+// c is disabled, or it has no tiers and no enabled rule or category
+// matches the path (a rule that names no paths matches any). A proxy asks
+// it before reading the rest of a request, which a request no limit
+// applies to then never needs.
+func (c *Config) MayApply(path string) bool {
+	if !c.Enabled {
+		return false
+	}
+	if len(c.Tiers.List) > 0 {
+		return true
+	}
+	endpoint := stripQuery(path)
+	for i := range c.Rules {
+		rule := &c.Rules[i]
+		if !rule.Enabled {
+			continue
+		}
+		if len(rule.Match.Paths) == 0 {
+			return true
+		}
+		for j := range rule.Match.Paths {
+			if rule.Match.Paths[j].matchPath(endpoint) {
+				return true
+			}
+		}
+	}
+	for i := range c.Categories {
+		cat := &c.Categories[i]
+		for j := range cat.Paths {
+			if cat.Paths[j].matchPath(endpoint) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (p *Plan) add(c *Config, r *Request, name string, spec *LimitSpec, head *limitHead, action Action, maxDelayMS int64, scope Scope) {
 	id := &p.Identity
 	if !p.ipResolved && keyNeedsIP(scope, id, c.Identity.Anonymous) {

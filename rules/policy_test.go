@@ -204,6 +204,21 @@ func BenchmarkConfig_Evaluate(b *testing.B) {
 			}
 		})
 	}
+	// A request no rule matches, under the configuration of the gateway's
+	// benchmark: what most requests of a proxy may cost.
+	b.Run("no-match", func(b *testing.B) {
+		c := mustConfig(b, `{"identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+			"rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": 10, "window": "1h"}]}`)
+		r := Request{Method: "GET", Path: "/health", Host: "x", Headers: mapHeaders{"x-user-id": "ua"}}
+		var plan Plan
+		b.ReportAllocs()
+		for b.Loop() {
+			c.Evaluate(&r, &plan)
+		}
+		if len(plan.Limits) != 0 {
+			b.Fatal(plan.Limits)
+		}
+	})
 }
 
 // Clients without the identity a limit is kept per are counted as
@@ -326,4 +341,70 @@ func TestKeyNeedsIP(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Configurations MayApply can rule requests out under, and paths it rules
+// out and does not.
+var mayApplyConfigs = []struct {
+	name, config string
+	out, in      []string // paths MayApply is false and true for
+}{
+	{"rules and categories", `{"identity": {"sources": [{"type": "header", "header": "x-user-id"}], "client_ip": {"trusted_proxy_depth": 1}},
+	  "categories": [{"name": "chat", "paths": ["/api/v1/chat/**"], "limit": 5, "window": "1s"}, {"name": "login", "paths": ["/login"], "limit": 5, "window": "1s"}],
+	  "rules": [
+	    {"name": "writes", "match": {"methods": ["POST"], "paths": ["/api/**", "prefix:/up"]}, "limit": 20, "window": "1s"},
+	    {"name": "beta", "match": {"hosts": ["*.beta.example.com"], "paths": ["/v2/*/items"], "headers": [{"name": "x-canary", "present": true}]}, "scope": "global", "limit": 7, "window": "1s"},
+	    {"name": "off", "enabled": false, "limit": 1, "window": "1s"}],
+	  "exemptions": {"ips": ["10.0.0.0/8"], "users": ["ops"]}}`,
+		[]string{"/health", "/", "", "/ap", "/apix", "/login/x", "/v2/a/b/items", "/u", "?/api/x", "/health?/api/x"},
+		[]string{"/api", "/api/x?y", "/upload", "/v2/a/items#f", "/login", "/login?next=/", "/api/v1/chat/send"}},
+	{"a rule that names no paths", `{"rules": [{"name": "all", "match": {"methods": ["POST"]}, "limit": 1, "window": "1s"}]}`,
+		nil, []string{"/health", "/", ""}},
+	{"tiers", `{"tiers": {"header": "x-tier", "default": "free", "list": [{"name": "free", "limit": 100, "window": "1m"}]},
+	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": 1, "window": "1s"}]}`,
+		nil, []string{"/health", "/api/x"}},
+	{"disabled", `{"enabled": false, "rules": [{"name": "all", "limit": 1, "window": "1s"}]}`,
+		[]string{"/health", "/api/x"}, nil},
+	{"no rules", `{}`, []string{"/health", "/"}, nil},
+}
+
+func TestConfig_MayApply(t *testing.T) {
+	for _, tc := range mayApplyConfigs {
+		c := mustConfig(t, tc.config)
+		for _, p := range tc.out {
+			if c.MayApply(p) {
+				t.Errorf("%s: MayApply(%q) = true", tc.name, p)
+			}
+		}
+		for _, p := range tc.in {
+			if !c.MayApply(p) {
+				t.Errorf("%s: MayApply(%q) = false", tc.name, p)
+			}
+		}
+	}
+}
+
+// When MayApply is false, Evaluate gives the request no limits and no
+// exemption, whatever its method, host, headers and address.
+func FuzzConfig_MayApply(f *testing.F) {
+	var configs []*Config
+	for _, tc := range mayApplyConfigs {
+		configs = append(configs, mustConfig(f, tc.config))
+		for _, p := range append(tc.out, tc.in...) {
+			f.Add(uint8(len(configs)-1), "POST", p, "a.beta.example.com", "10.1.2.3:5", "ops", "1")
+		}
+	}
+	f.Fuzz(func(t *testing.T, ci uint8, method, path, host, source, user, canary string) {
+		c := configs[int(ci)%len(configs)]
+		if c.MayApply(path) {
+			return
+		}
+		var plan Plan
+		r := &Request{Method: method, Path: path, Host: host, Source: source,
+			Headers: mapHeaders{"x-user-id": user, "x-canary": canary, "x-forwarded-for": source}}
+		c.Evaluate(r, &plan)
+		if len(plan.Limits) != 0 || plan.Exempt {
+			t.Fatalf("MayApply(%q) = false, but Evaluate gives %d limits, exempt %v", path, len(plan.Limits), plan.Exempt)
+		}
+	})
 }
