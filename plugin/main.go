@@ -65,6 +65,14 @@ func (h *abiHost) RequestPseudoHeaders() (method, path, authority string) {
 	return reqHeaders.Pseudo()
 }
 
+func (*abiHost) RequestPath() string {
+	if proxywasm.CallbackSeq() == reqHeadersSeq {
+		v, _ := reqHeaders.Get(":path")
+		return v
+	}
+	return view(proxywasm.GetRequestHeaderBytes(":path"))
+}
+
 // requestHeaders fetches the current callback's request headers into
 // reqHeaders unless they are there, and tells whether they are.
 func requestHeaders() bool {

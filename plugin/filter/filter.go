@@ -25,6 +25,9 @@ type Host interface {
 	// RequestPseudoHeaders is RequestHeader of :method, :path and
 	// :authority, which every request reads, in one call.
 	RequestPseudoHeaders() (method, path, authority string)
+	// RequestPath is RequestHeader(":path"), for a request that may need
+	// no other header: without reading the others.
+	RequestPath() string
 	Property(path string) string
 	AddResponseHeader(name string, value []byte)
 	// SendLocalResponse answers the request; headers is a serialized
@@ -135,6 +138,11 @@ type Plugin struct {
 	// plans: the plans of refused requests, so that a client refused
 	// again and again is not evaluated again and again.
 	plans rules.PlanCache
+	// unmatched is the share of recent requests no limit applied to, in
+	// 1/shareOne, a moving average over about 32 of them. Above
+	// pathFirstShare a request's path alone is looked at before its other
+	// headers are read (Stream.OnRequestHeaders).
+	unmatched int
 	// Leases (lease.go): renewals and returns in flight, leases this VM
 	// installed, and scratch for changing slots.
 	leaseCalls    [leaseCallSlots]leaseCall

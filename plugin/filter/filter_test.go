@@ -40,6 +40,8 @@ type fakeHost struct {
 	env         map[string]string  // the VM's environment variables
 	samples     map[string][]int64 // histograms
 	resumedIDs  []uint32           // the effective context of each resume
+	pathReads   int                // RequestPath calls
+	otherReads  int                // RequestHeader and RequestPseudoHeaders calls
 }
 
 type localResponse struct {
@@ -63,8 +65,10 @@ func newFakeHost(config string) *fakeHost {
 }
 
 func (h *fakeHost) PluginConfig() ([]byte, error) { return h.config, nil }
-func (h *fakeHost) RequestHeader(n string) string { return h.reqHeaders[n] }
+func (h *fakeHost) RequestHeader(n string) string { h.otherReads++; return h.reqHeaders[n] }
+func (h *fakeHost) RequestPath() string           { h.pathReads++; return h.reqHeaders[":path"] }
 func (h *fakeHost) RequestPseudoHeaders() (string, string, string) {
+	h.otherReads++
 	return h.reqHeaders[":method"], h.reqHeaders[":path"], h.reqHeaders[":authority"]
 }
 func (h *fakeHost) Property(p string) string { h.propReads++; return h.props[p] }
@@ -245,6 +249,66 @@ func TestStream_OnRequestHeaders_NoMatchAndExempt(t *testing.T) {
 	}
 }
 
+// While most requests are ones no limit applies to, their path alone rules
+// them out, and nothing else of them is read; while most are not, the
+// path is not looked at first. Either way each request is decided as
+// evaluating it decides.
+func TestStream_PathFirst(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	id := uint32(1)
+	send := func(path string) (pathRead, otherRead bool) {
+		t.Helper()
+		id++
+		paths, others, calls := h.pathReads, h.otherReads, len(h.calls)
+		_, a := h.request(p, id, map[string]string{":path": path, "x-user-id": "alice"})
+		if match := strings.HasPrefix(path, "/api/"); (a == proxywasm.Pause) != match || (len(h.calls) > calls) != match {
+			t.Fatalf("%s: action %v, %d call-outs more", path, a, len(h.calls)-calls)
+		}
+		if len(h.calls) > calls {
+			if req, err := rules.DecodeCheckRequest([]byte(h.calls[len(h.calls)-1].body)); err != nil || req.Endpoint != path || req.Limits[0].Key != "rl:{u:alice}:api" {
+				t.Fatalf("%s: check %+v, %v", path, req, err)
+			}
+			h.answer(p, "200", allowAnswer(h.nowMS))
+		}
+		return h.pathReads > paths, h.otherReads > others
+	}
+	// share sends n requests, paths in turn, and returns the share of the
+	// last half that had their path looked at first, and whether an
+	// unmatched one among them read anything else.
+	share := func(n int, paths ...string) (float64, bool) {
+		t.Helper()
+		looked, otherRead := 0, false
+		for i := range n {
+			path := paths[i%len(paths)]
+			pathRead, other := send(path)
+			if i >= n/2 && pathRead {
+				looked++
+				otherRead = otherRead || (other && !strings.HasPrefix(path, "/api/"))
+			}
+		}
+		return float64(looked) / float64(n-n/2), otherRead
+	}
+	if f, _ := share(200, "/api/a"); f != 0 {
+		t.Errorf("every request matching: path looked at first for %.2f", f)
+	}
+	// Unmatched requests: the path rules them out alone.
+	if f, other := share(200, "/health"); f != 1 || other {
+		t.Errorf("no request matching: path looked at first for %.2f, other headers read %v", f, other)
+	}
+	// With three in four unmatched, it stays; the matching ones are read
+	// after their path is looked at.
+	if f, other := share(400, "/api/b", "/x", "/y", "/z"); f != 1 || other {
+		t.Errorf("three in four unmatched: path looked at first for %.2f, other headers read %v", f, other)
+	}
+	// With one in five, the path is not looked at first.
+	if f, _ := share(400, "/api/c", "/api/d", "/api/e", "/api/f", "/z"); f != 0 {
+		t.Errorf("one in five unmatched: path looked at first for %.2f", f)
+	}
+	if h.counters[MetricRequests] != int64(id-1) || h.counters[MetricExempt] != 0 {
+		t.Errorf("counters: %v", h.counters)
+	}
+}
+
 func TestStream_Allowed(t *testing.T) {
 	h, p := newPlugin(t, "fail_open")
 	s, a := h.request(p, 7, map[string]string{"x-user-id": "alice"})
@@ -408,6 +472,7 @@ type benchHost struct {
 }
 
 func (b *benchHost) RequestHeader(n string) string { return b.hdr[n] }
+func (b *benchHost) RequestPath() string           { return b.hdr[":path"] }
 func (b *benchHost) RequestPseudoHeaders() (string, string, string) {
 	return b.hdr[":method"], b.hdr[":path"], b.hdr[":authority"]
 }
