@@ -156,10 +156,10 @@ func (v *HeaderMapView) Reset(b []byte) error {
 	tags, ents := v.tags[:n], v.ents[:n]
 	base := unsafe.Pointer(unsafe.SliceData(b))
 	sp := unsafe.Add(base, 4) // the sizes: 8n bytes, within b by the check on n
-	tp, ep := unsafe.Pointer(unsafe.SliceData(tags)), unsafe.Pointer(unsafe.SliceData(ents))
+	ents = ents[:len(tags)] // no bounds check on ents[i] below
 	off := uint64(4 + 8*n)
 	end := uint64(len(b))
-	for range n {
+	for i := range tags {
 		// A pair's two lengths in one load: Go compiled to WebAssembly
 		// reads encoding/binary's integers a byte at a time. WebAssembly
 		// memory, and the hosts the plugin's tests run on, are
@@ -173,14 +173,12 @@ func (v *HeaderMapView) Reset(b []byte) error {
 		if next > end || *(*byte)(unsafe.Add(base, off+kl))|*(*byte)(unsafe.Add(base, next-1)) != 0 {
 			return ErrMalformedMap
 		}
-		name := unsafe.Add(base, off)
-		tag := kl << 8
-		if kl > 0 {
-			tag |= uint64(*(*byte)(unsafe.Add(name, kl-1)))
-		}
-		*(*uint64)(tp) = tag
-		*(*headerEnt)(ep) = headerEnt{uint32(off), uint32(kl), uint32(off + kl + 1), uint32(vl)}
-		tp, ep = unsafe.Add(tp, 8), unsafe.Add(ep, unsafe.Sizeof(headerEnt{}))
+		// The name's last byte, or for an empty name 0: the byte before
+		// it is within b (off >= 4) and masked off, without a branch,
+		// which costs a jump through Go's block dispatch in WebAssembly.
+		last := uint64(*(*byte)(unsafe.Add(base, off+kl-1))) & -((kl | -kl) >> 63)
+		tags[i] = kl<<8 | last
+		ents[i] = headerEnt{uint32(off), uint32(kl), uint32(off + kl + 1), uint32(vl)}
 		off = next
 	}
 	if off != end {
@@ -193,37 +191,44 @@ func (v *HeaderMapView) Reset(b []byte) error {
 // Pseudo returns the first :method, :path and :authority, "" for one that
 // is absent, as Get would, in one scan: hosts put them first.
 func (v *HeaderMapView) Pseudo() (method, path, authority string) {
-	var ents [3]*headerEnt
-	var found uint32 // a bit per name found
-	for i, t := range v.tags {
-		e := &v.ents[i]
-		name := unsafe.Add(unsafe.Pointer(unsafe.SliceData(v.data)), e.name)
+	var found [3]*headerEnt
+	var seen uint32 // a bit per name found
+	tags, base := v.tags, unsafe.Pointer(unsafe.SliceData(v.data))
+	ents := v.ents[:len(tags)]
+	for i, t := range tags {
 		// Which of the three it is: the tag has the length and last byte,
 		// the rest is compared a word at a time, within the name.
-		p := uint32(3)
+		var p uint32
 		switch t {
 		case tagMethod:
-			if *(*uint32)(name) == 0x74656d3a && *(*uint32)(unsafe.Add(name, 3)) == 0x646f6874 { // ":met", "thod"
-				p = 0
+			name := unsafe.Add(base, ents[i].name)
+			if *(*uint32)(name) != 0x74656d3a || *(*uint32)(unsafe.Add(name, 3)) != 0x646f6874 { // ":met", "thod"
+				continue
 			}
+			p = 0
 		case tagPath:
-			if *(*uint32)(name) == 0x7461703a { // ":pat"
-				p = 1
+			if *(*uint32)(unsafe.Add(base, ents[i].name)) != 0x7461703a { // ":pat"
+				continue
 			}
+			p = 1
 		case tagAuthority:
-			if *(*uint64)(name) == 0x69726f687475613a && *(*uint32)(unsafe.Add(name, 6)) == 0x79746972 { // ":authori", "rity"
-				p = 2
+			name := unsafe.Add(base, ents[i].name)
+			if *(*uint64)(name) != 0x69726f687475613a || *(*uint32)(unsafe.Add(name, 6)) != 0x79746972 { // ":authori", "rity"
+				continue
 			}
+			p = 2
+		default:
+			continue
 		}
-		if p < 3 && found&(1<<p) == 0 {
-			found |= 1 << p
-			ents[p] = e
-			if found == 7 {
+		if seen&(1<<p) == 0 {
+			seen |= 1 << p
+			found[p] = &ents[i]
+			if seen == 7 {
 				break
 			}
 		}
 	}
-	return v.value(ents[0]), v.value(ents[1]), v.value(ents[2])
+	return v.value(found[0]), v.value(found[1]), v.value(found[2])
 }
 
 // value is e's value, "" for nil.
