@@ -249,6 +249,19 @@ func TestStream_OnRequestHeaders_NoMatchAndExempt(t *testing.T) {
 	}
 }
 
+// A disabled plugin lets every request through and reads nothing of it.
+func TestStream_OnRequestHeaders_Disabled(t *testing.T) {
+	h, p := startPlugin(t, `{"enabled": false, "rules": [{"name": "all", "limit": 1, "window": "1s"}]}`)
+	for id := uint32(2); id < 5; id++ {
+		if _, a := h.request(p, id, map[string]string{"x-user-id": "alice"}); a != proxywasm.Continue || len(h.calls) != 0 || h.local != nil {
+			t.Fatalf("action %v, %d call-outs, local %+v", a, len(h.calls), h.local)
+		}
+	}
+	if h.pathReads+h.otherReads != 0 || h.counters[MetricRequests] != 3 {
+		t.Errorf("%d path and %d other header reads; counters %v", h.pathReads, h.otherReads, h.counters)
+	}
+}
+
 // While most requests are ones no limit applies to, their path alone rules
 // them out, and nothing else of them is read; while most are not, the
 // path is not looked at first. Either way each request is decided as

@@ -67,8 +67,10 @@ func (h headerView) Header(name string) string { return h.s.p.host.RequestHeader
 func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	p, h := s.p, s.p.host
 	h.IncCounter(p.m.requests)
-	if s.cfg == nil {
-		return proxywasm.Continue // never configured: the host refused every config
+	if s.cfg == nil || !s.cfg.Enabled {
+		// Never configured (the host refused every config), or disabled:
+		// nothing of the request is read.
+		return proxywasm.Continue
 	}
 	if p.testPanics {
 		switch h.RequestHeader(testPanicHeader) {
