@@ -156,7 +156,7 @@ func (v *HeaderMapView) Reset(b []byte) error {
 	tags, ents := v.tags[:n], v.ents[:n]
 	base := unsafe.Pointer(unsafe.SliceData(b))
 	sp := unsafe.Add(base, 4) // the sizes: 8n bytes, within b by the check on n
-	ents = ents[:len(tags)] // no bounds check on ents[i] below
+	ents = ents[:len(tags)]   // no bounds check on ents[i] below
 	off := uint64(4 + 8*n)
 	end := uint64(len(b))
 	for i := range tags {
