@@ -60,7 +60,7 @@ func (h *Host) exportHostFunctions(ctx context.Context) error {
 		fn, name := f.fn, "env."+f.name
 		h.provided[name] = true
 		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, st []uint64) {
-			in, ok := ctx.Value(instanceKey{}).(*instance)
+			in, ok := instanceOf(ctx)
 			if !ok || in.dead {
 				panic(errVMFailed)
 			}
@@ -77,13 +77,13 @@ func (h *Host) exportHostFunctions(ctx context.Context) error {
 	// Emscripten's helpers, registered by cpp-host whatever the module.
 	h.provided["env.emscripten_notify_memory_growth"] = true
 	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, _ api.Module, _ []uint64) {
-		if in, ok := ctx.Value(instanceKey{}).(*instance); ok {
+		if in, ok := instanceOf(ctx); ok {
 			in.checkAllowed("env.emscripten_notify_memory_growth")
 		}
 	}), []api.ValueType{i32}, nil).Export("emscripten_notify_memory_growth")
 	h.provided["env.pthread_equal"] = true
 	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, _ api.Module, st []uint64) {
-		if in, ok := ctx.Value(instanceKey{}).(*instance); ok {
+		if in, ok := instanceOf(ctx); ok {
 			in.checkAllowed("env.pthread_equal")
 		}
 		st[0] = b2u(uint32(st[0]) == uint32(st[1]))

@@ -31,6 +31,31 @@ type vm struct {
 
 type instanceKey struct{}
 
+// instanceCtx is the context every call into an instance runs with. Host
+// functions find their instance in it with one type assertion
+// (instanceOf), where context.WithValue's Value walked the chain through
+// an interface call on every host call of the guest.
+type instanceCtx struct {
+	context.Context
+	in *instance
+}
+
+func (c *instanceCtx) Value(key any) any {
+	if key == (instanceKey{}) {
+		return c.in
+	}
+	return c.Context.Value(key)
+}
+
+// instanceOf returns the instance a host function was called for.
+func instanceOf(ctx context.Context) (*instance, bool) {
+	if c, ok := ctx.(*instanceCtx); ok {
+		return c.in, true
+	}
+	in, ok := ctx.Value(instanceKey{}).(*instance)
+	return in, ok
+}
+
 // instance is one instantiated module and its proxy-wasm state. Every field
 // is guarded by vm.mu.
 type instance struct {
@@ -90,7 +115,7 @@ type calloutResponse struct {
 func (h *Host) newInstance(v *vm) (*instance, error) {
 	v.lastLoad = time.Now()
 	in := &instance{vm: v, rootID: 1, nextID: 2, streams: map[uint32]*Stream{}}
-	in.ctx = context.WithValue(context.Background(), instanceKey{}, in)
+	in.ctx = &instanceCtx{context.Background(), in}
 	// The guest's WASI is the host's own (wasi.go): no wazero system
 	// interfaces, no start functions run by wazero.
 	cfg := wazero.NewModuleConfig().WithName("").WithStartFunctions()

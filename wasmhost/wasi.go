@@ -213,7 +213,7 @@ func (h *Host) instantiateWASI(ctx context.Context) error {
 			name, fn, hasResult := mod+"."+f.name, f.fn, len(f.results) > 0
 			h.provided[name] = true
 			b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, st []uint64) {
-				in, ok := ctx.Value(instanceKey{}).(*instance)
+				in, ok := instanceOf(ctx)
 				if !ok || in.dead {
 					panic(errVMFailed)
 				}
