@@ -1,10 +1,12 @@
 package wasmhost
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -690,5 +692,61 @@ func TestGuest_HotPathDoesNotAllocate(t *testing.T) {
 	t.Logf("guest mallocs per hot request: %.3f (probe %d)", perReq, probe)
 	if perReq > 0.01 {
 		t.Fatalf("guest allocates %.3f times per hot request, want 0", perReq)
+	}
+}
+
+// The plugin sees the request target as it came, as Envoy passes it on,
+// not the URL re-escaped; and when the plugin leaves :path alone, the
+// request goes on with the target it came with.
+func TestHost_MiddlewareRawPath(t *testing.T) {
+	const target = "/caf\xc3\xa9/%7e?q=a%20b"
+	var saw, uri string
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		saw, uri = r.Header.Get("X-Prop-Request.path"), r.RequestURI
+	})
+	h := newHost(t, Options{Workers: 1, PluginConfig: []byte("raw")})
+	srv := httptest.NewServer(h.Middleware(next))
+	defer srv.Close()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET "+target+" HTTP/1.1\r\nHost: x\r\nX-Mode: echo\r\nConnection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 || saw != target || uri != target {
+		t.Errorf("status %d; the plugin saw :path %q, next got %q; want %q", res.StatusCode, saw, uri, target)
+	}
+}
+
+// Request ids the host makes are 32 lower-case hex digits and never
+// repeat, from any number of goroutines.
+func TestNewRequestID(t *testing.T) {
+	const goroutines, each = 8, 2000
+	ids := make(chan string, goroutines*each)
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				ids <- newRequestID()
+			}
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	seen := map[string]bool{}
+	for id := range ids {
+		if len(id) != 32 || strings.Trim(id, "0123456789abcdef") != "" || seen[id] {
+			t.Fatalf("id %q (seen before: %v)", id, seen[id])
+		}
+		seen[id] = true
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // Middleware runs every request through the plugin as Envoy's HTTP filter
@@ -30,9 +31,16 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 		if r.TLS != nil {
 			scheme = "https"
 		}
+		// :path is the request target as it came, as Envoy passes it on
+		// (without path normalization), rather than the URL re-escaped;
+		// an absolute-form or asterisk target is its URL's path.
+		path := r.RequestURI
+		if !strings.HasPrefix(path, "/") {
+			path = r.URL.RequestURI()
+		}
 		s := pooledStream()
 		s.start(h, RequestInfo{
-			Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Scheme: scheme,
+			Method: r.Method, Path: path, Host: r.Host, Scheme: scheme,
 			SourceAddress: r.RemoteAddr, RequestID: id, Protocol: r.Proto,
 			EndOfStream: r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0,
 		}, len(r.Header)+1)
@@ -62,7 +70,7 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 			return
 		}
 		if res.Modified {
-			applyRequest(r, res.Headers)
+			applyRequest(r, res.Headers, path)
 		}
 		rw := &s.rw
 		*rw = responseWriter{ResponseWriter: w, s: s, r: r, h: h}
@@ -74,22 +82,31 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 }
 
 // newRequestID makes an x-request-id for a request without one, as Envoy
-// does; it needs to be unique, not secret, so it comes from the runtime's
-// fast generator rather than the kernel's.
+// does. It needs to be unique, not secret: 32 hex digits, a random half
+// drawn once per process and a counter, rather than random numbers drawn
+// for every request.
 func newRequestID() string {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
-	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
-	return hex.EncodeToString(b[:])
+	var raw [16]byte
+	binary.BigEndian.PutUint64(raw[:8], requestIDPrefix)
+	binary.BigEndian.PutUint64(raw[8:], requestIDSeq.Add(1))
+	var b [32]byte
+	hex.Encode(b[:], raw[:])
+	return string(b[:])
 }
 
-// applyRequest makes r carry the headers the plugin left.
-func applyRequest(r *http.Request, hdrs [][2]string) {
+var (
+	requestIDPrefix = rand.Uint64()
+	requestIDSeq    atomic.Uint64
+)
+
+// applyRequest makes r carry the headers the plugin left; path is the
+// :path it was given.
+func applyRequest(r *http.Request, hdrs [][2]string, path string) {
 	nh := make(http.Header, len(hdrs))
 	for _, kv := range hdrs {
 		switch kv[0] {
 		case ":path":
-			if kv[1] != r.URL.RequestURI() {
+			if kv[1] != path {
 				if u, err := r.URL.Parse(kv[1]); err == nil {
 					r.URL = u
 					r.RequestURI = kv[1]
