@@ -63,10 +63,11 @@ func TestStream_RefusedAgain(t *testing.T) {
 	}
 }
 
-// The plan cache changes nothing a host sees: two proxies given the same
-// requests, answers, clock and ticks, one of them with its plan cache
-// emptied before every request, answer, log, count, call out and share
-// alike.
+// The plan cache and looking at the path first change nothing a host
+// sees: two proxies given the same requests, answers, clock and ticks, one
+// of them with its plan cache emptied before every request and the path
+// never looked at first, the other with the path always looked at first,
+// answer, log, count, call out and share alike.
 func FuzzStream_PlanCache(f *testing.F) {
 	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x05\x05\x00\x00\x00\x00\x06\x0b\x00\x00\x00\x00\x07\x00\x00\x00\x01\x00"))
 	f.Add([]byte("\x00\x04\x01\x00\x04\x01\x01\x01\x00\x00\x00\x02\x05\xff\x00\x00\x04\x01\x06\x33\x00\x00\x04\x01\x00\x02\x02"))
@@ -94,6 +95,9 @@ func FuzzStream_PlanCache(f *testing.F) {
 					if p == pb {
 						p.plans.Sweep()
 						p.plans.Sweep() // two periods without a hit: forgotten
+						p.unmatched = 0
+					} else {
+						p.unmatched = shareOne
 					}
 					calls := len(h.calls)
 					h.request(p, uint32(step+2), map[string]string{"x-user-id": users[int(x)%len(users)],
