@@ -239,10 +239,8 @@ func appendLimit(dst, key []byte, head *limitHead, rule string, s *LimitSpec, lo
 		dst = appendInt(dst, `,"max_delay_ms":`, maxDelay)
 	}
 	if p := s.Penalty; p != nil && p.Enabled {
-		dst = append(dst, `,"penalty":{"detection_window_ms":`...)
-		dst = strconv.AppendInt(dst, p.DetectionWindowMS, 10)
-		dst = append(dst, `,"violation_threshold":`...)
-		dst = strconv.AppendInt(dst, p.ViolationThreshold, 10)
+		dst = appendInt(dst, `,"penalty":{"detection_window_ms":`, p.DetectionWindowMS)
+		dst = appendInt(dst, `,"violation_threshold":`, p.ViolationThreshold)
 		dst = append(dst, `,"multipliers":[`...)
 		for i, m := range p.Multipliers {
 			if i > 0 {
@@ -272,14 +270,10 @@ func appendLimitHead(dst []byte, rule string, s *LimitSpec, logOnly, perUser boo
 	dst = AppendJSONString(dst, rule)
 	dst = append(dst, `,"algorithm":"`...)
 	dst = append(dst, s.Algorithm.String()...)
-	dst = append(dst, `","limit":`...)
-	dst = strconv.AppendInt(dst, s.Limit, 10)
-	dst = append(dst, `,"window_ms":`...)
-	dst = strconv.AppendInt(dst, s.WindowMS, 10)
-	dst = append(dst, `,"burst":`...)
-	dst = strconv.AppendInt(dst, s.Burst, 10)
-	dst = append(dst, `,"cost":`...)
-	dst = strconv.AppendInt(dst, s.Cost, 10)
+	dst = appendInt(dst, `","limit":`, s.Limit)
+	dst = appendInt(dst, `,"window_ms":`, s.WindowMS)
+	dst = appendInt(dst, `,"burst":`, s.Burst)
+	dst = appendInt(dst, `,"cost":`, s.Cost)
 	if logOnly {
 		dst = append(dst, `,"log_only":true`...)
 	}
@@ -617,8 +611,7 @@ func exactInt(r gjson.Result) (int64, bool) {
 func AppendCheckResponse(dst []byte, resp *CheckResponse) []byte {
 	dst = append(dst, `{"allowed":`...)
 	dst = strconv.AppendBool(dst, resp.Allowed)
-	dst = append(dst, `,"now_ms":`...)
-	dst = strconv.AppendInt(dst, resp.NowMS, 10)
+	dst = appendInt(dst, `,"now_ms":`, resp.NowMS)
 	if resp.DelayMS > 0 {
 		dst = appendInt(dst, `,"delay_ms":`, resp.DelayMS)
 	}
@@ -630,14 +623,10 @@ func AppendCheckResponse(dst []byte, resp *CheckResponse) []byte {
 		}
 		dst = append(dst, `{"allowed":`...)
 		dst = strconv.AppendBool(dst, d.Allowed)
-		dst = append(dst, `,"limit":`...)
-		dst = strconv.AppendInt(dst, d.Limit, 10)
-		dst = append(dst, `,"remaining":`...)
-		dst = strconv.AppendInt(dst, d.Remaining, 10)
-		dst = append(dst, `,"reset_ms":`...)
-		dst = strconv.AppendInt(dst, d.ResetMS, 10)
-		dst = append(dst, `,"retry_after_ms":`...)
-		dst = strconv.AppendInt(dst, d.RetryAfterMS, 10)
+		dst = appendInt(dst, `,"limit":`, d.Limit)
+		dst = appendInt(dst, `,"remaining":`, d.Remaining)
+		dst = appendInt(dst, `,"reset_ms":`, d.ResetMS)
+		dst = appendInt(dst, `,"retry_after_ms":`, d.RetryAfterMS)
 		if g := &d.Lease; g.Units > 0 {
 			dst = appendInt(dst, `,"lease":{"units":`, g.Units)
 			dst = appendInt(dst, `,"ttl_ms":`, g.TTLMS)
