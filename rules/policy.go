@@ -120,12 +120,8 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 		}
 	}
 	for i := range c.Categories {
-		cat := &c.Categories[i]
-		for j := range cat.Paths {
-			if cat.Paths[j].matchPath(plan.Endpoint) {
-				plan.matched = append(plan.matched, ^int32(i))
-				break
-			}
+		if anyPathMatches(c.Categories[i].Paths, plan.Endpoint) {
+			plan.matched = append(plan.matched, ^int32(i))
 		}
 	}
 	if len(plan.matched) == 0 && len(c.Tiers.List) == 0 {
@@ -185,24 +181,24 @@ func (c *Config) MayApply(path string) bool {
 	endpoint := stripQuery(path)
 	for i := range c.Rules {
 		rule := &c.Rules[i]
-		if !rule.Enabled {
-			continue
-		}
-		if len(rule.Match.Paths) == 0 {
+		if rule.Enabled && (len(rule.Match.Paths) == 0 || anyPathMatches(rule.Match.Paths, endpoint)) {
 			return true
-		}
-		for j := range rule.Match.Paths {
-			if rule.Match.Paths[j].matchPath(endpoint) {
-				return true
-			}
 		}
 	}
 	for i := range c.Categories {
-		cat := &c.Categories[i]
-		for j := range cat.Paths {
-			if cat.Paths[j].matchPath(endpoint) {
-				return true
-			}
+		if anyPathMatches(c.Categories[i].Paths, endpoint) {
+			return true
+		}
+	}
+	return false
+}
+
+// anyPathMatches reports whether one of patterns matches path (without its
+// query).
+func anyPathMatches(patterns []PathPattern, path string) bool {
+	for i := range patterns {
+		if patterns[i].matchPath(path) {
+			return true
 		}
 	}
 	return false
@@ -330,17 +326,8 @@ func (c *Config) exempt(id *Identity) bool {
 }
 
 func (m *Match) matches(r *Request, path string) bool {
-	if len(m.Paths) > 0 {
-		ok := false
-		for i := range m.Paths {
-			if m.Paths[i].matchPath(path) {
-				ok = true
-				break
-			}
-		}
-		if !ok {
-			return false
-		}
+	if len(m.Paths) > 0 && !anyPathMatches(m.Paths, path) {
+		return false
 	}
 	if len(m.Methods) > 0 {
 		ok := false
