@@ -58,9 +58,10 @@ func (*abiHost) RequestHeader(name string) string {
 	return v
 }
 
-func (h *abiHost) RequestPseudoHeaders() (method, path, authority string) {
+func (*abiHost) RequestPseudoHeaders() (method, path, authority string) {
 	if !requestHeaders() {
-		return h.RequestHeader(":method"), h.RequestHeader(":path"), h.RequestHeader(":authority")
+		return view(proxywasm.GetRequestHeaderBytes(":method")), view(proxywasm.GetRequestHeaderBytes(":path")),
+			view(proxywasm.GetRequestHeaderBytes(":authority"))
 	}
 	return reqHeaders.Pseudo()
 }

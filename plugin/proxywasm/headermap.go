@@ -111,7 +111,7 @@ func checkHeaderMap(b []byte) (int, error) {
 // sizes for each lookup cost more than the lookups, so a lookup scans one
 // word per header, the name's length and last byte, and compares a name
 // only when that word matches. The pseudo-headers every request reads
-// (Pseudo) are found by the indexing pass itself.
+// come from one scan of those words (Pseudo).
 type HeaderMapView struct {
 	data []byte
 	tags []uint64    // per pair: headerTag of its name
@@ -177,7 +177,7 @@ func (v *HeaderMapView) Reset(b []byte) error {
 		// it is within b (off >= 4) and masked off, without a branch,
 		// which costs a jump through Go's block dispatch in WebAssembly.
 		last := uint64(*(*byte)(unsafe.Add(base, off+kl-1))) & -((kl | -kl) >> 63)
-		tags[i] = kl<<8 | last
+		tags[i] = headerTag(kl, byte(last))
 		ents[i] = headerEnt{uint32(off), uint32(kl), uint32(off + kl + 1), uint32(vl)}
 		off = next
 	}
