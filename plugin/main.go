@@ -100,9 +100,14 @@ func (*abiHost) AddResponseHeader(name string, value []byte) {
 	_ = proxywasm.AddResponseHeaderBytes(name, value)
 }
 
-func (*abiHost) SendLocalResponse(status uint32, headers []byte, body []byte) {
+// SendLocalResponse skips the response headers first: a host may run
+// them before proxy_send_local_response returns.
+func (*abiHost) SendLocalResponse(contextID, status uint32, headers []byte, body []byte) {
+	proxywasm.SkipResponseHeaders(contextID)
 	_ = proxywasm.SendLocalResponse(status, "sluice", body, headers)
 }
+
+func (*abiHost) SkipResponseHeaders(contextID uint32) { proxywasm.SkipResponseHeaders(contextID) }
 
 func (*abiHost) ResumeRequest() { _ = proxywasm.ResumeHTTPRequest() }
 

@@ -30,9 +30,14 @@ type Host interface {
 	RequestPath() string
 	Property(path string) string
 	AddResponseHeader(name string, value []byte)
-	// SendLocalResponse answers the request; headers is a serialized
-	// header map (proxywasm.AppendHeaderMap).
-	SendLocalResponse(status uint32, headers []byte, body []byte)
+	// SendLocalResponse answers stream contextID's request; headers is a
+	// serialized header map (proxywasm.AppendHeaderMap). They are all the
+	// filter gives the reply, so the stream's response headers are
+	// skipped, as after SkipResponseHeaders.
+	SendLocalResponse(contextID, status uint32, headers []byte, body []byte)
+	// SkipResponseHeaders tells the host that stream contextID has no
+	// header to add to its response (proxywasm.SkipResponseHeaders).
+	SkipResponseHeaders(contextID uint32)
 	ResumeRequest()
 	// Dispatch sends an HTTP call-out; its answer comes to OnHTTPCallResponse.
 	Dispatch(cluster string, headers [][2]string, body []byte, timeoutMS uint32) (uint32, error)
@@ -258,9 +263,8 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 		p.host.SetEffectiveContext(s.id)
 	}
 	if s.cfg.FailureMode == rules.FailClosed {
-		s.answered = true
 		s.body = rules.AppendUnavailableBody(s.body[:0], "plugin error", bytesString(s.requestID))
-		p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, jsonHeaders, s.body)
+		s.sendLocal(s.cfg.Deny.FailClosedStatus, jsonHeaders, s.body)
 		return proxywasm.Pause
 	}
 	if !inStream {

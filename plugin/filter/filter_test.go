@@ -42,6 +42,7 @@ type fakeHost struct {
 	resumedIDs  []uint32           // the effective context of each resume
 	pathReads   int                // RequestPath calls
 	otherReads  int                // RequestHeader and RequestPseudoHeaders calls
+	skipped     map[uint32]bool    // streams that skip their response headers
 }
 
 type localResponse struct {
@@ -75,7 +76,8 @@ func (h *fakeHost) Property(p string) string { h.propReads++; return h.props[p] 
 func (h *fakeHost) AddResponseHeader(n string, v []byte) {
 	h.respHeaders = append(h.respHeaders, [2]string{n, string(v)})
 }
-func (h *fakeHost) SendLocalResponse(status uint32, serialized []byte, body []byte) {
+func (h *fakeHost) SendLocalResponse(id, status uint32, serialized []byte, body []byte) {
+	h.SkipResponseHeaders(id)
 	hdrs, err := proxywasm.ParseHeaderMap(serialized)
 	if err != nil {
 		panic(err)
@@ -85,6 +87,12 @@ func (h *fakeHost) SendLocalResponse(status uint32, serialized []byte, body []by
 		m[kv[0]] = kv[1]
 	}
 	h.local = &localResponse{status, m, string(body)}
+}
+func (h *fakeHost) SkipResponseHeaders(id uint32) {
+	if h.skipped == nil {
+		h.skipped = map[uint32]bool{}
+	}
+	h.skipped[id] = true
 }
 func (h *fakeHost) ResumeRequest() { h.resumed++; h.resumedIDs = append(h.resumedIDs, h.effective) }
 func (h *fakeHost) Dispatch(cluster string, hdrs [][2]string, body []byte, timeout uint32) (uint32, error) {
@@ -253,8 +261,8 @@ func TestStream_OnRequestHeaders_NoMatchAndExempt(t *testing.T) {
 func TestStream_OnRequestHeaders_Disabled(t *testing.T) {
 	h, p := startPlugin(t, `{"enabled": false, "rules": [{"name": "all", "limit": 1, "window": "1s"}]}`)
 	for id := uint32(2); id < 5; id++ {
-		if _, a := h.request(p, id, map[string]string{"x-user-id": "alice"}); a != proxywasm.Continue || len(h.calls) != 0 || h.local != nil {
-			t.Fatalf("action %v, %d call-outs, local %+v", a, len(h.calls), h.local)
+		if _, a := h.request(p, id, map[string]string{"x-user-id": "alice"}); a != proxywasm.Continue || len(h.calls) != 0 || h.local != nil || !h.skipped[id] {
+			t.Fatalf("action %v, %d call-outs, local %+v, response headers skipped %v", a, len(h.calls), h.local, h.skipped[id])
 		}
 	}
 	if h.pathReads+h.otherReads != 0 || h.counters[MetricRequests] != 3 {
@@ -359,6 +367,51 @@ func TestStream_Allowed(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(h.logs, "\n"), `"action":"log_only"`) || !strings.Contains(strings.Join(h.logs, "\n"), `"user_id":"alice"`) {
 		t.Errorf("log_only event missing: %v", h.logs)
+	}
+}
+
+// A stream skips its response headers exactly when the filter has none to
+// add: a request let through with nothing to say, or answered locally
+// (whose reply carries its headers already); one allowed by the bridge
+// gets its limit's headers.
+func TestStream_SkipResponseHeaders(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	id := uint32(1)
+	type step struct {
+		name    string
+		headers map[string]string
+		answer  func(now int64) string // the bridge's, when it is asked
+		skip    bool
+	}
+	for _, st := range []step{
+		{"no limit applies", map[string]string{":path": "/health", "x-user-id": "alice"}, nil, true},
+		{"exempt", map[string]string{"x-user-id": "ops"}, nil, true},
+		{"allowed by the bridge", map[string]string{"x-user-id": "alice"}, allowAnswer, false},
+		{"refused by the bridge", map[string]string{"x-user-id": "bob"}, denyAnswer, true},
+		{"refused from the cache", map[string]string{"x-user-id": "bob"}, nil, true},
+		{"refused from the cache again", map[string]string{"x-user-id": "bob"}, nil, true},
+		{"bridge unreachable, fail_open", map[string]string{"x-user-id": "carol"}, func(int64) string { return "" }, true},
+	} {
+		id++
+		calls := len(h.calls)
+		s, _ := h.request(p, id, st.headers)
+		if st.answer != nil {
+			if len(h.calls) != calls+1 {
+				t.Fatalf("%s: no call-out", st.name)
+			}
+			if body := st.answer(h.nowMS); body != "" {
+				h.answer(p, "200", body)
+			} else {
+				p.OnHTTPCallResponse(uint32(len(h.calls)), 0, 0, 0)
+			}
+		}
+		s.OnResponseHeaders(0, false)
+		if h.skipped[id] != st.skip || (st.skip && len(h.respHeaders) != 0) || (!st.skip && len(h.respHeaders) == 0) {
+			t.Errorf("%s: skipped %v (want %v), response headers added %v", st.name, h.skipped[id], st.skip, h.respHeaders)
+		}
+	}
+	if h.counters[MetricCacheHits] != 2 {
+		t.Errorf("cache hits %d, want 2", h.counters[MetricCacheHits])
 	}
 }
 
@@ -513,11 +566,12 @@ func (b *benchHost) SharedSetCAS(k string, v []byte, cas uint32) bool {
 	b.cas[k] = *b.casSeq
 	return true
 }
-func (b *benchHost) Log(proxywasm.LogLevel, []byte)           {}
-func (b *benchHost) IncCounter(uint32)                        {}
-func (b *benchHost) AddCounter(uint32, int64)                 {}
-func (b *benchHost) AddResponseHeader(string, []byte)         {}
-func (b *benchHost) SendLocalResponse(uint32, []byte, []byte) { b.locals++ }
+func (b *benchHost) Log(proxywasm.LogLevel, []byte)                   {}
+func (b *benchHost) IncCounter(uint32)                                {}
+func (b *benchHost) AddCounter(uint32, int64)                         {}
+func (b *benchHost) AddResponseHeader(string, []byte)                 {}
+func (b *benchHost) SendLocalResponse(uint32, uint32, []byte, []byte) { b.locals++ }
+func (b *benchHost) SkipResponseHeaders(uint32)                       {}
 func (b *benchHost) Dispatch(string, [][2]string, []byte, uint32) (uint32, error) {
 	return 1, nil
 }

@@ -130,10 +130,10 @@ func (s *Stream) refuseAgain(kept *rules.Plan, tag uint64) bool {
 // body.
 func (s *Stream) sendRefusal(r *refusal, rid string) {
 	p := s.p
-	s.state, s.answered = stateDone, true
+	s.state = stateDone
 	p.host.IncCounter(p.m.denied)
 	s.body = rules.AppendDenyBodyEnd(append(s.body[:0], r.start...), rid)
-	p.host.SendLocalResponse(s.cfg.Deny.Status, r.headers, s.body)
+	s.sendLocal(s.cfg.Deny.Status, r.headers, s.body)
 }
 
 // appendLocalHeaders appends the serialized headers of a 429: the content

@@ -70,6 +70,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	if s.cfg == nil || !s.cfg.Enabled {
 		// Never configured (the host refused every config), or disabled:
 		// nothing of the request is read.
+		h.SkipResponseHeaders(s.id)
 		return proxywasm.Continue
 	}
 	if p.testPanics {
@@ -87,6 +88,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	// on top of reading them, and is not made.
 	if p.unmatched > pathFirstShare && !s.cfg.MayApply(h.RequestPath()) {
 		p.notePathFirst(true)
+		h.SkipResponseHeaders(s.id)
 		return proxywasm.Continue
 	}
 	// The peer address and the time are asked for only when a limit
@@ -114,11 +116,11 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		p.plans.Evaluate(s.cfg, &s.req, &s.plan)
 	}
 	p.notePathFirst(!s.plan.Exempt && len(s.plan.Limits) == 0)
-	if s.plan.Exempt {
-		h.IncCounter(p.m.exempt)
-		return proxywasm.Continue
-	}
-	if len(s.plan.Limits) == 0 {
+	if s.plan.Exempt || len(s.plan.Limits) == 0 {
+		if s.plan.Exempt {
+			h.IncCounter(p.m.exempt)
+		}
+		h.SkipResponseHeaders(s.id)
 		return proxywasm.Continue
 	}
 	s.now()
@@ -356,8 +358,13 @@ func (s *Stream) deny(i int, d *rules.Decision) {
 	s.body = s.cfg.AppendDenyBody(s.body[:0], l, d, s.nowMS, bytesString(s.requestID))
 	s.event(proxywasm.LogLevelInfo, "blocked", i, d, l.Action.String())
 	s.respHeaders.Reset() // the local response already carries them
+	s.sendLocal(s.cfg.Deny.Status, s.local, s.body)
+}
+
+// sendLocal answers the request with a local response.
+func (s *Stream) sendLocal(status uint32, headers, body []byte) {
 	s.answered = true
-	h.SendLocalResponse(s.cfg.Deny.Status, s.local, s.body)
+	s.p.host.SendLocalResponse(s.id, status, headers, body)
 }
 
 // fail records a bridge failure: counted and logged.
@@ -370,11 +377,11 @@ func (s *Stream) fail(reason string) {
 		s.state = stateDone
 		s.p.host.IncCounter(s.p.m.failClosed)
 		s.body = rules.AppendUnavailableBody(s.body[:0], reason, bytesString(s.requestID))
-		s.answered = true
-		s.p.host.SendLocalResponse(s.cfg.Deny.FailClosedStatus, jsonHeaders, s.body)
+		s.sendLocal(s.cfg.Deny.FailClosedStatus, jsonHeaders, s.body)
 		return
 	}
 	s.p.host.IncCounter(s.p.m.failOpen)
+	s.p.host.SkipResponseHeaders(s.id) // let through without a limit's headers
 }
 
 // finishFailure resumes a paused request after fail_open.

@@ -9,6 +9,7 @@ package proxywasm
 type contexts[T any] struct {
 	slots []ctxSlot[T] // a power of two long; id 0 marks a free slot
 	shift uint32       // 32 - log2(len(slots))
+	mask  uint32       // len(slots) - 1
 	n     int
 }
 
@@ -27,16 +28,25 @@ func (c *contexts[T]) index(id uint32) uint32 {
 
 // get returns the context of id, if there is one.
 func (c *contexts[T]) get(id uint32) (v T, ok bool) {
-	if id == 0 || c.n == 0 {
-		return v, false
+	if p := c.ref(id); p != nil {
+		return *p, true
 	}
-	mask := uint32(len(c.slots) - 1)
-	for i := c.index(id); ; i = (i + 1) & mask {
+	return v, false
+}
+
+// ref returns where the context of id is kept, nil when there is none,
+// valid until the next put or del. The callbacks every request makes use
+// it rather than get: it is small enough to be inlined.
+func (c *contexts[T]) ref(id uint32) *T {
+	if id == 0 || c.n == 0 {
+		return nil
+	}
+	for i := c.index(id); ; i = (i + 1) & c.mask {
 		switch c.slots[i].id {
 		case id:
-			return c.slots[i].v, true
+			return &c.slots[i].v
 		case 0:
-			return v, false
+			return nil
 		}
 	}
 }
@@ -49,8 +59,7 @@ func (c *contexts[T]) put(id uint32, v T) {
 	if 2*(c.n+1) > len(c.slots) { // at most half full keeps probes short
 		c.grow()
 	}
-	mask := uint32(len(c.slots) - 1)
-	for i := c.index(id); ; i = (i + 1) & mask {
+	for i := c.index(id); ; i = (i + 1) & c.mask {
 		switch c.slots[i].id {
 		case id:
 			c.slots[i].v = v
@@ -69,7 +78,7 @@ func (c *contexts[T]) del(id uint32) {
 	if id == 0 || c.n == 0 {
 		return
 	}
-	mask := uint32(len(c.slots) - 1)
+	mask := c.mask
 	i := c.index(id)
 	for c.slots[i].id != id {
 		if c.slots[i].id == 0 {
@@ -97,7 +106,7 @@ func (c *contexts[T]) grow() {
 	if size < ctxMinSlots {
 		size = ctxMinSlots
 	}
-	c.slots, c.n, c.shift = make([]ctxSlot[T], size), 0, 32
+	c.slots, c.n, c.shift, c.mask = make([]ctxSlot[T], size), 0, 32, uint32(size-1)
 	for n := size; n > 1; n >>= 1 {
 		c.shift--
 	}

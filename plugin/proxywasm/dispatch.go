@@ -17,6 +17,9 @@ var (
 type stream struct {
 	HTTPContext
 	root uint32
+	// skipResponse: the context has nothing to do on its response
+	// headers (SkipResponseHeaders).
+	skipResponse bool
 }
 
 // SetVMContext registers the plugin. Call it from an init function of the
@@ -32,11 +35,11 @@ func onContextCreate(contextID, parentID uint32) {
 		roots.put(contextID, vmContext.NewPluginContext(contextID))
 		return
 	}
-	root, ok := roots.get(parentID)
-	if !ok {
+	root := roots.ref(parentID)
+	if root == nil {
 		return // the host broke the ABI; later callbacks for contextID are ignored
 	}
-	streams.put(contextID, stream{root.NewHTTPContext(contextID), parentID})
+	streams.put(contextID, stream{HTTPContext: (*root).NewHTTPContext(contextID), root: parentID})
 }
 
 func onVMStart(vmConfigSize uint32) bool {
@@ -64,17 +67,32 @@ func onHTTPCallResponse(rootID, calloutID, numHeaders, bodySize, numTrailers uin
 }
 
 func onRequestHeaders(contextID, numHeaders uint32, endOfStream bool) Action {
-	if s, ok := streams.get(contextID); ok {
+	if s := streams.ref(contextID); s != nil {
 		return s.OnRequestHeaders(int(numHeaders), endOfStream)
 	}
 	return Continue
 }
 
-func onResponseHeaders(contextID, numHeaders uint32, endOfStream bool) Action {
-	if s, ok := streams.get(contextID); ok {
-		return s.OnResponseHeaders(int(numHeaders), endOfStream)
+// SkipResponseHeaders tells the binding that HTTP context contextID has
+// nothing to do on its response's headers: proxy_on_response_headers then
+// answers Continue for it without entering it. Every response passes the
+// filter, a reply it sent itself included, and entering a context costs a
+// callback's whole overhead (a recovery frame, the context's look-up, its
+// method) for nothing when, say, the filter answered the request or let it
+// through with no header to add.
+func SkipResponseHeaders(contextID uint32) {
+	if s := streams.ref(contextID); s != nil {
+		s.skipResponse = true
 	}
-	return Continue
+}
+
+// responseStream is the stream to call on contextID's response headers:
+// nil when there is no such context or it skips them.
+func responseStream(contextID uint32) *stream {
+	if s := streams.ref(contextID); s != nil && !s.skipResponse {
+		return s
+	}
+	return nil
 }
 
 func onRequestBody(contextID, size uint32, endOfStream bool) Action {
@@ -125,7 +143,8 @@ func onDone(contextID uint32) bool {
 }
 
 func onDelete(contextID uint32) {
-	if s, ok := streams.get(contextID); ok {
+	if p := streams.ref(contextID); p != nil {
+		s := *p
 		streams.del(contextID)
 		s.OnDone()
 		return

@@ -123,6 +123,10 @@ func proxyOnRequestTrailers(contextID, numTrailers uint32) (a uint32) {
 
 //go:wasmexport proxy_on_response_headers
 func proxyOnResponseHeaders(contextID, numHeaders, endOfStream uint32) (a uint32) {
+	s := responseStream(contextID)
+	if s == nil {
+		return uint32(Continue)
+	}
 	enter()
 	defer func() {
 		if v := recover(); v != nil {
@@ -130,7 +134,7 @@ func proxyOnResponseHeaders(contextID, numHeaders, endOfStream uint32) (a uint32
 		}
 		leave()
 	}()
-	return uint32(onResponseHeaders(contextID, numHeaders, endOfStream != 0))
+	return uint32(s.OnResponseHeaders(int(numHeaders), endOfStream != 0))
 }
 
 //go:wasmexport proxy_on_response_body

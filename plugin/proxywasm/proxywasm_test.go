@@ -250,6 +250,17 @@ func TestDispatch_Lifecycle(t *testing.T) {
 	if a := onRequestHeaders(3, 3, true); a != Continue {
 		t.Fatalf("unknown stream action = %d", a)
 	}
+	if responseStream(2) == nil {
+		t.Fatal("stream 2 not called on its response headers")
+	}
+	SkipResponseHeaders(2)
+	SkipResponseHeaders(3) // no such context: nothing happens
+	if responseStream(2) != nil {
+		t.Fatal("stream 2 called on its response headers after it skipped them")
+	}
+	if responseStream(3) != nil {
+		t.Fatal("unknown stream called on its response headers")
+	}
 	onHTTPCallResponse(1, 7, 0, 0, 0)
 	if !onDone(2) {
 		t.Fatal("stream done refused")
