@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/plugin/filter"
 	"github.com/sluicehq/sluice/plugin/proxywasm"
+	"github.com/sluicehq/sluice/rules"
 )
 
 func init() { proxywasm.SetVMContext(vm{}) }
@@ -31,13 +32,43 @@ func (vm) NewPluginContext(contextID uint32) proxywasm.PluginContext {
 // WebAssembly on every host call.
 type abiHost struct{}
 
-// The request headers of the current callback, fetched with one host call
-// the first time the filter asks for one: a request looks up half a dozen
-// headers, and a host call costs more than scanning the map.
-var (
-	reqHeaders    proxywasm.HeaderMapView
-	reqHeadersSeq uint64 // the callback they belong to; 0: none
-)
+// requestHeaders gives the filter the request headers of the current
+// callback, fetched and indexed with one host call the first time it asks
+// for one: a request looks up half a dozen headers, and a host call costs
+// more than scanning the map.
+type requestHeaders struct {
+	view proxywasm.HeaderMapView
+	seq  uint64 // the callback view belongs to; 0: none
+}
+
+var reqHeaders requestHeaders
+
+// current makes r.view the current callback's headers unless it is, and
+// tells whether it is (a host that cannot give the map is asked for each
+// header on its own).
+func (r *requestHeaders) current() bool {
+	return proxywasm.CallbackSeq() == r.seq || r.fetch()
+}
+
+// fetch is not inlined, so that current is: it runs once a callback.
+//
+//go:noinline
+func (r *requestHeaders) fetch() bool {
+	if err := proxywasm.GetRequestHeaderMapView(&r.view); err != nil {
+		return false
+	}
+	r.seq = proxywasm.CallbackSeq()
+	return true
+}
+
+// Header implements rules.HeaderSource.
+func (r *requestHeaders) Header(name string) string {
+	if !r.current() {
+		return view(proxywasm.GetRequestHeaderBytes(name))
+	}
+	v, _ := r.view.Get(name)
+	return v
+}
 
 // view turns a host view into a string without copying; valid only during
 // the current callback, which is all the filter asks of it.
@@ -50,40 +81,22 @@ func view(b []byte, err error) string {
 
 func (*abiHost) PluginConfig() ([]byte, error) { return proxywasm.GetPluginConfiguration() }
 
-func (*abiHost) RequestHeader(name string) string {
-	if !requestHeaders() {
-		return view(proxywasm.GetRequestHeaderBytes(name))
-	}
-	v, _ := reqHeaders.Get(name)
-	return v
-}
+func (*abiHost) RequestHeaders() rules.HeaderSource { return &reqHeaders }
 
 func (*abiHost) RequestPseudoHeaders() (method, path, authority string) {
-	if !requestHeaders() {
+	if !reqHeaders.current() {
 		return view(proxywasm.GetRequestHeaderBytes(":method")), view(proxywasm.GetRequestHeaderBytes(":path")),
 			view(proxywasm.GetRequestHeaderBytes(":authority"))
 	}
-	return reqHeaders.Pseudo()
+	return reqHeaders.view.Pseudo()
 }
 
 func (*abiHost) RequestPath() string {
-	if proxywasm.CallbackSeq() == reqHeadersSeq {
-		v, _ := reqHeaders.Get(":path")
+	if proxywasm.CallbackSeq() == reqHeaders.seq {
+		v, _ := reqHeaders.view.Get(":path")
 		return v
 	}
 	return view(proxywasm.GetRequestHeaderBytes(":path"))
-}
-
-// requestHeaders fetches the current callback's request headers into
-// reqHeaders unless they are there, and tells whether they are.
-func requestHeaders() bool {
-	if seq := proxywasm.CallbackSeq(); seq != reqHeadersSeq {
-		if err := proxywasm.GetRequestHeaderMapView(&reqHeaders); err != nil {
-			return false
-		}
-		reqHeadersSeq = seq
-	}
-	return true
 }
 
 func (*abiHost) Property(path string) string {

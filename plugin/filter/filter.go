@@ -21,12 +21,14 @@ import (
 // returns are views valid only during the current callback.
 type Host interface {
 	PluginConfig() ([]byte, error)
-	RequestHeader(name string) string
-	// RequestPseudoHeaders is RequestHeader of :method, :path and
-	// :authority, which every request reads, in one call.
+	// RequestHeaders gives the headers of the request whose callback is
+	// in progress, whenever they are read: the plugin asks for it once.
+	RequestHeaders() rules.HeaderSource
+	// RequestPseudoHeaders is the :method, :path and :authority headers,
+	// which every request reads, in one call.
 	RequestPseudoHeaders() (method, path, authority string)
-	// RequestPath is RequestHeader(":path"), for a request that may need
-	// no other header: without reading the others.
+	// RequestPath is the :path header, for a request that may need no
+	// other header: without reading the others.
 	RequestPath() string
 	Property(path string) string
 	AddResponseHeader(name string, value []byte)
@@ -120,8 +122,10 @@ type metrics struct {
 // Plugin is the root context of one VM.
 type Plugin struct {
 	host Host
-	id   uint32
-	cfg  *rules.Config
+	// headers is host.RequestHeaders().
+	headers rules.HeaderSource
+	id      uint32
+	cfg     *rules.Config
 	// bridgeAuth is the call-out's Authorization value, built once per config.
 	bridgeAuth string
 	// tokens caches verified JWTs for this VM; new with each config, since
@@ -172,7 +176,7 @@ type Plugin struct {
 
 // NewPlugin creates the root context contextID.
 func NewPlugin(host Host, contextID uint32) *Plugin {
-	p := &Plugin{host: host, id: contextID, pending: map[uint32]*Stream{}}
+	p := &Plugin{host: host, headers: host.RequestHeaders(), id: contextID, pending: map[uint32]*Stream{}}
 	p.m = metrics{
 		requests: host.DefineCounter(MetricRequests), allowed: host.DefineCounter(MetricAllowed),
 		denied: host.DefineCounter(MetricDenied), logOnlyDenied: host.DefineCounter(MetricLogOnlyDenied),
@@ -304,7 +308,6 @@ func (p *Plugin) NewHTTPContext(contextID uint32) proxywasm.HTTPContext {
 		p.free = p.free[:n-1]
 	} else {
 		s = &Stream{p: p}
-		s.hdrs.s = s
 	}
 	s.id = contextID
 	s.cfg = p.cfg

@@ -41,7 +41,7 @@ type fakeHost struct {
 	samples     map[string][]int64 // histograms
 	resumedIDs  []uint32           // the effective context of each resume
 	pathReads   int                // RequestPath calls
-	otherReads  int                // RequestHeader and RequestPseudoHeaders calls
+	otherReads  int                // RequestHeaders' and RequestPseudoHeaders calls
 	skipped     map[uint32]bool    // streams that skip their response headers
 }
 
@@ -65,9 +65,15 @@ func newFakeHost(config string) *fakeHost {
 	}
 }
 
-func (h *fakeHost) PluginConfig() ([]byte, error) { return h.config, nil }
-func (h *fakeHost) RequestHeader(n string) string { h.otherReads++; return h.reqHeaders[n] }
-func (h *fakeHost) RequestPath() string           { h.pathReads++; return h.reqHeaders[":path"] }
+func (h *fakeHost) PluginConfig() ([]byte, error)      { return h.config, nil }
+func (h *fakeHost) RequestHeaders() rules.HeaderSource { return fakeHeaders{h} }
+
+// fakeHeaders reads the fake host's request headers of the moment.
+type fakeHeaders struct{ h *fakeHost }
+
+func (f fakeHeaders) Header(n string) string { f.h.otherReads++; return f.h.reqHeaders[n] }
+
+func (h *fakeHost) RequestPath() string { h.pathReads++; return h.reqHeaders[":path"] }
 func (h *fakeHost) RequestPseudoHeaders() (string, string, string) {
 	h.otherReads++
 	return h.reqHeaders[":method"], h.reqHeaders[":path"], h.reqHeaders[":authority"]
@@ -537,8 +543,13 @@ type benchHost struct {
 	locals int // local responses sent
 }
 
-func (b *benchHost) RequestHeader(n string) string { return b.hdr[n] }
-func (b *benchHost) RequestPath() string           { return b.hdr[":path"] }
+func (b *benchHost) RequestHeaders() rules.HeaderSource { return benchHeaders{b} }
+
+type benchHeaders struct{ b *benchHost }
+
+func (h benchHeaders) Header(n string) string { return h.b.hdr[n] }
+
+func (b *benchHost) RequestPath() string { return b.hdr[":path"] }
 func (b *benchHost) RequestPseudoHeaders() (string, string, string) {
 	return b.hdr[":method"], b.hdr[":path"], b.hdr[":authority"]
 }

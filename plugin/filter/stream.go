@@ -31,7 +31,6 @@ type Stream struct {
 	// answer is handled (see testPanicHeader).
 	testPanicInCallout bool
 
-	hdrs        headerView
 	req         rules.Request
 	plan        rules.Plan
 	resp        rules.CheckResponse
@@ -58,11 +57,6 @@ type Stream struct {
 	heldAt             int
 }
 
-// headerView adapts the host's request headers to rules.HeaderSource.
-type headerView struct{ s *Stream }
-
-func (h headerView) Header(name string) string { return h.s.p.host.RequestHeader(name) }
-
 // OnRequestHeaders decides what happens to the request.
 func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	p, h := s.p, s.p.host
@@ -74,7 +68,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		return proxywasm.Continue
 	}
 	if p.testPanics {
-		switch h.RequestHeader(testPanicHeader) {
+		switch p.headers.Header(testPanicHeader) {
 		case "request":
 			panic("sluice: test panic in proxy_on_request_headers")
 		case "callout":
@@ -99,7 +93,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		Method:  method,
 		Path:    path,
 		Host:    host,
-		Headers: s.hdrs,
+		Headers: p.headers,
 		Lazy:    s,
 		Tokens:  p.tokens,
 	}
@@ -226,7 +220,7 @@ func (s *Stream) keepRequestID() { s.requestID = append(s.requestID[:0], s.reque
 // headers callback: its x-request-id, else the host's request.id, cut to
 // rules.MaxRequestIDLen.
 func (s *Stream) requestIDView() string {
-	rid := s.p.host.RequestHeader("x-request-id")
+	rid := s.p.headers.Header("x-request-id")
 	if rid == "" {
 		rid = s.p.host.Property("request.id")
 	}

@@ -19,12 +19,7 @@ var scratch []byte
 
 func strPtr(s string) unsafe.Pointer { return unsafe.Pointer(unsafe.StringData(s)) }
 
-func bytesPtr(b []byte) unsafe.Pointer {
-	if len(b) == 0 {
-		return nil
-	}
-	return unsafe.Pointer(&b[0])
-}
+func bytesPtr(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
 
 // view returns the block the host just returned through retData/retSize.
 func view() []byte {
@@ -363,9 +358,8 @@ func SetTickPeriod(ms uint32) error { return Status(proxySetTickPeriodMillisecon
 
 // GetCurrentTimeNanos returns the host's wall clock in Unix nanoseconds.
 func GetCurrentTimeNanos() (int64, error) {
-	retU64 = 0
-	if err := Status(proxyGetCurrentTimeNanoseconds(unsafe.Pointer(&retU64))).Err(); err != nil {
-		return 0, err
+	if st := Status(proxyGetCurrentTimeNanoseconds(unsafe.Pointer(&retU64))); st != StatusOK {
+		return 0, st.Err()
 	}
 	return int64(retU64), nil
 }
