@@ -68,7 +68,7 @@ func (h *Host) exportHostFunctions(ctx context.Context) error {
 			if in.vm.h.opts.MeasureGuest && in.depth == 1 {
 				start := time.Now()
 				st[0] = uint64(fn(in, m.Memory(), st))
-				in.hostNanos += time.Since(start).Nanoseconds()
+				in.hostNanos += time.Since(start).Nanoseconds() + in.vm.h.clockCost
 				return
 			}
 			st[0] = uint64(fn(in, m.Memory(), st))

@@ -203,7 +203,7 @@ func (in *instance) call(fn api.Function, args ...uint64) (uint64, error) {
 	err := fn.CallWithStack(in.ctx, st)
 	in.depth--
 	if measure {
-		in.vm.h.guestNanos.Add(time.Since(start).Nanoseconds() - in.hostNanos)
+		in.vm.h.guestNanos.Add(max(0, time.Since(start).Nanoseconds()-in.vm.h.clockCost-in.hostNanos))
 	}
 	if in.trapped != nil {
 		err = in.trapped // the cause; what the outer call did afterwards ran on a broken VM
