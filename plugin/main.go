@@ -149,7 +149,10 @@ func (*abiHost) SharedSetCAS(key string, value []byte, cas uint32) bool {
 }
 
 func (*abiHost) NowNanos() int64 {
-	n, _ := proxywasm.GetCurrentTimeNanos()
+	n, err := proxywasm.GetCurrentTimeNanos()
+	if err != nil {
+		return 0
+	}
 	return n
 }
 

@@ -57,8 +57,8 @@ func (pc *PlanCache) Lookup(c *Config, r *Request) (plan *Plan, tag uint64, ok b
 	if pc.kept == 0 {
 		return nil, 0, false
 	}
-	idx := c.planIndexValue(r)
-	e := &pc.slots[planSlot(r.Path, idx)]
+	idx, slot := c.planSlot(r)
+	e := &pc.slots[slot]
 	if e.cfg != c || !e.matches(r, idx) {
 		return nil, 0, false
 	}
@@ -88,8 +88,8 @@ func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 		return
 	}
 	rec.valid = false
-	idx := c.planIndexValue(r)
-	e := &pc.slots[planSlot(r.Path, idx)]
+	_, slot := c.planSlot(r)
+	e := &pc.slots[slot]
 	if e.cfg == nil {
 		pc.kept++
 	}
@@ -186,23 +186,20 @@ func (c *Config) planIndexHeader() string {
 	return c.Identity.Sources[0].Header
 }
 
-// planIndexValue is the value of c's index header in r.
-func (c *Config) planIndexValue(r *Request) string {
+// planSlot picks the slot of request r: by the value of c's index
+// header, which it returns, and by the path's length and last byte rather
+// than a hash of the path: one client refused on a few paths rarely has
+// two that share both. One function for both, each request of a refusing
+// proxy calls it.
+func (c *Config) planSlot(r *Request) (idx string, slot int) {
 	if name := c.planIndexHeader(); name != "" {
-		return r.Headers.Header(name)
+		idx = r.Headers.Header(name)
 	}
-	return ""
-}
-
-// planSlot picks the slot of a request by its index value, and by its
-// path's length and last byte rather than a hash of the path: one client
-// refused on a few paths rarely has two that share both.
-func planSlot(path, idx string) int {
-	h := uint64(len(path)) << 8
-	if len(path) > 0 {
-		h |= uint64(path[len(path)-1])
+	h := uint64(len(r.Path)) << 8
+	if len(r.Path) > 0 {
+		h |= uint64(r.Path[len(r.Path)-1])
 	}
-	return int((Hash(idx) ^ h*0x9E3779B97F4A7C15) % planCacheSlots)
+	return idx, int((Hash(idx) ^ h*0x9E3779B97F4A7C15) % planCacheSlots)
 }
 
 // CopyFrom makes p a copy of src, its limits and their keys in p's own

@@ -11,6 +11,7 @@ var (
 	retSize uint32
 	retU32  uint32
 	retU64  uint64
+	retI64  int64
 )
 
 // scratch holds serialized header maps and property paths on their way to
@@ -356,12 +357,12 @@ func GetMetric(id uint32) (uint64, error) {
 // milliseconds; 0 stops the timer. Call it from a root context callback.
 func SetTickPeriod(ms uint32) error { return Status(proxySetTickPeriodMilliseconds(ms)).Err() }
 
-// GetCurrentTimeNanos returns the host's wall clock in Unix nanoseconds.
+// GetCurrentTimeNanos returns the host's wall clock in Unix nanoseconds;
+// the time means nothing when the error is not nil. It is read on every
+// request a limit applies to, and is small enough to be inlined.
 func GetCurrentTimeNanos() (int64, error) {
-	if st := Status(proxyGetCurrentTimeNanoseconds(unsafe.Pointer(&retU64))); st != StatusOK {
-		return 0, st.Err()
-	}
-	return int64(retU64), nil
+	st := proxyGetCurrentTimeNanoseconds(unsafe.Pointer(&retI64))
+	return retI64, Status(st).Err()
 }
 
 // Done tells the host that the current context, which returned false from
