@@ -30,6 +30,11 @@ func AppendJSONString(dst []byte, s string) []byte {
 				continue
 			}
 			end = i + 8
+		} else if len(s) >= 8 && plainASCII8(word8(s, len(s)-8)) {
+			// The last few bytes, in the word that ends s: it overlaps
+			// bytes already walked, and is plain only if they are too.
+			// A UUID (36 bytes) has four of them.
+			break
 		}
 		for i < end {
 			c := s[i]
