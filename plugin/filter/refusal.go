@@ -127,13 +127,17 @@ func (s *Stream) refuseAgain(kept *rules.Plan, tag uint64) bool {
 }
 
 // sendRefusal answers s with r's 429, with the request's id rid in the
-// body.
+// body. The id is written after r's rendered start, in the room beyond
+// it, rather than the start copied for every refusal: the host copies the
+// body before the call returns.
 func (s *Stream) sendRefusal(r *refusal, rid string) {
 	p := s.p
 	s.state = stateDone
 	p.host.IncCounter(p.m.denied)
-	s.body = rules.AppendDenyBodyEnd(append(s.body[:0], r.start...), rid)
-	s.sendLocal(s.cfg.Deny.Status, r.headers, s.body)
+	n := len(r.start)
+	body := rules.AppendDenyBodyEnd(r.start, rid)
+	r.start = body[:n] // keeps the room the first refusal grew
+	s.sendLocal(s.cfg.Deny.Status, r.headers, body)
 }
 
 // appendLocalHeaders appends the serialized headers of a 429: the content
