@@ -4,8 +4,9 @@ package rules
 // requests evaluates to the same plan: the same rules, identity and keys.
 // On a proxy, evaluating is most of what such a refusal costs. A PlanCache
 // keeps the plans its user chooses (the plugin: those of refused requests)
-// with everything Evaluate read to make them (method, path, host, each
-// header it asked for, present or not, and the peer address if it asked),
+// with everything Evaluate read to make them (the path; the method and the
+// host if a rule or a key looked at them; each header it asked for,
+// present or not; and the peer address if it asked),
 // and gives a request that reads the same the same plan without
 // evaluating. Evaluate depends on nothing else but the Config and the
 // time, so the plan is the one Evaluate would make; a plan that read the
@@ -33,6 +34,7 @@ type reads struct {
 	valid                bool // a miss was just evaluated and may be kept
 	headers              [][2]string
 	sourceRead, timeRead bool
+	methodRead, hostRead bool
 }
 
 type planEntry struct {
@@ -44,6 +46,9 @@ type planEntry struct {
 	index      int
 	sourceRead bool
 	source     string
+	// methodRead, hostRead: Evaluate looked at the method, the host; a
+	// request's other method or host gets the same plan when it did not.
+	methodRead, hostRead bool
 	plan       Plan
 	tag        uint64
 	buf        []byte // the texts above and the plan's, which view it
@@ -118,6 +123,7 @@ func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 	e.plan.Identity.User, e.plan.Identity.APIKey = e.text(&off, len(id.User)), e.text(&off, len(id.APIKey))
 	e.plan.Identity.Tenant, e.plan.Identity.Tier = e.text(&off, len(id.Tenant)), e.text(&off, len(id.Tier))
 	e.sourceRead, e.source = rec.sourceRead, e.text(&off, len(texts[len(texts)-1]))
+	e.methodRead, e.hostRead = rec.methodRead, rec.hostRead
 	e.headers, e.index = e.headers[:0], -1
 	name := c.planIndexHeader()
 	for i, h := range rec.headers {
@@ -160,7 +166,7 @@ func (pc *PlanCache) Reset() {
 // matches tells whether r reads what e's request read, under e's config.
 // idx is the value of the config's index header in r.
 func (e *planEntry) matches(r *Request, idx string) bool {
-	if e.path != r.Path || e.method != r.Method || e.host != r.Host {
+	if e.path != r.Path || (e.methodRead && e.method != r.Method) || (e.hostRead && e.host != r.Host) {
 		return false
 	}
 	for i := range e.headers {

@@ -46,6 +46,21 @@ func (r *Request) source() string {
 	return r.Source
 }
 
+// method and host are r.Method and r.Host, noted as read for a PlanCache.
+func (r *Request) method() string {
+	if r.rec != nil {
+		r.rec.methodRead = true
+	}
+	return r.Method
+}
+
+func (r *Request) host() string {
+	if r.rec != nil {
+		r.rec.hostRead = true
+	}
+	return r.Host
+}
+
 func (r *Request) nowUnix() int64 {
 	if r.rec != nil {
 		r.rec.timeRead = true
@@ -209,7 +224,11 @@ func (p *Plan) add(c *Config, r *Request, name string, spec *LimitSpec, head *li
 	if !p.ipResolved && keyNeedsIP(scope, id, c.Identity.Anonymous) {
 		c.ResolveClientIP(r, p)
 	}
-	p.keys = AppendKey(p.keys, name, scope, id, c.Identity.Anonymous, r.Method, p.Endpoint)
+	method := "" // a key shows the method only with the method in its scope
+	if scope.Has(ScopeMethod) {
+		method = r.method()
+	}
+	p.keys = AppendKey(p.keys, name, scope, id, c.Identity.Anonymous, method, p.Endpoint)
 	p.ends = append(p.ends, len(p.keys))
 	p.Limits = append(p.Limits, PlannedLimit{
 		Rule: name, Spec: spec, Action: action, MaxDelayMS: maxDelayMS, PerUser: scope.Has(ScopeUser), head: head,
@@ -331,8 +350,9 @@ func (m *Match) matches(r *Request, path string) bool {
 	}
 	if len(m.Methods) > 0 {
 		ok := false
+		method := r.method()
 		for _, meth := range m.Methods {
-			if meth == r.Method {
+			if meth == method {
 				ok = true
 				break
 			}
@@ -343,8 +363,9 @@ func (m *Match) matches(r *Request, path string) bool {
 	}
 	if len(m.Hosts) > 0 {
 		ok := false
+		reqHost := r.host()
 		for _, host := range m.Hosts {
-			if MatchHost(host, r.Host) {
+			if MatchHost(host, reqHost) {
 				ok = true
 				break
 			}

@@ -76,6 +76,8 @@ func FuzzStream_PlanCache(f *testing.F) {
 		b, pb := startPlugin(t, fuzzPlanConfig)
 		users := []string{"bob", "carol", "ops"}
 		paths := []string{"/api/v1/items", "/api/v1/other", "/health"}
+		methods := []string{"GET", "POST", "PUT"}
+		hosts := []string{"api.example.com", "a.example.com", "b.example.org"}
 		for step := 0; len(data) >= 3; step++ {
 			op, x, y := data[0], data[1], data[2]
 			data = data[3:]
@@ -101,9 +103,14 @@ func FuzzStream_PlanCache(f *testing.F) {
 					}
 					calls := len(h.calls)
 					h.request(p, uint32(step+2), map[string]string{"x-user-id": users[int(x)%len(users)],
-						":path": paths[int(y)%len(paths)], "x-request-id": fmt.Sprint("r", step)})
+						":path": paths[int(y)%len(paths)], ":method": methods[int(x>>5)%len(methods)],
+						":authority": hosts[int(y>>5)%len(hosts)], "x-request-id": fmt.Sprint("r", step)})
 					if len(h.calls) > calls {
-						h.answer(p, "200", answer(h.nowMS, 3-int(y)%len(paths), x>>2, int64(y%5+1)*700))
+						req, err := rules.DecodeCheckRequest([]byte(h.calls[len(h.calls)-1].body))
+						if err != nil {
+							t.Fatal(err)
+						}
+						h.answer(p, "200", answer(h.nowMS, len(req.Limits), x>>2, int64(y%5+1)*700))
 					}
 				}
 			}
@@ -123,7 +130,9 @@ func FuzzStream_PlanCache(f *testing.F) {
 }
 
 // fuzzPlanConfig: on /api/v1/items a request has three limits, the
-// second log only; on /api/v1/other two.
+// second log only, and a POST one more; on /api/v1/other two; on a host
+// under example.com either has one more, keyed by user and method (on
+// /api/v1/other, the only thing that reads the method).
 const fuzzPlanConfig = `{
   "failure_mode": "fail_open",
   "bridge": {"cluster": "bridge", "timeout": "150ms"},
@@ -131,7 +140,9 @@ const fuzzPlanConfig = `{
   "rules": [
     {"name": "api", "match": {"paths": ["/api/**"]}, "limit": 10, "window": "1m", "algorithm": "fixed_window"},
     {"name": "log-only", "match": {"paths": ["/api/**"]}, "limit": 1, "window": "1m", "action": "log_only"},
-    {"name": "items", "match": {"paths": ["/api/v1/items"]}, "limit": 5, "window": "1m"}
+    {"name": "items", "match": {"paths": ["/api/v1/items"]}, "limit": 5, "window": "1m"},
+    {"name": "posts", "match": {"paths": ["/api/v1/items"], "methods": ["POST"]}, "limit": 3, "window": "1m"},
+    {"name": "hosted", "match": {"paths": ["/api/**"], "hosts": ["*.example.com"]}, "limit": 4, "window": "1m", "scope": "user+method"}
   ],
   "exemptions": {"users": ["ops"]}
 }`
