@@ -81,12 +81,15 @@ test-long: deps
 # "fuzzing process hung or terminated unexpectedly while minimizing: EOF"
 # with an input that passes (go.dev/issue/52569; seen about once in twenty
 # runs of FuzzServer_H2C). A failing input is written all the same.
+# Two targets at a time: each is a build of its package's instrumented
+# test binary and a short run, and one at a time left a CPU idle.
+FUZZ_JOBS ?= 2
 test-fuzz:
-	@set -e; for spec in $$($(GO) run ./internal/tools/fuzzlist); do \
-	  pkg=$${spec%%:*}; fn=$${spec##*:}; \
-	  echo "fuzz $$pkg $$fn"; \
-	  out=$$($(GO) test -run='^$$' -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=0 $$pkg 2>&1) || { echo "$$out" | tail -40; exit 1; }; \
-	done
+	@$(GO) run ./internal/tools/fuzzlist | tr ' ' '\n' | xargs -P $(FUZZ_JOBS) -I{} sh -c '\
+	  spec={}; pkg=$${spec%%:*}; fn=$${spec##*:}; \
+	  out=$$($(GO) test -run="^$$" -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=0 $$pkg 2>&1) || \
+	    { echo "fuzz $$pkg $$fn: FAILED"; echo "$$out" | tail -40; exit 255; }; \
+	  echo "fuzz $$pkg $$fn"'
 
 # Timing targets live here, never in pass/fail tests. Fixed iteration
 # counts where a benchmark sets up load (bridge processes, wasm hosts).
