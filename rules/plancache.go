@@ -49,9 +49,9 @@ type planEntry struct {
 	// methodRead, hostRead: Evaluate looked at the method, the host; a
 	// request's other method or host gets the same plan when it did not.
 	methodRead, hostRead bool
-	plan       Plan
-	tag        uint64
-	buf        []byte // the texts above and the plan's, which view it
+	plan                 Plan
+	tag                  uint64
+	buf                  []byte // the texts above and the plan's, which view it
 }
 
 // Lookup returns the plan kept for a request that read what r reads under
