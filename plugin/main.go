@@ -43,12 +43,13 @@ type requestHeaders struct {
 
 var reqHeaders requestHeaders
 
+// fresh tells whether r.view is the current callback's headers.
+func (r *requestHeaders) fresh() bool { return proxywasm.CallbackSeq() == r.seq }
+
 // current makes r.view the current callback's headers unless it is, and
 // tells whether it is (a host that cannot give the map is asked for each
 // header on its own).
-func (r *requestHeaders) current() bool {
-	return proxywasm.CallbackSeq() == r.seq || r.fetch()
-}
+func (r *requestHeaders) current() bool { return r.fresh() || r.fetch() }
 
 // fetch is not inlined, so that current is: it runs once a callback.
 //
@@ -92,7 +93,7 @@ func (*abiHost) RequestPseudoHeaders() (method, path, authority string) {
 }
 
 func (*abiHost) RequestPath() string {
-	if proxywasm.CallbackSeq() == reqHeaders.seq {
+	if reqHeaders.fresh() { // read already: no host call
 		v, _ := reqHeaders.view.Get(":path")
 		return v
 	}

@@ -110,11 +110,11 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		p.plans.Evaluate(s.cfg, &s.req, &s.plan)
 	}
 	p.notePathFirst(!s.plan.Exempt && len(s.plan.Limits) == 0)
+	if s.plan.Exempt {
+		h.IncCounter(p.m.exempt)
+	}
 	if s.plan.Exempt || len(s.plan.Limits) == 0 {
-		if s.plan.Exempt {
-			h.IncCounter(p.m.exempt)
-		}
-		h.SkipResponseHeaders(s.id)
+		h.SkipResponseHeaders(s.id) // nothing to add to the response
 		return proxywasm.Continue
 	}
 	s.now()
