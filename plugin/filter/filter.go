@@ -152,6 +152,10 @@ type Plugin struct {
 	// pathFirstShare a request's path alone is looked at before its other
 	// headers are read (Stream.OnRequestHeaders).
 	unmatched int
+	// uncounted is how many requests refuseAgain answered that the
+	// requests, denied and local cache hits counters do not count yet:
+	// they are added once a tick (countRefusals).
+	uncounted int64
 	// Leases (lease.go): renewals and returns in flight, leases this VM
 	// installed, and scratch for changing slots.
 	leaseCalls    [leaseCallSlots]leaseCall
@@ -233,7 +237,11 @@ func (p *Plugin) OnPluginStart(int) bool {
 	return true
 }
 
-func (p *Plugin) OnPluginDone() bool { return true }
+// OnPluginDone counts the refusals not counted yet: the VM is going away.
+func (p *Plugin) OnPluginDone() bool {
+	p.countRefusals()
+	return true
+}
 
 // The panic trigger for tests of the recovery below, through the built
 // module: with the VM environment variable SLUICE_TEST_PANIC=1, a request
@@ -278,7 +286,8 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 	return proxywasm.Continue
 }
 
-// OnTick resumes the held requests that are due. Once a period (the tick
+// OnTick counts the refusals not counted yet and resumes the held requests
+// that are due. Once a period (the tick
 // fires more often while requests are held) it follows the host's log
 // level, reports the refusals from the over-limit cache that no later
 // refusal has reported, forgets the plans of refusals that stopped, hands
@@ -286,6 +295,7 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 // policy (rules_from).
 func (p *Plugin) OnTick() {
 	now := p.host.NowNanos() / 1e6
+	p.countRefusals()
 	p.throttleTick(now)
 	if now >= p.thr.slowAt {
 		p.thr.slowAt = now + int64(p.basePeriod)

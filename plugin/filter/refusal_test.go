@@ -201,3 +201,43 @@ func TestStream_RefusalGenerationWraps(t *testing.T) {
 		t.Error("refused from the plan cache by a tag its slot's count wrapped onto")
 	}
 }
+
+// The refusals the plan cache answers are counted by the next tick, or
+// when the VM is done: in the requests, denied and local cache hits
+// counters at once, so that requests stays the sum of the outcomes.
+func TestPlugin_CountRefusals(t *testing.T) {
+	for _, flush := range []string{"tick", "done"} {
+		t.Run(flush, func(t *testing.T) {
+			h, p := newPlugin(t, "fail_open")
+			h.request(p, 2, map[string]string{"x-user-id": "bob"})
+			h.answer(p, "200", denyAnswer(h.nowMS)) // the bridge refuses: cached
+			for i := range 6 { // one second: two rendered, four from the plan cache
+				if h.request(p, 3, map[string]string{"x-user-id": "bob"}); h.local == nil || h.local.status != 429 {
+					t.Fatalf("refusal %d: %+v", i+1, h.local)
+				}
+			}
+			counts := func() [4]int64 {
+				c := h.counters
+				return [4]int64{c[MetricRequests], c[MetricAllowed], c[MetricDenied], c[MetricCacheHits]}
+			}
+			// requests, allowed, denied, cache hits
+			if got, want := counts(), [4]int64{3, 0, 3, 2}; got != want {
+				t.Errorf("before: %v, want %v", got, want)
+			}
+			want := [4]int64{7, 0, 7, 6}
+			switch flush {
+			case "tick":
+				p.OnTick()
+			case "done":
+				p.OnPluginDone()
+			}
+			if got := counts(); got != want {
+				t.Errorf("after %s: %v, want %v", flush, got, want)
+			}
+			p.OnTick()
+			if got := counts(); got != want {
+				t.Errorf("counted again: %v, want %v", got, want)
+			}
+		})
+	}
+}

@@ -60,16 +60,17 @@ type Stream struct {
 // OnRequestHeaders decides what happens to the request.
 func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	p, h := s.p, s.p.host
-	h.IncCounter(p.m.requests)
 	if s.cfg == nil || !s.cfg.Enabled {
 		// Never configured (the host refused every config), or disabled:
 		// nothing of the request is read.
+		h.IncCounter(p.m.requests)
 		h.SkipResponseHeaders(s.id)
 		return proxywasm.Continue
 	}
 	if p.testPanics {
 		switch p.headers.Header(testPanicHeader) {
 		case "request":
+			h.IncCounter(p.m.requests)
 			panic("sluice: test panic in proxy_on_request_headers")
 		case "callout":
 			s.testPanicInCallout = true
@@ -81,6 +82,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	// headers are read; while they mostly were not, that call would come
 	// on top of reading them, and is not made.
 	if p.unmatched > pathFirstShare && !s.cfg.MayApply(h.RequestPath()) {
+		h.IncCounter(p.m.requests)
 		p.notePathFirst(true)
 		h.SkipResponseHeaders(s.id)
 		return proxywasm.Continue
@@ -100,15 +102,15 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	cached := false
 	if kept, tag, ok := p.plans.Lookup(s.cfg, &s.req); ok {
 		if s.refuseAgain(kept, tag) {
-			h.IncCounter(p.m.cacheHits)
 			p.notePathFirst(false)
-			return proxywasm.Pause
+			return proxywasm.Pause // counted by the next tick
 		}
 		s.plan.CopyFrom(kept)
 		cached = true
 	} else {
 		p.plans.Evaluate(s.cfg, &s.req, &s.plan)
 	}
+	h.IncCounter(p.m.requests)
 	p.notePathFirst(!s.plan.Exempt && len(s.plan.Limits) == 0)
 	if s.plan.Exempt {
 		h.IncCounter(p.m.exempt)
@@ -125,6 +127,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	if s.cfg.LocalCache.Enabled {
 		if i, d, hash, memo, ok := p.cachedDenial(s); ok {
 			h.IncCounter(p.m.cacheHits)
+			h.IncCounter(p.m.denied)
 			s.refuseCached(i, &d, hash, memo)
 			if !cached {
 				p.plans.Keep(s.cfg, &s.req, &s.plan, p.refusalTag(hash, i))
