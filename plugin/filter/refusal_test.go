@@ -211,7 +211,8 @@ func TestPlugin_CountRefusals(t *testing.T) {
 			h, p := newPlugin(t, "fail_open")
 			h.request(p, 2, map[string]string{"x-user-id": "bob"})
 			h.answer(p, "200", denyAnswer(h.nowMS)) // the bridge refuses: cached
-			for i := range 6 { // one second: two rendered, four from the plan cache
+			// One second: two refusals rendered, four from the plan cache.
+			for i := range 6 {
 				if h.request(p, 3, map[string]string{"x-user-id": "bob"}); h.local == nil || h.local.status != 429 {
 					t.Fatalf("refusal %d: %+v", i+1, h.local)
 				}
