@@ -2,6 +2,7 @@ package distributed
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -101,7 +102,8 @@ func leaseRun(t *testing.T, d *deployment, at redisAt, alg, user string) (int, b
 		// The leases end (300 ms) and within a tick (100 ms) what they
 		// hold is back: the store counts exactly what was admitted.
 		if !waitFor(3*time.Second, func() bool { return storeUsed(t, at, alg, key) == int64(admitted) }) {
-			t.Errorf("burst %d: the store counts %d used, %d were admitted", burst, storeUsed(t, at, alg, key), admitted)
+			t.Errorf("burst %d: the store counts %d used, %d were admitted; the proxies' lease units (every key):%s",
+				burst, storeUsed(t, at, alg, key), admitted, d.leaseUnits())
 			return admitted, false
 		}
 		t.Logf("%s burst %d: %d requests, %d admitted (%d in all); the store counts %d once the leases ended",
@@ -318,4 +320,19 @@ func TestLease_ServesThroughFailure(t *testing.T) {
 			t.Logf("%s down: %d requests answered from leases until they ended, then %d by fail_closed", fault, served, failed)
 		})
 	}
+}
+
+// leaseUnits sums the lease unit counters of d's proxies, for a failure
+// to say where units that did not come back went.
+func (d *deployment) leaseUnits() string {
+	var b strings.Builder
+	for _, name := range []string{"granted", "spent", "returned", "unreturned"} {
+		var n int64
+		for _, h := range d.hosts {
+			v, _ := h.Metric("sluice_lease_units_" + name + "_total")
+			n += v
+		}
+		fmt.Fprintf(&b, " %s %d", name, n)
+	}
+	return b.String()
 }
