@@ -286,13 +286,12 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 	return proxywasm.Continue
 }
 
-// OnTick counts the refusals not counted yet and resumes the held requests
-// that are due. Once a period (the tick
-// fires more often while requests are held) it follows the host's log
-// level, reports the refusals from the over-limit cache that no later
-// refusal has reported, forgets the plans of refusals that stopped, hands
-// back what leases that ended still hold, and asks the bridge for its
-// policy (rules_from).
+// OnTick counts the refusals not counted yet (countRefusals) and resumes
+// the held requests that are due. Once a period (the tick fires more often
+// while requests are held) it follows the host's log level, reports the
+// refusals from the over-limit cache that no later refusal has reported,
+// forgets the plans of refusals that stopped, hands back what leases that
+// ended still hold, and asks the bridge for its policy (rules_from).
 func (p *Plugin) OnTick() {
 	now := p.host.NowNanos() / 1e6
 	p.countRefusals()
