@@ -369,6 +369,43 @@ func scenarioLimitHeadersAndDenial(t *testing.T, start startEngine) {
 	}
 }
 
+// A client refused again and again: after its first refusals of a second,
+// a VM answers from its plan cache and counts those refusals at its next
+// tick, in requests, denied and local cache hits at once. The counters
+// add up whenever they are read, and count every refusal within a tick.
+func scenarioRefusalsCounted(t *testing.T, start startEngine) {
+	h := startProxy(t, start, engineSetup{mode: "fail_open"})
+	carol := map[string]string{"x-user-id": "carol"}
+	const allowed, denied = 3, 20 // the first denial is the bridge's, the rest the cache's
+	for i := range allowed + denied {
+		want := 200
+		if i >= allowed {
+			want = 429
+		}
+		if o := h.do("/api/items", carol, 200); o.status != want {
+			t.Fatalf("request %d: %+v, want %d", i+1, o, want)
+		}
+	}
+	counts := func() [4]int64 {
+		return [4]int64{h.metric("sluice_requests_total"), h.metric("sluice_allowed_total"),
+			h.metric("sluice_denied_total"), h.metric("sluice_local_cache_hits_total")}
+	}
+	if c := counts(); c[0] != c[1]+c[2] || c[2]-c[3] != 1 {
+		t.Errorf("requests, allowed, denied, cache hits %v: requests are not allowed + denied, or denied not the bridge's one + cache hits", c)
+	}
+	// The hosts' ticks run on their own clock, once a second here.
+	want := [4]int64{allowed + denied, allowed, denied, denied - 1}
+	for end := time.Now().Add(5 * time.Second); counts() != want && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if c := counts(); c != want {
+		t.Errorf("requests, allowed, denied, cache hits %v, want %v", c, want)
+	}
+	if n := h.failures(); n != 0 {
+		t.Errorf("%d VM failures", n)
+	}
+}
+
 // A leased limit: its first request gets a lease, which the next ones
 // spend from the shared data of both worker VMs without a call-out (a
 // renewal goes out in the background at half of it); no more than the
