@@ -193,8 +193,10 @@ func TestServer_AnswersChecksRelaysTheRest(t *testing.T) {
 	cl.fr.WriteData(1, true, []byte(`{"limits":[]}`))
 	cl.headers(3, false, ":method", "PUT", ":scheme", "http", ":path", "/other", ":authority", "b")
 	cl.fr.WriteData(3, true, []byte("body"))
-	got := map[uint32]string{}
-	for len(got) < 2 {
+	// Until both answers ended: one's body may come after the other's
+	// headers.
+	got, ended := map[uint32]string{}, map[uint32]bool{}
+	for len(ended) < 2 {
 		f, err := cl.fr.ReadFrame()
 		if err != nil {
 			t.Fatal(err)
@@ -208,9 +210,13 @@ func TestServer_AnswersChecksRelaysTheRest(t *testing.T) {
 			}
 			if f.StreamEnded() {
 				got[f.StreamID] += "end"
+				ended[f.StreamID] = true
 			}
 		case *http2.DataFrame:
 			got[f.StreamID] += string(f.Data())
+			if f.StreamEnded() {
+				ended[f.StreamID] = true
+			}
 		}
 	}
 	local := cl.c.LocalAddr().String()
