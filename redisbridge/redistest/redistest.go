@@ -68,9 +68,12 @@ func (s *Server) start() {
 	if s.conf != "" {
 		args = []string{s.conf, "--sentinel"}
 	} else {
+		// A master otherwise holds a replica's first sync 5 s for more
+		// replicas to share it (repl-diskless-sync-delay); every cluster,
+		// Sentinel start and failover in the tests waited for it.
 		args = append([]string{
 			"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", s.dir, "--logfile", "", "--loglevel", "warning",
+			"--dir", s.dir, "--logfile", "", "--loglevel", "warning", "--repl-diskless-sync-delay", "0",
 		}, s.args...)
 	}
 	cmd := exec.Command(Binary, args...)
