@@ -105,9 +105,10 @@ func exactness(t *testing.T, d *deployment, at redisAt, topo string) {
 	t.Run("fixed window per window", func(t *testing.T) {
 		// Windows of 2 s aligned to the epoch; X-RateLimit-Reset (unix s)
 		// is the window's end and names the window that admitted a request.
-		// Whole windows the load spans admit exactly the limit.
+		// Whole windows the load spans admit exactly the limit. The load
+		// runs until it has spanned one whole window (2 to 4 s).
 		user := "per-window-" + topo
-		stop := time.Now().Add(5 * time.Second)
+		stop := time.Now().Truncate(2 * time.Second).Add(4*time.Second + 50*time.Millisecond)
 		var all []result
 		for time.Now().Before(stop) {
 			all = append(all, d.burst(clients, 4*clients, "/fw2s", user)...)
