@@ -270,7 +270,16 @@ func BenchmarkGateway(b *testing.B) {
 	}
 	b.ResetTimer()
 	saturated := make([][]gatewayRun, len(cases))
+	type wakeRun struct{ us, cpuUS float64 } // a round trip and its CPU
+	var wakes [2][]wakeRun                   // on two CPUs, on one
 	for range *benchRounds {
+		for i, oneCPU := range []bool{false, true} {
+			wall, cpu, err := proccpu.WakeRoundTrip(20000, oneCPU)
+			if err != nil {
+				b.Fatal(err)
+			}
+			wakes[i] = append(wakes[i], wakeRun{float64(wall.Nanoseconds()) / 1000, float64(cpu.Nanoseconds()) / 1000})
+		}
 		for i, c := range cases {
 			saturated[i] = append(saturated[i], measure(c, n, 0))
 		}
@@ -343,6 +352,15 @@ func BenchmarkGateway(b *testing.B) {
 		rows = append(rows, benchtable.Row{Group: group, Name: name,
 			Metrics: []benchtable.Metric{{Name: "p99 ms", Value: median(added, func(r gatewayRun) float64 { return r.p99ms })}}})
 	}
+	// What a hop costs that finds the next process asleep, on this
+	// machine: the paced rows above pay several per request.
+	wakeGroup := fmt.Sprintf("This machine: two threads waking each other through pipes, each blocked in read (medians of %d, one per round above)", *benchRounds)
+	for i, where := range []string{"on two CPUs", "on one CPU"} {
+		rows = append(rows, benchtable.Row{Group: wakeGroup, Name: where, Base: i == 1, Metrics: []benchtable.Metric{
+			{Name: "round trip µs", Value: median(wakes[i], func(r wakeRun) float64 { return r.us }), Ratio: true},
+			{Name: "CPU µs per round trip", Value: median(wakes[i], func(r wakeRun) float64 { return r.cpuUS }), Ratio: true},
+		}})
+	}
 	b.ReportMetric(rate, "call-out-req/s")
 	b.ReportMetric(ratio(callout, 1), "call-out/reverse-proxy")
 	b.ReportMetric(ratio(3, 2), "no-match/no-plugin")
@@ -356,7 +374,7 @@ func BenchmarkGateway(b *testing.B) {
 }
 
 // median is the median of f over runs.
-func median(runs []gatewayRun, f func(gatewayRun) float64) float64 {
+func median[R any](runs []R, f func(R) float64) float64 {
 	v := make([]float64, len(runs))
 	for i, r := range runs {
 		v[i] = f(r)

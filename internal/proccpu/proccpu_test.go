@@ -46,3 +46,21 @@ func TestMachine(t *testing.T) {
 		t.Errorf("busy %v of %v", busy1-busy0, total1-total0)
 	}
 }
+
+// Two threads wake each other on two CPUs and on one; a round trip takes
+// some time and some CPU, far less than a second on any machine.
+func TestWakeRoundTrip(t *testing.T) {
+	for _, oneCPU := range []bool{false, true} {
+		wall, cpu, err := WakeRoundTrip(2000, oneCPU)
+		if err != nil {
+			t.Fatalf("one CPU %v: %v", oneCPU, err)
+		}
+		if wall <= 0 || wall > time.Second || cpu <= 0 || cpu > time.Second {
+			t.Errorf("one CPU %v: round trip %v, CPU %v", oneCPU, wall, cpu)
+		}
+		t.Logf("one CPU %v: round trip %v, CPU %v", oneCPU, wall, cpu)
+	}
+	if _, _, err := WakeRoundTrip(0, false); err == nil {
+		t.Error("no error for 0 round trips")
+	}
+}
