@@ -53,7 +53,9 @@ func WakeRoundTrip(n int, oneCPU bool) (wall, cpu time.Duration, err error) {
 	// the threads pinned here end with them.
 	go func() {
 		runtime.LockOSThread()
-		echoed <- echo(cpus[1], ping[0], pong[1])
+		err := echo(cpus[1], ping[0], pong[1])
+		unix.Close(pong[1]) // a sender still waiting reads the end of the pipe
+		echoed <- err
 	}()
 	type result struct {
 		wall, cpu time.Duration
@@ -71,9 +73,8 @@ func WakeRoundTrip(n int, oneCPU bool) (wall, cpu time.Duration, err error) {
 	eerr := <-echoed
 	unix.Close(ping[0])
 	unix.Close(pong[0])
-	unix.Close(pong[1])
-	if r.err == nil {
-		r.err = eerr
+	if eerr != nil {
+		return 0, 0, eerr
 	}
 	if r.err != nil {
 		return 0, 0, r.err
