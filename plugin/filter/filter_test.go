@@ -43,6 +43,7 @@ type fakeHost struct {
 	pathReads   int                // RequestPath calls
 	otherReads  int                // RequestHeaders' and RequestPseudoHeaders calls
 	skipped     map[uint32]bool    // streams that skip their response headers
+	beforeSet   func()             // runs once, at the next SharedSetCAS, before its write: another VM's moment
 }
 
 type localResponse struct {
@@ -125,6 +126,10 @@ func (h *fakeHost) SharedGetCAS(k string) ([]byte, uint32) {
 // SharedSetCAS follows Envoy: a write to a key that exists with a
 // non-zero cas other than its token fails; every write takes a new token.
 func (h *fakeHost) SharedSetCAS(k string, v []byte, cas uint32) bool {
+	if f := h.beforeSet; f != nil {
+		h.beforeSet = nil
+		f()
+	}
 	if _, ok := h.shared[k]; ok && cas != 0 && cas != h.cas[k] {
 		return false
 	}

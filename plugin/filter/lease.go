@@ -2,6 +2,7 @@ package filter
 
 import (
 	"encoding/binary"
+	"math"
 
 	"github.com/sluicehq/sluice/plugin/proxywasm"
 	"github.com/sluicehq/sluice/rules"
@@ -203,8 +204,22 @@ func (p *Plugin) slotName(h uint64, slots int64) string {
 	return bytesString(p.slotKey)
 }
 
-// write stores e in slot k if it still holds what cas names.
+// createCAS is the token write passes for a slot that was absent when
+// read, so that it creates the slot only if it is still absent. With
+// token 0 the write would replace whatever another VM created meanwhile
+// (a lease, a denial). The host creates an absent key whatever the token,
+// and refuses a non-zero token other than an existing key's; tokens count
+// up from 1 over every write of the process (proxy-wasm-cpp-host
+// src/shared_data.cc SharedData::set, src/shared_data.h nextCas), so a
+// slot created between the read and the write holds that moment's token,
+// which is this one only for the 2^32-1th write of the process.
+const createCAS = math.MaxUint32
+
+// write stores e in slot k if it still holds what cas names (0: nothing).
 func (p *Plugin) write(k string, e *slotEntry, cas uint32) bool {
+	if cas == 0 {
+		cas = createCAS
+	}
 	p.slotBuf = appendSlot(p.slotBuf[:0], e)
 	return p.host.SharedSetCAS(k, p.slotBuf, cas)
 }
@@ -432,11 +447,6 @@ func (p *Plugin) unmark(cfg *rules.Config, key []byte, m int64) {
 // free lease of the slot takes it, or one that ended (its units are handed
 // back). A slot of another key with a lease still spendable keeps it, and
 // the grant goes back at once.
-//
-// A slot never written before takes any write (the ABI has no "create if
-// absent"), so two VMs installing into a new slot at the same moment may
-// lose one grant: its units are lost to this proxy, never spent twice,
-// and the store frees them when their window or generation ends.
 func (p *Plugin) install(cfg *rules.Config, key []byte, sp *rules.LimitSpec, d *rules.Decision, sentAt int64) {
 	g := d.Lease
 	now := p.host.NowNanos() / 1e6

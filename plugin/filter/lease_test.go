@@ -154,6 +154,36 @@ func TestLease_CASConflict(t *testing.T) {
 	}
 }
 
+// Two VMs install their grants into a slot no one has written yet, one
+// while the other is between reading the slot (absent) and writing it:
+// the slot ends up holding both, neither written over.
+func TestLease_InstallIntoNewSlotRace(t *testing.T) {
+	h, p := newLeasePlugin(t)
+	h2, p2 := otherVM(t, h)
+	h.hot(p, 2)
+	h2.hot(p2, 2)
+	if len(h.calls) != 1 || len(h2.calls) != 1 {
+		t.Fatalf("call-outs %d and %d, want one each", len(h.calls), len(h2.calls))
+	}
+	h.beforeSet = func() { h2.answerCall(p2, 1, "200", grantAnswer(h.nowMS, 10, 1000, 78, 979)) }
+	h.answerCall(p, 1, "200", grantAnswer(h.nowMS, 10, 1000, 77, 989))
+	if h.beforeSet != nil {
+		t.Fatal("the first VM wrote no shared data installing its grant")
+	}
+	k := p.slotName(rules.Hash([]byte(hotKey)), 64)
+	var e slotEntry
+	if !parseSlot(h.shared[k], &e) {
+		t.Fatal("no slot")
+	}
+	tags := map[int64]int64{}
+	for _, s := range e.sub {
+		tags[s.tag] = s.units
+	}
+	if tags[77] != 10 || tags[78] != 10 || e.held(h.nowMS) != 20 {
+		t.Fatalf("the slot holds %v (tag: units), want both grants of 10", tags)
+	}
+}
+
 // A lease that ended with units is handed back: on the next check of its
 // key, or by the tick when no check comes.
 func TestLease_EndedUnitsGoBack(t *testing.T) {
