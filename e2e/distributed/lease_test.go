@@ -60,6 +60,14 @@ func TestLease_Exact_Cluster(t *testing.T) {
 // is what was admitted); a second burst and a drain through one gateway
 // then admit exactly what is left: the limit in all.
 func leaseExactness(t *testing.T, d *deployment, at redisAt, topo string) {
+	t.Cleanup(func() { // after the parallel subtests
+		var grants int64
+		for _, h := range d.hosts {
+			v, _ := h.Metric("sluice_lease_grants_total")
+			grants += v
+		}
+		t.Logf("%s: %d grants; lease units:%s", topo, grants, d.leaseUnits())
+	})
 	for _, alg := range []string{"token_bucket", "fixed_window", "sliding_log", "sliding_window"} {
 		t.Run(alg, func(t *testing.T) {
 			t.Parallel()

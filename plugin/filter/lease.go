@@ -18,9 +18,10 @@ import (
 // A slot holds at most two leases of its key: the one being spent and the
 // next, asked for in the background (from the root context, where Envoy
 // keeps every call-out) once what the proxy holds falls to half the size,
-// one renewal at a time per key (the renewing mark). A lease is spent
-// only between the moment its request was sent and that moment plus its
-// ttl, on this proxy's clock: the bridge counted its units from a later
+// one renewal at a time per key (the renewing mark; a key's first lease
+// too, the VM that finds its slot free making it the key's). A lease is
+// spent only between the moment its request was sent and that moment plus
+// its ttl, on this proxy's clock: the bridge counted its units from a later
 // moment, so the proxy stops spending them first. Units a lease still
 // holds when it ends go back to the bridge exactly once: whoever closes
 // the lease in the slot (a compare-and-swap that empties it) sends them,
@@ -379,8 +380,13 @@ func (s *Stream) prepareLeases() {
 		for range casTries {
 			v, cas := p.host.SharedGetCAS(k)
 			if !parseSlot(v, e) || string(e.key) != string(l.Key) {
-				l.AskLease = true // the slot is another key's, or free: no mark to set
-				break
+				if cas != 0 {
+					l.AskLease = true // another key's slot: it keeps it, so no mark to set
+					break
+				}
+				// A free slot is made the key's, with the mark, so that
+				// the other VMs wait for this grant rather than ask too.
+				*e = slotEntry{key: l.Key}
 			}
 			if !e.leased {
 				e.leased, e.sub, e.hlimit = true, [2]leaseSub{}, 0

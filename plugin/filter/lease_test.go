@@ -154,10 +154,10 @@ func TestLease_CASConflict(t *testing.T) {
 	}
 }
 
-// Two VMs install their grants into a slot no one has written yet, one
-// while the other is between reading the slot (absent) and writing it:
-// the slot ends up holding both, neither written over.
-func TestLease_InstallIntoNewSlotRace(t *testing.T) {
+// The first requests of a key no VM has seen: the first VM makes the
+// key's slot, with its mark, and asks for a lease; another VM's check goes
+// to the bridge without asking, and both spend the one grant.
+func TestLease_NewKeyAskedOnce(t *testing.T) {
 	h, p := newLeasePlugin(t)
 	h2, p2 := otherVM(t, h)
 	h.hot(p, 2)
@@ -165,22 +165,46 @@ func TestLease_InstallIntoNewSlotRace(t *testing.T) {
 	if len(h.calls) != 1 || len(h2.calls) != 1 {
 		t.Fatalf("call-outs %d and %d, want one each", len(h.calls), len(h2.calls))
 	}
-	h.beforeSet = func() { h2.answerCall(p2, 1, "200", grantAnswer(h.nowMS, 10, 1000, 78, 979)) }
-	h.answerCall(p, 1, "200", grantAnswer(h.nowMS, 10, 1000, 77, 989))
-	if h.beforeSet != nil {
-		t.Fatal("the first VM wrote no shared data installing its grant")
+	if !strings.Contains(h.calls[0].body, `"lease"`) || strings.Contains(h2.calls[0].body, `"lease"`) {
+		t.Fatalf("checks: %s and %s; want a lease asked by the first only", h.calls[0].body, h2.calls[0].body)
 	}
-	k := p.slotName(rules.Hash([]byte(hotKey)), 64)
+	h2.answerCall(p2, 1, "200", grantAnswer(h.nowMS, 0, 0, 0, 999))
+	h.answerCall(p, 1, "200", grantAnswer(h.nowMS, 10, 1000, 77, 989))
+	if h.hot(p, 3) != proxywasm.Continue || h2.hot(p2, 3) != proxywasm.Continue {
+		t.Fatal("the grant does not answer both VMs")
+	}
+	if g := h.counters[MetricLeaseGrants] + h2.counters[MetricLeaseGrants]; g != 1 {
+		t.Errorf("%d grants, want 1", g)
+	}
+}
+
+// A VM caches a denial into a slot it read as absent while another VM
+// makes that slot its key's, with a renewal mark: the first write fails
+// and is made again on what the other wrote, rather than replacing it.
+func TestLease_DenialIntoNewSlotKeepsMark(t *testing.T) {
+	h, p := newLeasePlugin(t)
+	h2, p2 := otherVM(t, h)
+	// /hot/mixed also matches an unleased limit: its check asks for no
+	// lease and leaves the slot absent.
+	h.request(p, 2, map[string]string{":path": "/hot/mixed"})
+	h.beforeSet = func() { h2.hot(p2, 2) }
+	deny := string(rules.AppendCheckResponse(nil, &rules.CheckResponse{Allowed: false, NowMS: h.nowMS, Decisions: []rules.Decision{
+		{Allowed: false, Limit: 1000, Remaining: 0, ResetMS: h.nowMS + 30_000, RetryAfterMS: 30_000},
+		{Allowed: true, Limit: 1000, Remaining: 500, ResetMS: h.nowMS + 30_000},
+	}}))
+	h.answerCall(p, 1, "200", deny)
+	if h.beforeSet != nil {
+		t.Fatal("the denial was not cached")
+	}
+	if len(h2.calls) != 1 || !strings.Contains(h2.calls[0].body, `"lease"`) {
+		t.Fatalf("the other VM's check: %+v, want one asking for a lease", h2.calls)
+	}
 	var e slotEntry
-	if !parseSlot(h.shared[k], &e) {
+	if !parseSlot(h.shared[p.slotName(rules.Hash([]byte(hotKey)), 64)], &e) {
 		t.Fatal("no slot")
 	}
-	tags := map[int64]int64{}
-	for _, s := range e.sub {
-		tags[s.tag] = s.units
-	}
-	if tags[77] != 10 || tags[78] != 10 || e.held(h.nowMS) != 20 {
-		t.Fatalf("the slot holds %v (tag: units), want both grants of 10", tags)
+	if e.until <= h.nowMS || !e.leased || e.renewing == 0 {
+		t.Fatalf("slot: denied until %d (now %d), leased %v, mark %d; want the denial and the other VM's mark", e.until, h.nowMS, e.leased, e.renewing)
 	}
 }
 
