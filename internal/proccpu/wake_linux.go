@@ -98,19 +98,33 @@ func echo(onCPU, in, out int) error {
 	}
 	b := []byte{0}
 	for {
-		k, err := unix.Read(in, b)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("proccpu: read: %w", err)
-		}
-		if k == 0 {
+		if err := readByte(in, b); err == errEnded {
 			return nil
+		} else if err != nil {
+			return err
 		}
 		if _, err := unix.Write(out, b); err != nil {
 			return fmt.Errorf("proccpu: write: %w", err)
 		}
+	}
+}
+
+var errEnded = errors.New("proccpu: the other end of the pipe closed")
+
+// readByte reads one byte into b, blocked until it comes; errEnded when
+// the pipe has ended.
+func readByte(fd int, b []byte) error {
+	for {
+		k, err := unix.Read(fd, b)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return fmt.Errorf("proccpu: read: %w", err)
+		case k == 0:
+			return errEnded
+		}
+		return nil
 	}
 }
 
@@ -132,18 +146,8 @@ func send(onCPU, n, warm, out, in int) (wall, used time.Duration, err error) {
 		if _, err := unix.Write(out, b); err != nil {
 			return 0, 0, fmt.Errorf("proccpu: write: %w", err)
 		}
-		for {
-			k, err := unix.Read(in, b)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return 0, 0, fmt.Errorf("proccpu: read: %w", err)
-			}
-			if k == 0 {
-				return 0, 0, errors.New("proccpu: the echoing thread ended")
-			}
-			break
+		if err := readByte(in, b); err != nil {
+			return 0, 0, err
 		}
 	}
 	wall = time.Since(t0)
