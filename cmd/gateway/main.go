@@ -162,6 +162,7 @@ type settings struct {
 	appendXFF                        bool
 	logLevel                         string
 	cacheDir                         string
+	idleTimeout                      time.Duration
 }
 
 // envPrefix: every flag --x-y may also be set as SLUICE_GATEWAY_X_Y.
@@ -186,6 +187,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.BoolVar(&s.appendXFF, "append-xff", true, "append the peer address to X-Forwarded-For, as Envoy's use_remote_address does")
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&s.cacheDir, "compile-cache", "", "directory to keep the plugin's compiled machine code in, so restarts skip compiling (seconds for plugin.wasm)")
+	fs.DurationVar(&s.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a client's kept-alive connection after it has been idle this long")
 	return fs
 }
 
@@ -245,6 +247,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	if s.workers < 1 || s.workers > maxWorkers {
 		return s, fmt.Errorf("--workers %d: must be from 1 to %d", s.workers, maxWorkers)
 	}
+	if s.idleTimeout <= 0 {
+		return s, fmt.Errorf("--idle-timeout %v: must be above 0", s.idleTimeout)
+	}
 	return s, nil
 }
 
@@ -296,7 +301,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	logger.Info("plugin started", "workers", s.workers, "took", time.Since(start).String())
 
 	up, _ := url.Parse(s.upstream)
-	srv := newServer(newHandler(up, host, logger, s.appendXFF, s.strip))
+	srv := newServer(newHandler(up, host, logger, s.appendXFF, s.strip), s.idleTimeout)
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
@@ -359,10 +364,18 @@ func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, xff bool,
 	return handler
 }
 
-// newServer is the gateway's HTTP server around its handler.
-func newServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+// newServer is the gateway's HTTP server around its handler. A client's
+// connection idle for longer than idle is closed: without a limit
+// net/http keeps every idle connection (and its goroutine and buffers)
+// for as long as the client does.
+func newServer(h http.Handler, idle time.Duration) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idle}
 }
+
+// defaultIdleTimeout is above the idle time after which common clients
+// drop a kept-alive connection themselves (90 s in Go's http.Transport),
+// so the gateway seldom closes one a client is about to reuse.
+const defaultIdleTimeout = 2 * time.Minute
 
 // bufferPool lends the reverse proxy its copy buffers: without one it
 // allocates 32 KiB for every response, most of the gateway's garbage.

@@ -1,16 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"flag"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/wasmhost"
@@ -42,6 +45,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--upstream", "http://x", "--cluster", "nameonly"}, "NAME=URL"},
 		{[]string{"--upstream", "http://x", "--cluster", "b=localhost:1"}, "not an http(s) URL"},
 		{[]string{"--upstream", "http://x", "--workers", "0"}, "--workers 0"},
+		{[]string{"--upstream", "http://x", "--idle-timeout", "0s"}, "--idle-timeout 0s: must be above 0"},
+		{[]string{"--upstream", "http://x", "--idle-timeout", "5"}, "invalid value"},
 		{[]string{"--upstream", "http://x", "--strip-header", "bad header"}, "not a header name"},
 		{[]string{"--upstream", "http://x", "--env", "A", "--env", "A=1"}, "A is given twice"},
 		{[]string{"--upstream", "http://x", "--env", "=1"}, "want NAME or NAME=VALUE"},
@@ -50,7 +55,7 @@ func TestParseFlags(t *testing.T) {
 	for _, tc := range tests {
 		s, err := parseFlags(tc.args, noEnv, io.Discard)
 		if tc.err == "" {
-			if err != nil || s.clusters["b"] != "http://127.0.0.1:8081" || len(s.strip) != 1 {
+			if err != nil || s.clusters["b"] != "http://127.0.0.1:8081" || len(s.strip) != 1 || s.idleTimeout != defaultIdleTimeout {
 				t.Errorf("%v: %v %+v", tc.args, err, s)
 			}
 			continue
@@ -69,7 +74,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_UPSTREAM": "http://127.0.0.1:9000", "SLUICE_GATEWAY_CLUSTER": "a=http://127.0.0.1:1, b=http://127.0.0.1:2",
 		"SLUICE_GATEWAY_WORKERS": "3", "SLUICE_GATEWAY_FAILURE_POLICY": "fail_open", "SLUICE_GATEWAY_STRIP_HEADER": "x-user-id,x-tier",
 		"SLUICE_GATEWAY_ENV": "RATE_LIMIT_CHAT_REQUESTS,RATE_LIMIT_CHAT_WINDOW=90", "SLUICE_GATEWAY_APPEND_XFF": "false",
-		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc",
+		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc", "SLUICE_GATEWAY_IDLE_TIMEOUT": "45s",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)
@@ -79,7 +84,7 @@ func TestParseFlags_Environment(t *testing.T) {
 	want := settings{
 		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
 		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
-		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc",
+		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}
 	if !reflect.DeepEqual(s, want) {
@@ -119,6 +124,38 @@ func TestEnvFlag_Environment(t *testing.T) {
 	}
 	if got := (envFlag{}).environment(nil); got != nil {
 		t.Errorf("no --env: %v, want none", got)
+	}
+}
+
+// A client's connection is closed once it has been idle for the idle
+// timeout, and kept while it is in use.
+func TestServer_ClosesIdleConnections(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), 50*time.Millisecond)
+	go srv.Serve(ln)
+	defer srv.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second)) // the test's own bound, far above the timeout
+	br := bufio.NewReader(c)
+	for i := range 2 { // the connection is reused: the timeout counts idle time only
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != 200 || resp.Close {
+			t.Fatalf("request %d: %v %+v", i, err, resp)
+		}
+		resp.Body.Close()
+	}
+	if n, err := br.ReadByte(); err != io.EOF {
+		t.Errorf("idle connection: read %q, %v; want it closed (EOF)", n, err)
 	}
 }
 

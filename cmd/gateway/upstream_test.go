@@ -61,7 +61,7 @@ func serveGateway(tb testing.TB, h http.Handler) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	srv := newServer(h)
+	srv := newServer(h, defaultIdleTimeout)
 	go srv.Serve(ln)
 	tb.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
