@@ -7,6 +7,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 
 	"github.com/sluicehq/sluice/internal/hosttest"
 	"github.com/sluicehq/sluice/wasmhost"
@@ -52,4 +53,53 @@ func ExampleHost_Middleware() {
 	// Output:
 	// 200  hello
 	// 429 7 denied
+}
+
+// A gateway serves the plugin's metrics for Prometheus to scrape, named
+// and shaped as Envoy's /stats/prometheus exports them, so the same
+// dashboards and alerts read both (cmd/gateway serves them on
+// --admin-listen). Here the test guest, for each request in its echo mode,
+// counts it, sets a gauge and records 7 in a histogram; a few of the
+// lines are printed.
+func ExampleHost_WritePrometheus() {
+	wasm, err := hosttest.Guest()
+	if err != nil {
+		log.Fatal(err)
+	}
+	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{Workers: 2, PluginConfig: []byte("configuration")})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer host.Close()
+	srv := httptest.NewServer(host.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	defer srv.Close()
+	for range 3 {
+		req, _ := http.NewRequest("GET", srv.URL, nil)
+		req.Header.Set("X-Mode", "echo")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		res.Body.Close()
+	}
+
+	var out strings.Builder
+	if err := host.WritePrometheus(&out); err != nil {
+		log.Fatal(err)
+	}
+	for line := range strings.Lines(out.String()) {
+		if strings.HasPrefix(line, "test_requests") || strings.HasPrefix(line, "test_gauge") ||
+			strings.HasPrefix(line, "# TYPE test_hist") || strings.Contains(line, `le="5"`) || strings.Contains(line, `le="10"`) ||
+			strings.HasPrefix(line, "test_hist_sum") || strings.HasPrefix(line, "test_hist_count") {
+			fmt.Print(line)
+		}
+	}
+	// Output:
+	// test_gauge 42
+	// # TYPE test_hist histogram
+	// test_hist_bucket{le="5"} 0
+	// test_hist_bucket{le="10"} 3
+	// test_hist_sum 21
+	// test_hist_count 3
+	// test_requests 3
 }

@@ -71,10 +71,16 @@ const (
 )
 
 type metric struct {
-	name    string
-	typ     MetricType
-	value   int64
+	name  string
+	typ   MetricType
+	value int64 // a histogram's: how many values it recorded
+	// A histogram's recorded values: the first maxHistogramSamples of them
+	// for Host.Histogram, and all of them counted in buckets (buckets[i]:
+	// values above envoyBuckets[i-1], up to envoyBuckets[i]) and summed, for
+	// WritePrometheus.
 	samples []uint64
+	buckets []uint64
+	sum     uint64
 }
 
 // metricStore holds metrics by name; every VM that defines a name gets the
@@ -101,7 +107,11 @@ func (m *metricStore) define(t MetricType, name string) (uint32, Status) {
 		}
 		return id, StatusOK
 	}
-	m.list = append(m.list, &metric{name: name, typ: t})
+	x := &metric{name: name, typ: t}
+	if t == MetricHistogram {
+		x.buckets = make([]uint64, len(envoyBuckets))
+	}
+	m.list = append(m.list, x)
 	id := uint32(len(m.list))
 	m.byName[name] = id
 	return id, StatusOK
@@ -144,6 +154,10 @@ func (m *metricStore) record(id uint32, v uint64) Status {
 		if len(x.samples) < maxHistogramSamples {
 			x.samples = append(x.samples, v)
 		}
+		if i, _ := slices.BinarySearch(envoyBuckets[:], float64(v)); i < len(x.buckets) {
+			x.buckets[i]++ // the first bound at or above v
+		}
+		x.sum += v
 		x.value++
 	}
 	return StatusOK

@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -206,7 +205,7 @@ func buildCatalog(policyURL string) (*catalog, error) {
 		}
 	}
 	for _, name := range host.MetricNames() {
-		exported, ok := envoyPrometheusName(envoyStatNamespace + "." + name)
+		exported, ok := wasmhost.PrometheusName(name)
 		if !ok {
 			return nil, fmt.Errorf("plugin metric %q: Envoy leaves it out of /stats/prometheus", name)
 		}
@@ -258,53 +257,6 @@ func seriesOf(name string, typ dto.MetricType, m *dto.Metric) []sample {
 		return out
 	}
 	return []sample{{name, base}}
-}
-
-// envoyStatNamespace is the stat namespace Envoy puts every metric a Wasm
-// plugin defines into: Context::defineMetric names the stat
-// "wasmcustom.<name>" (envoy source/extensions/common/wasm/context.cc,
-// CustomStatNamespace in wasm.h).
-const envoyStatNamespace = "wasmcustom"
-
-var promInvalid = regexp.MustCompile(`[^a-zA-Z0-9_]`)
-
-// envoyPrometheusName is the name Envoy's /stats/prometheus gives the stat
-// stat, for stats in a registered custom namespace such as wasmcustom
-// (envoy source/server/admin/prometheus_stats.cc, metricName): the
-// namespace and its dot are stripped, no "envoy_" prefix is added, every
-// character outside [a-zA-Z0-9_] becomes "_", and a name that then starts
-// with a digit is left out of the output. Istio's pilot-agent merges that
-// output unchanged into :15020/stats/prometheus, and Istio's bootstrap
-// keeps every stat starting with "wasm" in its stats inclusion list
-// (istio pkg/bootstrap/config.go, requiredEnvoyStatsMatcherInclusionPrefixes),
-// so no proxyStatsMatcher is needed.
-func envoyPrometheusName(stat string) (string, bool) {
-	rest, ok := strings.CutPrefix(stat, envoyStatNamespace+".")
-	if !ok {
-		return "envoy_" + promInvalid.ReplaceAllString(stat, "_"), true
-	}
-	name := promInvalid.ReplaceAllString(rest, "_")
-	if name == "" || name[0] >= '0' && name[0] <= '9' {
-		return "", false
-	}
-	return name, true
-}
-
-func TestEnvoyPrometheusName(t *testing.T) {
-	for _, tc := range []struct {
-		stat, want string
-		ok         bool
-	}{
-		{"wasmcustom.sluice_requests_total", "sluice_requests_total", true},
-		{"wasmcustom.my.metric-x", "my_metric_x", true},
-		{"wasmcustom.9lives", "", false},
-		{"cluster.sluice_bridge.upstream_rq_total", "envoy_cluster_sluice_bridge_upstream_rq_total", true},
-	} {
-		got, ok := envoyPrometheusName(tc.stat)
-		if got != tc.want || ok != tc.ok {
-			t.Errorf("envoyPrometheusName(%q) = %q, %v; want %q, %v", tc.stat, got, ok, tc.want, tc.ok)
-		}
-	}
 }
 
 // The catalog holds what the dashboard and alerts rely on; if the plugin or
