@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 BRIDGE_ADDR=${BRIDGE_ADDR:-127.0.0.1:8081}
 UPSTREAM_ADDR=${UPSTREAM_ADDR:-127.0.0.1:9000}
 GATEWAY_ADDR=${GATEWAY_ADDR:-127.0.0.1:8080}
+ADMIN_ADDR=${ADMIN_ADDR:-127.0.0.1:9901}
 LOGS=${LOGS:-build/run}
 mkdir -p "$LOGS"
 
@@ -41,7 +42,8 @@ wait_http "http://$BRIDGE_ADDR/healthz" bridge "$LOGS/bridge.log"
 wait_http "http://$UPSTREAM_ADDR/" upstream "$LOGS/upstream.log"
 build/gateway --listen "$GATEWAY_ADDR" --plugin build/plugin.wasm --config examples/config.json \
   --upstream "http://$UPSTREAM_ADDR" --cluster "sluice_bridge=http://$BRIDGE_ADDR" --workers 2 \
-  --strip-header x-user-id --strip-header x-tier --compile-cache build/wazero-cache >"$LOGS/gateway.log" 2>&1 &
+  --strip-header x-user-id --strip-header x-tier --compile-cache build/wazero-cache \
+  --admin-listen "$ADMIN_ADDR" >"$LOGS/gateway.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do curl -s -o /dev/null "http://$GATEWAY_ADDR/" && break; sleep 0.1; done
 
@@ -49,6 +51,7 @@ cat <<MSG
 
 Sluice is running (store: ${store_args[*]}):
   gateway   http://$GATEWAY_ADDR   (plugin build/plugin.wasm, config examples/config.json)
+            http://$ADMIN_ADDR   (its admin address: the plugin's metrics at /stats/prometheus, /ready)
   bridge    http://$BRIDGE_ADDR    (metrics at /metrics)
   upstream  http://$UPSTREAM_ADDR
   logs      $LOGS/
@@ -73,6 +76,10 @@ for _ in 1 2 3 4; do
   curls+=($!)
 done
 wait "${curls[@]}"
+echo
+echo "The plugin's counters, as Prometheus scrapes them from the gateway (and from Envoy's admin address):"
+echo "  curl -s http://$ADMIN_ADDR/stats/prometheus | grep -E '^sluice_(requests|allowed|denied|throttled)_total'"
+curl -s "http://$ADMIN_ADDR/stats/prometheus" | grep -E '^sluice_(requests|allowed|denied|throttled)_total' | sed 's/^/  | /'
 echo
 echo "Press Ctrl-C to stop."
 wait

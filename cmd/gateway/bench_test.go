@@ -153,10 +153,11 @@ func startRole(b *testing.B, role string, args ...string) benchProc {
 	}
 }
 
-func freeAddr(b *testing.B) string {
+// freeAddr is a loopback address no one listens on at the moment.
+func freeAddr(tb testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer ln.Close()
 	return ln.Addr().String()

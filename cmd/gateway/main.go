@@ -25,6 +25,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -163,6 +164,7 @@ type settings struct {
 	logLevel                         string
 	cacheDir                         string
 	idleTimeout                      time.Duration
+	adminListen                      string
 }
 
 // envPrefix: every flag --x-y may also be set as SLUICE_GATEWAY_X_Y.
@@ -188,6 +190,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&s.cacheDir, "compile-cache", "", "directory to keep the plugin's compiled machine code in, so restarts skip compiling (seconds for plugin.wasm)")
 	fs.DurationVar(&s.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a client's kept-alive connection after it has been idle this long")
+	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
 	return fs
 }
 
@@ -300,6 +303,18 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	defer host.Close()
 	logger.Info("plugin started", "workers", s.workers, "took", time.Since(start).String())
 
+	var draining atomic.Bool
+	if s.adminListen != "" {
+		aln, err := net.Listen("tcp", s.adminListen)
+		if err != nil {
+			return fmt.Errorf("--admin-listen: %w", err)
+		}
+		admin := &http.Server{Handler: adminHandler(host, &draining), ReadHeaderTimeout: 10 * time.Second}
+		go admin.Serve(aln)
+		defer admin.Close() // after the gateway's own shutdown: /ready says DRAINING meanwhile
+		logger.Info("admin listening", "addr", aln.Addr().String())
+	}
+
 	up, _ := url.Parse(s.upstream)
 	srv := newServer(newHandler(up, host, logger, s.appendXFF, s.strip), s.idleTimeout)
 	ln, err := net.Listen("tcp", s.listen)
@@ -318,10 +333,12 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		case err := <-errc:
 			return err
 		case <-ctx.Done():
+			draining.Store(true)
 			return shutdown(srv)
 		case sig := <-sigs:
 			if sig != syscall.SIGHUP {
 				logger.Info("stopping", "signal", sig.String())
+				draining.Store(true)
 				return shutdown(srv)
 			}
 			data, err := os.ReadFile(s.config)
@@ -362,6 +379,28 @@ func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, xff bool,
 		handler = stripHeaders(handler, strip)
 	}
 	return handler
+}
+
+// adminHandler serves what Envoy's admin interface serves for the plugin,
+// at the same paths, so scrape configurations, dashboards and probes
+// written for Envoy work unchanged: the plugin's metrics on
+// /stats/prometheus (wasmhost.Host.WritePrometheus), and on /ready "LIVE"
+// with 200 while the gateway serves, "DRAINING" with 503 once it is
+// stopping.
+func adminHandler(host *wasmhost.Host, draining *atomic.Bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /stats/prometheus", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		host.WritePrometheus(w) // fails only when the scraper has gone
+	})
+	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, r *http.Request) {
+		if draining.Load() {
+			http.Error(w, "DRAINING", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "LIVE\n")
+	})
+	return mux
 }
 
 // newServer is the gateway's HTTP server around its handler. A client's

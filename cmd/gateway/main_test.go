@@ -9,13 +9,20 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"reflect"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/internal/hosttest"
 	"github.com/sluicehq/sluice/wasmhost"
 )
 
@@ -75,6 +82,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_WORKERS": "3", "SLUICE_GATEWAY_FAILURE_POLICY": "fail_open", "SLUICE_GATEWAY_STRIP_HEADER": "x-user-id,x-tier",
 		"SLUICE_GATEWAY_ENV": "RATE_LIMIT_CHAT_REQUESTS,RATE_LIMIT_CHAT_WINDOW=90", "SLUICE_GATEWAY_APPEND_XFF": "false",
 		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc", "SLUICE_GATEWAY_IDLE_TIMEOUT": "45s",
+		"SLUICE_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9901",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)
@@ -85,7 +93,8 @@ func TestParseFlags_Environment(t *testing.T) {
 		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
 		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
-		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
+		adminListen: "127.0.0.1:9901",
+		env:         envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("from the environment:\n got %+v\nwant %+v", s, want)
@@ -156,6 +165,130 @@ func TestServer_ClosesIdleConnections(t *testing.T) {
 	}
 	if n, err := br.ReadByte(); err != io.EOF {
 		t.Errorf("idle connection: read %q, %v; want it closed (EOF)", n, err)
+	}
+}
+
+// The admin address serves the plugin's metrics as Envoy's admin does:
+// every metric the plugin defined, at the value the host holds, parsed by
+// Prometheus' own parser; and readiness until the gateway drains.
+func TestAdminHandler(t *testing.T) {
+	wasm, err := hosttest.Guest() // counts requests in its echo mode, sets a gauge, records in a histogram
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{Workers: 2, PluginConfig: []byte("configuration"), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	gw := host.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for range 5 {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set("X-Mode", "echo")
+		gw.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	var draining atomic.Bool
+	admin := adminHandler(host, &draining)
+
+	rec := httptest.NewRecorder()
+	admin.ServeHTTP(rec, httptest.NewRequest("GET", "/stats/prometheus", nil))
+	if rec.Code != 200 || rec.Header().Get("Content-Type") != "text/plain; version=0.0.4; charset=utf-8" {
+		t.Fatalf("/stats/prometheus: %d %v", rec.Code, rec.Header())
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for name, f := range fams {
+		m := f.GetMetric()[0]
+		got[name] = m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
+	}
+	want := map[string]float64{}
+	for _, name := range host.MetricNames() {
+		v, _ := host.Metric(name)
+		want[name] = float64(v) // the guest's names are their Prometheus names
+	}
+	if want["test_requests"] != 5 || want["test_hist"] != 5 || !reflect.DeepEqual(got, want) {
+		t.Errorf("scraped %v\nthe host holds %v", got, want)
+	}
+
+	for _, tc := range []struct {
+		draining bool
+		code     int
+		body     string
+	}{{false, 200, "LIVE\n"}, {true, 503, "DRAINING\n"}} {
+		draining.Store(tc.draining)
+		rec := httptest.NewRecorder()
+		admin.ServeHTTP(rec, httptest.NewRequest("GET", "/ready", nil))
+		if rec.Code != tc.code || rec.Body.String() != tc.body {
+			t.Errorf("/ready, draining %v: %d %q; want %d %q", tc.draining, rec.Code, rec.Body, tc.code, tc.body)
+		}
+	}
+}
+
+// The gateway as started: --admin-listen serves the plugin's metrics and
+// readiness beside the gateway, and the gateway stops when told to.
+func TestRun_AdminListen(t *testing.T) {
+	wasm, err := hosttest.Guest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	plugin, config := filepath.Join(dir, "guest.wasm"), filepath.Join(dir, "config")
+	if err := os.WriteFile(plugin, wasm, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(config, []byte("configuration"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	listen, admin := freeAddr(t), freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
+			"--upstream", "http://127.0.0.1:1", "--log-level", "error"}, os.Stderr)
+	}()
+	get := func(url string, hdr ...string) (int, string, error) {
+		req, _ := http.NewRequest("GET", url, nil)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		return res.StatusCode, string(b), err
+	}
+	// Until the admin address answers: the plugin compiles first.
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		code, body, err := get("http://" + admin + "/ready")
+		if err == nil && code == 200 && body == "LIVE\n" {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run returned %v", err)
+		default:
+		}
+		if time.Now().After(end) {
+			t.Fatalf("/ready: %d %q %v", code, body, err)
+		}
+	}
+	// The guest answers this mode itself (a 429), so no upstream is needed.
+	if code, _, err := get("http://"+listen+"/", "X-Mode", "deny"); err != nil || code != 429 {
+		t.Fatalf("through the gateway: %d %v", code, err)
+	}
+	code, body, err := get("http://" + admin + "/stats/prometheus")
+	if err != nil || code != 200 || !strings.Contains(body, "\n# TYPE test_requests counter\ntest_requests ") {
+		t.Errorf("/stats/prometheus: %d %v\n%s", code, err, body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v", err)
 	}
 }
 
