@@ -84,12 +84,25 @@ test-long: deps
 # Two targets at a time: each is a build of its package's instrumented
 # test binary and a short run, and one at a time left a CPU idle.
 FUZZ_JOBS ?= 2
+# Each run starts from the seeds (f.Add and testdata/fuzz) alone, with its
+# own empty cache of interesting inputs under $(FUZZ_CACHE): in the shared
+# one ($$GOCACHE/fuzz) every run adds inputs that every later run replays
+# first, one at a time, within the same count, so the phase slowed from
+# 30 s to 63 s on a machine that had run it for a day, and would go on
+# slowing until the replay filled the count. go test passes its own
+# -test.fuzzcachedir before the arguments after -args, and the test binary
+# takes the last one (cmd/go internal/test/test.go). Fuzzing by hand with
+# go test -fuzz keeps using the shared cache.
+FUZZ_CACHE := $(abspath $(BUILD))/fuzzcache
 test-fuzz:
+	@rm -rf $(FUZZ_CACHE)
 	@$(GO) run ./internal/tools/fuzzlist | tr ' ' '\n' | xargs -P $(FUZZ_JOBS) -I{} sh -c '\
 	  spec={}; pkg=$${spec%%:*}; fn=$${spec##*:}; \
-	  out=$$($(GO) test -run="^$$" -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=0 $$pkg 2>&1) || \
+	  out=$$($(GO) test -run="^$$" -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=0 $$pkg \
+	    -args -test.fuzzcachedir=$(FUZZ_CACHE)/$$pkg 2>&1) || \
 	    { echo "fuzz $$pkg $$fn: FAILED"; echo "$$out" | tail -40; exit 255; }; \
 	  echo "fuzz $$pkg $$fn"'
+	@rm -rf $(FUZZ_CACHE)
 
 # Timing targets live here, never in pass/fail tests. Fixed iteration
 # counts where a benchmark sets up load (bridge processes, wasm hosts).
