@@ -57,7 +57,8 @@ func (h *Host) WritePrometheus(w io.Writer) error {
 	h.metrics.mu.Unlock()
 	slices.SortFunc(fams, func(a, b family) int { return cmp.Compare(a.name, b.name) })
 	bw := bufio.NewWriter(w)
-	var num []byte
+	var digits [32]byte
+	num := digits[:0]
 	for _, f := range fams {
 		bw.WriteString("# TYPE ")
 		bw.WriteString(f.name)
