@@ -163,7 +163,7 @@ type settings struct {
 	appendXFF                        bool
 	logLevel                         string
 	cacheDir                         string
-	idleTimeout                      time.Duration
+	idleTimeout, upstreamTimeout     time.Duration
 	adminListen                      string
 }
 
@@ -190,6 +190,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&s.cacheDir, "compile-cache", "", "directory to keep the plugin's compiled machine code in, so restarts skip compiling (seconds for plugin.wasm)")
 	fs.DurationVar(&s.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a client's kept-alive connection after it has been idle this long")
+	fs.DurationVar(&s.upstreamTimeout, "upstream-timeout", defaultUpstreamTimeout, "the upstream's time for a whole answer, from when the plugin lets the request through, as Envoy's route timeout; past it the client gets 504; 0 for none")
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
 	return fs
 }
@@ -252,6 +253,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	}
 	if s.idleTimeout <= 0 {
 		return s, fmt.Errorf("--idle-timeout %v: must be above 0", s.idleTimeout)
+	}
+	if s.upstreamTimeout < 0 {
+		return s, fmt.Errorf("--upstream-timeout %v: must be 0 (none) or above", s.upstreamTimeout)
 	}
 	return s, nil
 }
@@ -316,7 +320,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	}
 
 	up, _ := url.Parse(s.upstream)
-	srv := newServer(newHandler(up, host, logger, s.appendXFF, s.strip), s.idleTimeout)
+	srv := newServer(newHandler(up, host, logger, s), s.idleTimeout)
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
@@ -354,29 +358,37 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	}
 }
 
-// newHandler is the gateway: the peer appended to X-Forwarded-For, the
-// stripped identity headers, the plugin (when host is not nil), and a
-// reverse proxy to up.
-func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, xff bool, strip []string) http.Handler {
-	proxy := &httputil.ReverseProxy{Transport: newUpstreamTransport(), BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
+// newHandler is the gateway: the peer appended to X-Forwarded-For
+// (s.appendXFF), the stripped identity headers (s.strip), the plugin (when
+// host is not nil), and a reverse proxy to up, with s.upstreamTimeout.
+func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, s settings) http.Handler {
+	proxy := &httputil.ReverseProxy{Transport: newUpstreamTransport(s.upstreamTimeout), BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(up)
 		pr.Out.Host = pr.In.Host
 		// X-Forwarded-For already names the peer (appendXFF); pass it on as is.
 		pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
 	}}
+	// What the proxy logs itself (an answer cut midway) goes to the
+	// gateway's log, not to the standard logger's stderr lines.
+	proxy.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		if isTimeout(err) && r.Context().Err() == nil {
+			logger.Warn("upstream timeout", "timeout", s.upstreamTimeout.String(), "path", r.URL.Path)
+			http.Error(w, "upstream request timeout", http.StatusGatewayTimeout) // Envoy's answer
+			return
+		}
 		logger.Warn("upstream error", "err", err, "path", r.URL.Path)
 		http.Error(w, "upstream unavailable", http.StatusBadGateway)
 	}
 	var handler http.Handler = proxy
 	if host != nil {
-		handler = host.Middleware(proxy)
+		handler = host.Middleware(handler)
 	}
-	if xff {
+	if s.appendXFF {
 		handler = appendXFF(handler)
 	}
-	if len(strip) > 0 {
-		handler = stripHeaders(handler, strip)
+	if len(s.strip) > 0 {
+		handler = stripHeaders(handler, s.strip)
 	}
 	return handler
 }
@@ -415,6 +427,9 @@ func newServer(h http.Handler, idle time.Duration) *http.Server {
 // drop a kept-alive connection themselves (90 s in Go's http.Transport),
 // so the gateway seldom closes one a client is about to reuse.
 const defaultIdleTimeout = 2 * time.Minute
+
+// defaultUpstreamTimeout is Envoy's default route timeout, and envoy.yaml's.
+const defaultUpstreamTimeout = 15 * time.Second
 
 // bufferPool lends the reverse proxy its copy buffers: without one it
 // allocates 32 KiB for every response, most of the gateway's garbage.

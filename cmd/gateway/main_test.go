@@ -54,6 +54,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--upstream", "http://x", "--workers", "0"}, "--workers 0"},
 		{[]string{"--upstream", "http://x", "--idle-timeout", "0s"}, "--idle-timeout 0s: must be above 0"},
 		{[]string{"--upstream", "http://x", "--idle-timeout", "5"}, "invalid value"},
+		{[]string{"--upstream", "http://x", "--upstream-timeout", "-1s"}, "--upstream-timeout -1s: must be 0 (none) or above"},
 		{[]string{"--upstream", "http://x", "--strip-header", "bad header"}, "not a header name"},
 		{[]string{"--upstream", "http://x", "--env", "A", "--env", "A=1"}, "A is given twice"},
 		{[]string{"--upstream", "http://x", "--env", "=1"}, "want NAME or NAME=VALUE"},
@@ -62,7 +63,7 @@ func TestParseFlags(t *testing.T) {
 	for _, tc := range tests {
 		s, err := parseFlags(tc.args, noEnv, io.Discard)
 		if tc.err == "" {
-			if err != nil || s.clusters["b"] != "http://127.0.0.1:8081" || len(s.strip) != 1 || s.idleTimeout != defaultIdleTimeout {
+			if err != nil || s.clusters["b"] != "http://127.0.0.1:8081" || len(s.strip) != 1 || s.idleTimeout != defaultIdleTimeout || s.upstreamTimeout != 15*time.Second {
 				t.Errorf("%v: %v %+v", tc.args, err, s)
 			}
 			continue
@@ -82,7 +83,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_WORKERS": "3", "SLUICE_GATEWAY_FAILURE_POLICY": "fail_open", "SLUICE_GATEWAY_STRIP_HEADER": "x-user-id,x-tier",
 		"SLUICE_GATEWAY_ENV": "RATE_LIMIT_CHAT_REQUESTS,RATE_LIMIT_CHAT_WINDOW=90", "SLUICE_GATEWAY_APPEND_XFF": "false",
 		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc", "SLUICE_GATEWAY_IDLE_TIMEOUT": "45s",
-		"SLUICE_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9901",
+		"SLUICE_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9901", "SLUICE_GATEWAY_UPSTREAM_TIMEOUT": "0s",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"os"
 	"sync"
 	"time"
 
@@ -34,16 +36,30 @@ import (
 // request retried once when a reused connection fails before any answer,
 // the exchange cut when the request's context ends, answer heads bounded
 // to 10 MB, idle connections closed after 90 s.
+//
+// With a timeout, the whole exchange, the answer's body included, ends
+// that long after it began, as Envoy's route timeout (isTimeout reports
+// the error): on the gateway's own connections through the connection's
+// deadline, which costs a request nothing more, and on the Transport's
+// through the request's context. Upgrades, which may last, have none.
 type upstreamTransport struct {
 	pool     h1pool.Pool
 	fallback http.RoundTripper
+	timeout  time.Duration
 }
 
-func newUpstreamTransport() *upstreamTransport {
+func newUpstreamTransport(timeout time.Duration) *upstreamTransport {
 	return &upstreamTransport{
 		pool:     h1pool.Pool{IdleTimeout: 90 * time.Second, DialTimeout: 30 * time.Second},
 		fallback: wasmhost.NewTransport(),
+		timeout:  timeout,
 	}
+}
+
+// isTimeout reports whether err is an exchange's end at the transport's
+// timeout (or a dial's at its own).
+func isTimeout(err error) bool {
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // maxResponseHead is net/http's Transport's default bound on an answer's
@@ -55,14 +71,48 @@ const maxResponseHead = 10 << 20
 var aLongTimeAgo = time.Unix(1, 0)
 
 func (t *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if !direct(req) {
-		return t.fallback.RoundTrip(req)
+	var end time.Time
+	if t.timeout > 0 {
+		end = time.Now().Add(t.timeout)
 	}
-	resp, retry, err := t.exchange(req)
+	if !direct(req) {
+		if end.IsZero() || req.Header.Get("Upgrade") != "" {
+			return t.fallback.RoundTrip(req)
+		}
+		ctx, cancel := context.WithDeadline(req.Context(), end)
+		resp, err := t.fallback.RoundTrip(req.WithContext(ctx))
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+		return resp, nil
+	}
+	resp, retry, err := t.exchange(req, end)
 	if retry {
-		resp, _, err = t.exchange(req)
+		resp, _, err = t.exchange(req, end)
 	}
 	return resp, err
+}
+
+// cancelBody ends its exchange's context once the body is read or closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.cancel()
+	}
+	return n, err
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 // direct reports whether req goes out on the gateway's own connections:
@@ -99,9 +149,10 @@ func direct(req *http.Request) bool {
 }
 
 // exchange sends req on a connection of the pool and reads the answer's
-// head. retry: the exchange failed on a reused connection before any
-// answer came, and req may be sent again.
-func (t *upstreamTransport) exchange(req *http.Request) (resp *http.Response, retry bool, err error) {
+// head; the exchange ends at end, unless it is zero. retry: the exchange
+// failed on a reused connection before any answer came, and req may be
+// sent again.
+func (t *upstreamTransport) exchange(req *http.Request, end time.Time) (resp *http.Response, retry bool, err error) {
 	// As net/http's persistConn.readResponse (Go 1.26), which the
 	// tests compare this with.
 	ctx := req.Context()
@@ -113,9 +164,15 @@ func (t *upstreamTransport) exchange(req *http.Request) (resp *http.Response, re
 		addr = net.JoinHostPort(req.URL.Hostname(), "80")
 	}
 	deadline, _ := ctx.Deadline()
+	if !end.IsZero() && (deadline.IsZero() || end.Before(deadline)) {
+		deadline = end
+	}
 	c, err := t.pool.Get(addr, deadline)
 	if err != nil {
 		return nil, false, err
+	}
+	if !end.IsZero() {
+		c.SetDeadline(end) // Put clears it
 	}
 	cut := context.AfterFunc(ctx, func() { c.SetDeadline(aLongTimeAgo) })
 	fail := func(err error, answered bool) (*http.Response, bool, error) {
@@ -123,6 +180,9 @@ func (t *upstreamTransport) exchange(req *http.Request) (resp *http.Response, re
 		t.pool.Put(c, false)
 		if ctx.Err() != nil {
 			return nil, false, ctx.Err()
+		}
+		if isTimeout(err) {
+			return nil, false, err // the whole exchange's time is spent
 		}
 		return nil, !answered && c.Reused && replayable(req), err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -213,7 +214,7 @@ func TestUpstreamTransport_AsNetHTTP(t *testing.T) {
 			u1 := startRawUpstream(t, tc.answer)
 			u2 := startRawUpstream(t, tc.answer)
 			want := through(t, wasmhost.NewTransport(), u1, tc.rewrite, tc.reqs...)
-			got := through(t, newUpstreamTransport(), u2, tc.rewrite, tc.reqs...)
+			got := through(t, newUpstreamTransport(0), u2, tc.rewrite, tc.reqs...)
 			for i := range want {
 				if got[i] != want[i] {
 					t.Errorf("answer %d:\n got %q\nwant %q", i, got[i], want[i])
@@ -252,7 +253,7 @@ func TestUpstreamTransport_Connections(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		return true
 	})
-	tr := newUpstreamTransport()
+	tr := newUpstreamTransport(0)
 	do := func(path string) {
 		t.Helper()
 		req, _ := http.NewRequest("GET", "http://"+u.addr+path, nil)
@@ -293,7 +294,7 @@ func TestUpstreamTransport_ClientGone(t *testing.T) {
 		}
 		return false
 	})
-	addr := serveGateway(t, newHandler(mustURL(t, "http://"+u.addr), nil, discardLogger(), true, nil))
+	addr := serveGateway(t, newHandler(mustURL(t, "http://"+u.addr), nil, discardLogger(), settings{appendXFF: true, upstreamTimeout: defaultUpstreamTimeout}))
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -305,6 +306,62 @@ func TestUpstreamTransport_ClientGone(t *testing.T) {
 	case <-closed:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the upstream connection outlived the client by 10 s")
+	}
+}
+
+// An upstream that does not answer within --upstream-timeout gets its
+// connection cut, and the client a 504, as from Envoy's route timeout; one
+// whose answer stalls midway gets its connection cut, and so does the
+// client; one that answers in time is passed on. Requests with a body take
+// net/http's Transport, which the timeout cuts the same way.
+func TestGateway_UpstreamTimeout(t *testing.T) {
+	for _, body := range []string{"", "payload"} {
+		arrived, closed := make(chan struct{}, 2), make(chan struct{}, 2)
+		u := startRawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request, _ []byte) bool {
+			switch req.URL.Path {
+			case "/fast":
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				return true
+			case "/stall":
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+			}
+			arrived <- struct{}{}
+			if _, err := br.ReadByte(); err != nil {
+				closed <- struct{}{} // the gateway cut the connection
+			}
+			return false
+		})
+		addr := serveGateway(t, newHandler(mustURL(t, "http://"+u.addr), nil, discardLogger(), settings{upstreamTimeout: 200 * time.Millisecond}))
+		// status and body, or the error of the request or of reading the body
+		post := func(path string) (int, string, error) {
+			req, _ := http.NewRequest("POST", "http://"+addr+path, strings.NewReader(body))
+			res, err := (&http.Client{Timeout: 10 * time.Second}).Do(req) // the test's own bound
+			if err != nil {
+				return 0, "", err
+			}
+			defer res.Body.Close()
+			b, err := io.ReadAll(res.Body)
+			return res.StatusCode, string(b), err
+		}
+		if code, b, err := post("/fast"); code != 200 || b != "ok" || err != nil {
+			t.Errorf("body %q, in time: %d %q %v", body, code, b, err)
+		}
+		if code, b, err := post("/slow"); code != http.StatusGatewayTimeout || b != "upstream request timeout\n" || err != nil {
+			t.Errorf("body %q, too slow: %d %q %v; want 504", body, code, b, err)
+		}
+		// The gateway had not sent the head yet, so the client sees its
+		// connection end, as it would see it end midway otherwise.
+		if code, b, err := post("/stall"); !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("body %q, stalled: %d %q %v; want the exchange cut", body, code, b, err)
+		}
+		for _, path := range []string{"/slow", "/stall"} {
+			<-arrived
+			select {
+			case <-closed:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("body %q, %s: the upstream connection outlived the timeout by 10 s", body, path)
+			}
+		}
 	}
 }
 
@@ -366,7 +423,7 @@ func TestUpstreamTransport_KeepsOnlyCleanConnections(t *testing.T) {
 		read int // bytes read before Close, -1 all
 		idle int
 	}{{"/close", -1, 0}, {"/", 4, 0}, {"/", -1, 1}} {
-		tr := newUpstreamTransport()
+		tr := newUpstreamTransport(0)
 		req, _ := http.NewRequest("GET", "http://"+addr+tc.path, nil)
 		res, err := tr.RoundTrip(req)
 		if err != nil {
@@ -414,7 +471,7 @@ func FuzzUpstreamTransport(f *testing.F) {
 		u := startRawUpstream(f, reply)
 		return serveGateway(f, sniffless(testProxy(tr, "http://"+u.addr, nil)))
 	}
-	netHTTP, ours := start(wasmhost.NewTransport()), start(newUpstreamTransport())
+	netHTTP, ours := start(wasmhost.NewTransport()), start(newUpstreamTransport(0))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		mu.Lock()
 		answer = data
@@ -438,7 +495,7 @@ func TestUpstreamTransport_UnaskedSwitchCloses(t *testing.T) {
 		}
 		return false
 	})
-	got := through(t, newUpstreamTransport(), u, nil, "GET / HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+	got := through(t, newUpstreamTransport(0), u, nil, "GET / HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
 	if !strings.HasPrefix(got[0], "502 ") {
 		t.Errorf("the client got %q", got[0])
 	}
