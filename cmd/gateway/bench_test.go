@@ -93,7 +93,7 @@ func benchRole(role string, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := newServer(h, defaultIdleTimeout)
+	srv := newServer(h, settings{idleTimeout: defaultIdleTimeout, maxRequestHeadersKB: defaultMaxRequestHeadersKB})
 	go srv.Serve(ln)
 	waitTerm()
 	return srv.Close()

@@ -165,6 +165,7 @@ type settings struct {
 	cacheDir                         string
 	idleTimeout, upstreamTimeout     time.Duration
 	adminListen                      string
+	maxRequestHeadersKB              int
 }
 
 // envPrefix: every flag --x-y may also be set as SLUICE_GATEWAY_X_Y.
@@ -191,6 +192,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.cacheDir, "compile-cache", "", "directory to keep the plugin's compiled machine code in, so restarts skip compiling (seconds for plugin.wasm)")
 	fs.DurationVar(&s.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a client's kept-alive connection after it has been idle this long")
 	fs.DurationVar(&s.upstreamTimeout, "upstream-timeout", defaultUpstreamTimeout, "the upstream's time for a whole answer, from when the plugin lets the request through, as Envoy's route timeout; past it the client gets 504; 0 for none")
+	fs.IntVar(&s.maxRequestHeadersKB, "max-request-headers-kb", defaultMaxRequestHeadersKB, "refuse a request whose request line and headers exceed this many KiB with 431, as Envoy's max_request_headers_kb")
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
 	return fs
 }
@@ -253,6 +255,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	}
 	if s.idleTimeout <= 0 {
 		return s, fmt.Errorf("--idle-timeout %v: must be above 0", s.idleTimeout)
+	}
+	if s.maxRequestHeadersKB < 1 || s.maxRequestHeadersKB > maxRequestHeadersKBLimit {
+		return s, fmt.Errorf("--max-request-headers-kb %d: must be from 1 to %d", s.maxRequestHeadersKB, maxRequestHeadersKBLimit)
 	}
 	if s.upstreamTimeout < 0 {
 		return s, fmt.Errorf("--upstream-timeout %v: must be 0 (none) or above", s.upstreamTimeout)
@@ -320,7 +325,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	}
 
 	up, _ := url.Parse(s.upstream)
-	srv := newServer(newHandler(up, host, logger, s), s.idleTimeout)
+	srv := newServer(newHandler(up, host, logger, s), s)
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
@@ -416,12 +421,24 @@ func adminHandler(host *wasmhost.Host, draining *atomic.Bool) http.Handler {
 }
 
 // newServer is the gateway's HTTP server around its handler. A client's
-// connection idle for longer than idle is closed: without a limit
+// connection idle for longer than s.idleTimeout is closed: without a limit
 // net/http keeps every idle connection (and its goroutine and buffers)
-// for as long as the client does.
-func newServer(h http.Handler, idle time.Duration) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idle}
+// for as long as the client does. A request's head is bounded as Envoy
+// bounds it (s.maxRequestHeadersKB; net/http's own default is 1 MiB): the
+// plugin copies every header into its memory, which never shrinks.
+func newServer(h http.Handler, s settings) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.idleTimeout,
+		MaxHeaderBytes: s.maxRequestHeadersKB << 10}
 }
+
+// defaultMaxRequestHeadersKB and maxRequestHeadersKBLimit are Envoy's
+// default and upper bound for max_request_headers_kb (the connection
+// manager's HttpConnectionManager proto). net/http lets a head run 4 KiB
+// past its bound, so the gateway refuses from 64 KiB by default.
+const (
+	defaultMaxRequestHeadersKB = 60
+	maxRequestHeadersKBLimit   = 8192
+)
 
 // defaultIdleTimeout is above the idle time after which common clients
 // drop a kept-alive connection themselves (90 s in Go's http.Transport),

@@ -55,6 +55,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--upstream", "http://x", "--idle-timeout", "0s"}, "--idle-timeout 0s: must be above 0"},
 		{[]string{"--upstream", "http://x", "--idle-timeout", "5"}, "invalid value"},
 		{[]string{"--upstream", "http://x", "--upstream-timeout", "-1s"}, "--upstream-timeout -1s: must be 0 (none) or above"},
+		{[]string{"--upstream", "http://x", "--max-request-headers-kb", "0"}, "--max-request-headers-kb 0: must be from 1 to 8192"},
+		{[]string{"--upstream", "http://x", "--max-request-headers-kb", "8193"}, "--max-request-headers-kb 8193: must be from 1 to 8192"},
 		{[]string{"--upstream", "http://x", "--strip-header", "bad header"}, "not a header name"},
 		{[]string{"--upstream", "http://x", "--env", "A", "--env", "A=1"}, "A is given twice"},
 		{[]string{"--upstream", "http://x", "--env", "=1"}, "want NAME or NAME=VALUE"},
@@ -63,7 +65,7 @@ func TestParseFlags(t *testing.T) {
 	for _, tc := range tests {
 		s, err := parseFlags(tc.args, noEnv, io.Discard)
 		if tc.err == "" {
-			if err != nil || s.clusters["b"] != "http://127.0.0.1:8081" || len(s.strip) != 1 || s.idleTimeout != defaultIdleTimeout || s.upstreamTimeout != 15*time.Second {
+			if err != nil || s.clusters["b"] != "http://127.0.0.1:8081" || len(s.strip) != 1 || s.idleTimeout != defaultIdleTimeout || s.upstreamTimeout != 15*time.Second || s.maxRequestHeadersKB != 60 {
 				t.Errorf("%v: %v %+v", tc.args, err, s)
 			}
 			continue
@@ -84,6 +86,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_ENV": "RATE_LIMIT_CHAT_REQUESTS,RATE_LIMIT_CHAT_WINDOW=90", "SLUICE_GATEWAY_APPEND_XFF": "false",
 		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc", "SLUICE_GATEWAY_IDLE_TIMEOUT": "45s",
 		"SLUICE_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9901", "SLUICE_GATEWAY_UPSTREAM_TIMEOUT": "0s",
+		"SLUICE_GATEWAY_MAX_REQUEST_HEADERS_KB": "96",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)
@@ -94,8 +97,8 @@ func TestParseFlags_Environment(t *testing.T) {
 		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
 		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
-		adminListen: "127.0.0.1:9901",
-		env:         envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
+		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96,
+		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("from the environment:\n got %+v\nwant %+v", s, want)
@@ -144,7 +147,7 @@ func TestServer_ClosesIdleConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), 50*time.Millisecond)
+	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), settings{idleTimeout: 50 * time.Millisecond})
 	go srv.Serve(ln)
 	defer srv.Close()
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -290,6 +293,31 @@ func TestRun_AdminListen(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("run: %v", err)
+	}
+}
+
+// A request whose head exceeds --max-request-headers-kb is refused with
+// 431 before the plugin sees it, as Envoy refuses it.
+func TestServer_LimitsRequestHeaders(t *testing.T) {
+	var seen atomic.Int32
+	addr := serveGateway(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { seen.Add(1) }))
+	for _, tc := range []struct {
+		kb   int
+		want int
+	}{{40, 200}, {70, http.StatusRequestHeaderFieldsTooLarge}} {
+		req, _ := http.NewRequest("GET", "http://"+addr+"/", nil)
+		req.Header.Set("X-Big", strings.Repeat("a", tc.kb<<10))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != tc.want {
+			t.Errorf("a %d KiB header: %d, want %d", tc.kb, res.StatusCode, tc.want)
+		}
+	}
+	if n := seen.Load(); n != 1 {
+		t.Errorf("the handler saw %d requests, want 1", n)
 	}
 }
 

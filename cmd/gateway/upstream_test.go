@@ -62,7 +62,7 @@ func serveGateway(tb testing.TB, h http.Handler) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	srv := newServer(h, defaultIdleTimeout)
+	srv := newServer(h, settings{idleTimeout: defaultIdleTimeout, maxRequestHeadersKB: defaultMaxRequestHeadersKB})
 	go srv.Serve(ln)
 	tb.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
