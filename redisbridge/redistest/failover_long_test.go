@@ -19,13 +19,11 @@ func TestLong_ClusterKillMaster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := DoString(m.Addr, opTimeout, "SET", key, "1"); err != nil {
-		t.Fatalf("SET on the slot's master: %v", err)
-	}
 	// Replication is asynchronous: without WAIT the kill may come before
 	// the replica has the write, and the write is lost with the master.
-	if n, err := DoString(m.Addr, opTimeout, "WAIT", "1", "1000"); err != nil || n != "1" {
-		t.Fatalf("WAIT for the replica: %q %v", n, err)
+	// WAIT waits for its own connection's writes, so both go on one.
+	if r, err := DoAll(m.Addr, opTimeout, []string{"SET", key, "1"}, []string{"WAIT", "1", "1000"}); err != nil || r[1] != "1" {
+		t.Fatalf("SET on the slot's master, then WAIT for the replica: %q %v", r, err)
 	}
 	start := time.Now()
 	if _, err := c.KillMasterOf(key); err != nil {

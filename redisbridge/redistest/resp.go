@@ -16,21 +16,42 @@ import (
 // nil for a null reply. A Redis error reply is returned as an error. It
 // opens a connection per call: for test set-up and probes, not for load.
 func Do(addr string, timeout time.Duration, args ...string) (any, error) {
+	replies, err := DoAll(addr, timeout, args)
+	if err != nil {
+		return nil, err
+	}
+	return replies[0], nil
+}
+
+// DoAll sends commands one after another on one connection and returns
+// their replies, as Do does, stopping at the first error. Commands whose
+// effect depends on the connection need it: WAIT waits for the writes of
+// its own connection only, and on a new one returns at once.
+func DoAll(addr string, timeout time.Duration, cmds ...[]string) ([]any, error) {
 	c, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(timeout))
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	r := bufio.NewReader(c)
+	replies := make([]any, 0, len(cmds))
+	for _, args := range cmds {
+		var b strings.Builder
+		fmt.Fprintf(&b, "*%d\r\n", len(args))
+		for _, a := range args {
+			fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+		}
+		if _, err := c.Write([]byte(b.String())); err != nil {
+			return replies, err
+		}
+		v, err := readReply(r)
+		if err != nil {
+			return replies, fmt.Errorf("%s: %w", args[0], err)
+		}
+		replies = append(replies, v)
 	}
-	if _, err := c.Write([]byte(b.String())); err != nil {
-		return nil, err
-	}
-	return readReply(bufio.NewReader(c))
+	return replies, nil
 }
 
 // DoString is Do for commands with a string (or integer) reply.
