@@ -149,23 +149,23 @@ var benchConfig = strings.NewReplacer("%MODE%", "fail_open", "%CLUSTER%", "bridg
 // rule matches, (b) an over-limit cache hit (mallory is over the limit at
 // the bridge, and one request before the benchmark caches it), (c) the
 // call-out path, (d) a lease hit (the first request's lease outlasts the
-// run). The disabled baseline runs (c) under {"enabled":false}.
-var benchPaths = []struct{ name, path, user string }{
-	{"a-no-match", "/health", "alice"},
-	{"b-cache-hit", "/api/x", "mallory"},
-	{"c-call-out", "/api/x", "alice"},
-	{"d-lease-hit", "/hot/x", "alice"},
+// run). The disabled baseline runs (c) under {"enabled":false}. label
+// names each in make bench's table.
+var benchPaths = []struct{ name, path, user, label string }{
+	{"a-no-match", "/health", "alice", "no limit matches"},
+	{"b-cache-hit", "/api/x", "mallory", "refused from the over-limit cache"},
+	{"c-call-out", "/api/x", "alice", "a call-out"},
+	{"d-lease-hit", "/hot/x", "alice", "allowed from a lease"},
 }
 
 // appendGuestRows adds the plugin's own cost per path on engine to make
 // bench's table: guest ns per request above the disabled baseline.
 func appendGuestRows(b *testing.B, engine string, guest map[string]float64) {
-	labels := map[string]string{"a-no-match": "no limit matches", "b-cache-hit": "refused from the over-limit cache", "c-call-out": "a call-out"}
 	var rows []benchtable.Row
 	for _, p := range benchPaths {
 		rows = append(rows, benchtable.Row{
 			Group:   "The plugin's own code per request: guest ns above the disabled baseline (targets: no match < 1,000, cache hit < 2,000)",
-			Name:    labels[p.name] + ", " + engine,
+			Name:    p.label + ", " + engine,
 			Metrics: []benchtable.Metric{{Name: "guest ns/request", Value: guest[p.name] - guest["baseline-disabled"]}},
 		})
 	}
