@@ -41,7 +41,7 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 		s := pooledStream()
 		s.start(h, RequestInfo{
 			Method: r.Method, Path: path, Host: r.Host, Scheme: scheme,
-			SourceAddress: r.RemoteAddr, RequestID: id, Protocol: r.Proto,
+			SourceAddress: r.RemoteAddr, RequestID: id, Protocol: protocol(r),
 			EndOfStream: r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0,
 		}, len(r.Header)+1)
 		for k, vs := range r.Header {
@@ -98,6 +98,19 @@ var (
 	requestIDPrefix = rand.Uint64()
 	requestIDSeq    atomic.Uint64
 )
+
+// protocol is the request's protocol as Envoy names it in the property
+// request.protocol (Http::Utility::getProtocolString): "HTTP/2" where
+// net/http says "HTTP/2.0".
+func protocol(r *http.Request) string {
+	switch r.ProtoMajor {
+	case 2:
+		return "HTTP/2"
+	case 3:
+		return "HTTP/3"
+	}
+	return r.Proto
+}
 
 // applyRequest makes r carry the headers the plugin left; path is the
 // :path it was given.

@@ -270,7 +270,7 @@ func TestHost_RequestHeadersAndProperties(t *testing.T) {
 		"x-prop-source.address": "203.0.113.7:4321", "x-prop-source.port": "4321",
 		"x-prop-request.path": "/api/items?x=1", "x-prop-request.url_path": "/api/items",
 		"x-prop-request.method": "GET", "x-prop-request.host": "example.com",
-		"x-prop-request.scheme": "http", "x-prop-request.id": "req-1",
+		"x-prop-request.scheme": "http", "x-prop-request.protocol": "HTTP/1.1", "x-prop-request.id": "req-1",
 		"x-prop-plugin_root_id": "root-x", "x-prop-plugin_name": "sluice", "x-prop-plugin_vm_id": "vm-x",
 		"x-prop-connection.id": "1", "x-metric-requests": "1", "x-user": "alice",
 		// :authority :path :method :scheme x-mode x-remove-me x-user x-forwarded-proto x-request-id
