@@ -166,6 +166,7 @@ type settings struct {
 	idleTimeout, upstreamTimeout     time.Duration
 	adminListen                      string
 	maxRequestHeadersKB              int
+	tlsCert, tlsKey                  string
 }
 
 // envPrefix: every flag --x-y may also be set as SLUICE_GATEWAY_X_Y.
@@ -194,6 +195,8 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.DurationVar(&s.upstreamTimeout, "upstream-timeout", defaultUpstreamTimeout, "the upstream's time for a whole answer, from when the plugin lets the request through, as Envoy's route timeout; past it the client gets 504; 0 for none")
 	fs.IntVar(&s.maxRequestHeadersKB, "max-request-headers-kb", defaultMaxRequestHeadersKB, "refuse a request whose request line and headers exceed this many KiB with 431, as Envoy's max_request_headers_kb")
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
+	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key; SIGHUP reads both again")
+	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	return fs
 }
 
@@ -262,6 +265,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	if s.upstreamTimeout < 0 {
 		return s, fmt.Errorf("--upstream-timeout %v: must be 0 (none) or above", s.upstreamTimeout)
 	}
+	if (s.tlsCert == "") != (s.tlsKey == "") {
+		return s, errors.New("--tls-cert and --tls-key: give both or neither")
+	}
 	return s, nil
 }
 
@@ -282,6 +288,12 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	cfg, err := os.ReadFile(s.config)
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
+	}
+	var cert *certificate
+	if s.tlsCert != "" {
+		if cert, err = loadCertificate(s.tlsCert, s.tlsKey); err != nil {
+			return err
+		}
 	}
 	hostLevel := wasmhost.LogLevel(1) // debug
 	switch {
@@ -330,13 +342,19 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
+	serve := srv.Serve
+	if cert != nil {
+		srv.TLSConfig = cert.tlsConfig()
+		serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
+		logger.Info("serving HTTPS", "cert", s.tlsCert, "not_after", cert.notAfter())
+	}
 	logger.Info("gateway listening", "addr", ln.Addr().String(), "upstream", s.upstream, "workers", s.workers)
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- serve(ln) }()
 	for {
 		select {
 		case err := <-errc:
@@ -350,28 +368,46 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 				draining.Store(true)
 				return shutdown(srv)
 			}
-			data, err := os.ReadFile(s.config)
-			if err == nil {
-				err = host.Configure(ctx, data)
-			}
-			if err != nil {
-				logger.Error("reload refused; the running configuration stays", "err", err)
-			} else {
-				logger.Info("configuration reloaded", "file", s.config)
-			}
+			reload(ctx, host, cert, s.config, logger)
 		}
 	}
 }
 
-// newHandler is the gateway: the peer appended to X-Forwarded-For
-// (s.appendXFF), the stripped identity headers (s.strip), the plugin (when
-// host is not nil), and a reverse proxy to up, with s.upstreamTimeout.
+// reload reads the plugin's configuration and the TLS pair (when cert is
+// not nil) again, on SIGHUP. Each is kept as it runs when its new files
+// are refused, and the log says which.
+func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, config string, logger *slog.Logger) {
+	data, err := os.ReadFile(config)
+	if err == nil {
+		err = host.Configure(ctx, data)
+	}
+	if err != nil {
+		logger.Error("reload refused; the running configuration stays", "err", err)
+	} else {
+		logger.Info("configuration reloaded", "file", config)
+	}
+	if cert == nil {
+		return
+	}
+	if err := cert.reload(); err != nil {
+		logger.Error("certificate reload refused; the running certificate stays", "err", err)
+	} else {
+		logger.Info("certificate reloaded", "cert", cert.certFile, "not_after", cert.notAfter())
+	}
+}
+
+// newHandler is the gateway: the stripped identity headers (s.strip),
+// X-Forwarded-For and X-Forwarded-Proto (forwarded, with s.appendXFF), the
+// plugin (when host is not nil), and a reverse proxy to up, with
+// s.upstreamTimeout.
 func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, s settings) http.Handler {
 	proxy := &httputil.ReverseProxy{Transport: newUpstreamTransport(s.upstreamTimeout), BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(up)
 		pr.Out.Host = pr.In.Host
-		// X-Forwarded-For already names the peer (appendXFF); pass it on as is.
+		// X-Forwarded-For and X-Forwarded-Proto are as forwarded left them
+		// (ReverseProxy drops both before Rewrite); pass them on as they are.
 		pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+		pr.Out.Header["X-Forwarded-Proto"] = pr.In.Header["X-Forwarded-Proto"]
 	}}
 	// What the proxy logs itself (an answer cut midway) goes to the
 	// gateway's log, not to the standard logger's stderr lines.
@@ -389,9 +425,7 @@ func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, s setting
 	if host != nil {
 		handler = host.Middleware(handler)
 	}
-	if s.appendXFF {
-		handler = appendXFF(handler)
-	}
+	handler = forwarded(handler, s.appendXFF)
 	if len(s.strip) > 0 {
 		handler = stripHeaders(handler, s.strip)
 	}
@@ -426,9 +460,19 @@ func adminHandler(host *wasmhost.Host, draining *atomic.Bool) http.Handler {
 // for as long as the client does. A request's head is bounded as Envoy
 // bounds it (s.maxRequestHeadersKB; net/http's own default is 1 MiB): the
 // plugin copies every header into its memory, which never shrinks.
+//
+// It speaks HTTP/1.1 and HTTP/2 as Envoy's listener does with its default
+// codec_type AUTO: over TLS the client picks by ALPN; in the clear a
+// connection that opens with HTTP/2's preface (prior knowledge, as gRPC
+// clients and the plugin's own bridge cluster send) is HTTP/2. net/http
+// looks for the preface once per connection, not per request.
 func newServer(h http.Handler, s settings) *http.Server {
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(true)
+	protocols.SetUnencryptedHTTP2(true)
 	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.idleTimeout,
-		MaxHeaderBytes: s.maxRequestHeadersKB << 10}
+		MaxHeaderBytes: s.maxRequestHeadersKB << 10, Protocols: &protocols}
 }
 
 // defaultMaxRequestHeadersKB and maxRequestHeadersKBLimit are Envoy's
@@ -467,21 +511,46 @@ func shutdown(srv *http.Server) error {
 	return srv.Shutdown(ctx)
 }
 
-// appendXFF adds the connection peer to X-Forwarded-For before the plugin
-// sees the request, so that trusted_proxy_depth 1 names the peer itself
-// and nothing a client writes in the header can change whose quota it uses.
-func appendXFF(next http.Handler) http.Handler {
+// forwarded sets X-Forwarded-For and X-Forwarded-Proto before the plugin
+// sees the request, as Envoy's connection manager does
+// (source/common/http/conn_manager_utility.cc, mutateRequestHeaders).
+//
+// At the edge (edge, Envoy's use_remote_address with no trusted hops) the
+// connection peer is appended to X-Forwarded-For, so that
+// trusted_proxy_depth 1 names the peer itself and nothing a client writes
+// in the header can change whose quota it uses; and X-Forwarded-Proto is
+// the connection's own, https over TLS, whatever the client sent. Behind a
+// proxy that sets them, both pass as they came, and X-Forwarded-Proto is
+// only added when missing.
+func forwarded(next http.Handler, edge bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-			if prior := r.Header.Values("X-Forwarded-For"); len(prior) > 0 {
-				r.Header.Set("X-Forwarded-For", strings.Join(prior, ", ")+", "+host)
-			} else {
-				r.Header.Set("X-Forwarded-For", host)
+		if edge {
+			if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+				if prior := r.Header.Values("X-Forwarded-For"); len(prior) > 0 {
+					r.Header.Set("X-Forwarded-For", strings.Join(prior, ", ")+", "+host)
+				} else {
+					r.Header.Set("X-Forwarded-For", host)
+				}
+			}
+		}
+		if _, ok := r.Header["X-Forwarded-Proto"]; edge || !ok {
+			r.Header["X-Forwarded-Proto"] = protoHTTP
+			if r.TLS != nil {
+				r.Header["X-Forwarded-Proto"] = protoHTTPS
 			}
 		}
 		next.ServeHTTP(w, r)
 	})
 }
+
+// protoHTTP and protoHTTPS are X-Forwarded-Proto's values, shared by every
+// request rather than allocated for each: a header's values are only
+// replaced or appended to (which copies a full slice), never written in
+// place.
+var (
+	protoHTTP  = []string{"http"}
+	protoHTTPS = []string{"https"}
+)
 
 // stripHeaders removes client-sent headers that the plugin would otherwise
 // trust as identity (a user id or tier set by an authenticating layer).

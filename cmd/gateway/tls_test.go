@@ -1,0 +1,338 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/hosttest"
+	"github.com/sluicehq/sluice/wasmhost"
+)
+
+// writeCert writes a self-signed certificate for 127.0.0.1 and its key to
+// certFile and keyFile, named name, and returns it.
+func writeCert(t *testing.T, certFile, keyFile, name string) *x509.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert
+}
+
+// served is the common name of the certificate a server at addr presents.
+func served(t *testing.T, addr string) string {
+	t.Helper()
+	c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return c.ConnectionState().PeerCertificates[0].Subject.CommonName
+}
+
+// A pair that loads replaces the served one; one that does not (a key
+// of another certificate, a missing file) is refused, names the flags,
+// and leaves the served pair in place.
+func TestCertificate_Reload(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if _, err := loadCertificate(certFile, keyFile); err == nil || !strings.Contains(err.Error(), "--tls-cert "+certFile+", --tls-key "+keyFile) {
+		t.Fatalf("missing files: %v", err)
+	}
+	a := writeCert(t, certFile, keyFile, "a")
+	c, err := loadCertificate(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() string {
+		pair, err := c.tlsConfig().GetCertificate(&tls.ClientHelloInfo{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pair.Leaf.Subject.CommonName
+	}
+	if got := get(); got != "a" || !c.notAfter().Equal(a.NotAfter) {
+		t.Fatalf("served %q until %v, want a until %v", got, c.notAfter(), a.NotAfter)
+	}
+	writeCert(t, certFile, keyFile, "b")
+	if err := c.reload(); err != nil || get() != "b" {
+		t.Fatalf("after reload: %v, served %q, want b", err, get())
+	}
+	otherKey := filepath.Join(dir, "other-key.pem")
+	writeCert(t, filepath.Join(dir, "other.pem"), otherKey, "other")
+	c.keyFile = otherKey
+	if err := c.reload(); err == nil || !strings.Contains(err.Error(), "--tls-key "+otherKey) || get() != "b" {
+		t.Fatalf("a key of another certificate: %v, served %q, want b kept", err, get())
+	}
+}
+
+// The gateway speaks HTTP/1.1 and HTTP/2, in the clear (HTTP/2 by prior
+// knowledge) and over TLS (by ALPN), and the plugin sees each request as
+// Envoy would show it: request.protocol, request.scheme and an
+// X-Forwarded-Proto that is the connection's, whatever the client sent,
+// and a request without a body ending with its headers. The plugin
+// answers locally over each as well.
+func TestGateway_Protocols(t *testing.T) {
+	wasm, err := hosttest.Guest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{Workers: 2, PluginConfig: []byte("configuration"), Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	// The upstream answers with what the plugin wrote into the request
+	// (the guest's echo mode) and the X-Forwarded-Proto it got.
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, k := range []string{"X-Prop-Request.protocol", "X-Prop-Request.scheme", "X-Forwarded-Proto", "X-Eos"} {
+			w.Header()["Seen-"+k] = r.Header[k]
+		}
+	}))
+	defer up.Close()
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	ca := writeCert(t, certFile, keyFile, "gateway")
+	cert, err := loadCertificate(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+
+	s := settings{appendXFF: true, idleTimeout: defaultIdleTimeout, maxRequestHeadersKB: defaultMaxRequestHeadersKB}
+	h := newHandler(mustURL(t, up.URL), host, discardLogger(), s)
+	serve := func(tlsOn bool) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := newServer(h, s)
+		if tlsOn {
+			srv.TLSConfig = cert.tlsConfig()
+			go srv.ServeTLS(ln, "", "")
+		} else {
+			go srv.Serve(ln)
+		}
+		t.Cleanup(func() { srv.Close() })
+		return ln.Addr().String()
+	}
+	plain, secure := serve(false), serve(true)
+
+	for _, tc := range []struct {
+		name, url      string
+		h1, h2, h2c    bool
+		proto, scheme  string
+		spoofedForward string
+	}{
+		{"HTTP/1.1 in the clear", "http://" + plain, true, false, false, "HTTP/1.1", "http", "https"},
+		{"HTTP/2 in the clear (prior knowledge)", "http://" + plain, false, false, true, "HTTP/2", "http", "https"},
+		{"HTTP/1.1 over TLS", "https://" + secure, true, false, false, "HTTP/1.1", "https", "http"},
+		{"HTTP/2 over TLS (ALPN)", "https://" + secure, false, true, false, "HTTP/2", "https", "http"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p http.Protocols
+			p.SetHTTP1(tc.h1)
+			p.SetHTTP2(tc.h2)
+			p.SetUnencryptedHTTP2(tc.h2c)
+			client := &http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{RootCAs: roots}}}
+			defer client.CloseIdleConnections()
+			do := func(mode string) *http.Response {
+				req, _ := http.NewRequest("GET", tc.url+"/x", nil)
+				req.Header.Set("X-Mode", mode)
+				req.Header.Set("X-Forwarded-Proto", tc.spoofedForward)
+				res, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				wantMajor := 1
+				if !tc.h1 {
+					wantMajor = 2
+				}
+				if res.ProtoMajor != wantMajor {
+					t.Errorf("x-mode %s: answered over %s", mode, res.Proto)
+				}
+				return res
+			}
+			res := do("echo")
+			got := [5]string{res.Status, res.Header.Get("Seen-X-Prop-Request.protocol"), res.Header.Get("Seen-X-Prop-Request.scheme"),
+				res.Header.Get("Seen-X-Forwarded-Proto"), res.Header.Get("Seen-X-Eos")}
+			if want := [5]string{"200 OK", tc.proto, tc.scheme, tc.scheme, "true"}; got != want {
+				t.Errorf("status, request.protocol, request.scheme, X-Forwarded-Proto, end of stream with the headers: got %q, want %q", got, want)
+			}
+			if res := do("deny"); res.StatusCode != http.StatusTooManyRequests {
+				t.Errorf("x-mode deny: %s, want 429 from the plugin", res.Status)
+			}
+		})
+	}
+}
+
+// X-Forwarded-For and X-Forwarded-Proto as Envoy's connection manager
+// sets them: at the edge the peer is appended and the protocol is the
+// connection's; behind a proxy both pass as they came, the protocol added
+// when missing. Identity headers given to --strip-header never reach the
+// plugin.
+func TestForwarded(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		edge, tls       bool
+		xff, xfp        []string // as the client sent them
+		wantXFF, wantXF []string
+	}{
+		{"edge, nothing sent", true, false, nil, nil, []string{"198.51.100.4"}, []string{"http"}},
+		{"edge, spoofed", true, false, []string{"6.6.6.6"}, []string{"https"}, []string{"6.6.6.6, 198.51.100.4"}, []string{"http"}},
+		{"edge over TLS", true, true, nil, []string{"http"}, []string{"198.51.100.4"}, []string{"https"}},
+		{"behind a proxy", false, false, []string{"203.0.113.9"}, []string{"https"}, []string{"203.0.113.9"}, []string{"https"}},
+		{"behind a proxy, no protocol sent", false, true, nil, nil, nil, []string{"https"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got http.Header
+			h := stripHeaders(forwarded(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }), tc.edge), []string{"X-User-Id"})
+			req := httptest.NewRequest("GET", "/", nil)
+			req.RemoteAddr = "198.51.100.4:5555"
+			req.Header.Set("X-User-Id", "someone-else")
+			if tc.xff != nil {
+				req.Header["X-Forwarded-For"] = tc.xff
+			}
+			if tc.xfp != nil {
+				req.Header["X-Forwarded-Proto"] = tc.xfp
+			}
+			if tc.tls {
+				req.TLS = &tls.ConnectionState{}
+			}
+			h.ServeHTTP(httptest.NewRecorder(), req)
+			want := http.Header{}
+			if tc.wantXFF != nil {
+				want["X-Forwarded-For"] = tc.wantXFF
+			}
+			want["X-Forwarded-Proto"] = tc.wantXF
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("the plugin got %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// The gateway as started with --tls-cert and --tls-key serves HTTPS, and
+// SIGHUP makes it serve the renewed pair written over the files, without
+// a restart.
+func TestRun_TLS(t *testing.T) {
+	wasm, err := hosttest.Guest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	plugin, config := filepath.Join(dir, "guest.wasm"), filepath.Join(dir, "config")
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(plugin, wasm, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(config, []byte("configuration"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	writeCert(t, certFile, keyFile, "first")
+	logr, logw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logr.Close()
+	listen := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		defer logw.Close()
+		done <- run(ctx, []string{"--listen", listen, "--plugin", plugin, "--config", config, "--upstream", "http://127.0.0.1:1",
+			"--tls-cert", certFile, "--tls-key", keyFile, "--log-level", "info"}, logw)
+	}()
+	// The log says what the gateway did, in order.
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(logr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	await := func(msg string) {
+		t.Helper()
+		guard := time.After(30 * time.Second) // the test's own bound; the plugin compiles first
+		for {
+			select {
+			case line, ok := <-lines:
+				if !ok {
+					t.Fatalf("the log ended before %q; run: %v", msg, <-done)
+				}
+				if strings.Contains(line, `"msg":"`+msg+`"`) {
+					return
+				}
+			case <-guard:
+				t.Fatalf("no %q in the log", msg)
+			}
+		}
+	}
+	await("gateway listening")
+	if got := served(t, listen); got != "first" {
+		t.Fatalf("served %q, want first", got)
+	}
+	writeCert(t, certFile, keyFile, "renewed")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	await("certificate reloaded")
+	if got := served(t, listen); got != "renewed" {
+		t.Errorf("after SIGHUP served %q, want renewed", got)
+	}
+	cancel()
+	go func() { // the rest of the log, until run closes it
+		for range lines {
+		}
+	}()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v", err)
+	}
+}
