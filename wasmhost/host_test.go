@@ -736,7 +736,7 @@ func TestNewRequestID(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range each {
-				ids <- newRequestID()
+				ids <- NewRequestID()
 			}
 		}()
 	}

@@ -25,7 +25,7 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 			id = v[0]
 		}
 		if id == "" {
-			id = newRequestID()
+			id = NewRequestID()
 		}
 		scheme := "http"
 		if r.TLS != nil {
@@ -81,11 +81,12 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 	})
 }
 
-// newRequestID makes an x-request-id for a request without one, as Envoy
-// does. It needs to be unique, not secret: 32 hex digits, a random half
-// drawn once per process and a counter, rather than random numbers drawn
-// for every request.
-func newRequestID() string {
+// NewRequestID makes an x-request-id for a request without one, as
+// Envoy's connection manager does; Middleware makes one when the request
+// has none. It needs to be unique, not secret: 32 hex digits, a random
+// half drawn once per process and a counter, rather than random numbers
+// drawn for every request.
+func NewRequestID() string {
 	var raw [16]byte
 	binary.BigEndian.PutUint64(raw[:8], requestIDPrefix)
 	binary.BigEndian.PutUint64(raw[8:], requestIDSeq.Add(1))

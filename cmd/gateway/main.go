@@ -397,14 +397,15 @@ func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, config 
 }
 
 // newHandler is the gateway: the stripped identity headers (s.strip),
-// X-Forwarded-For and X-Forwarded-Proto (forwarded, with s.appendXFF), the
+// X-Forwarded-For, X-Forwarded-Proto and X-Request-Id (connectionManager,
+// with s.appendXFF), the
 // plugin (when host is not nil), and a reverse proxy to up, with
 // s.upstreamTimeout.
 func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, s settings) http.Handler {
 	proxy := &httputil.ReverseProxy{Transport: newUpstreamTransport(s.upstreamTimeout), BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(up)
 		pr.Out.Host = pr.In.Host
-		// X-Forwarded-For and X-Forwarded-Proto are as forwarded left them
+		// X-Forwarded-For and X-Forwarded-Proto are as connectionManager left them
 		// (ReverseProxy drops both before Rewrite); pass them on as they are.
 		pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
 		pr.Out.Header["X-Forwarded-Proto"] = pr.In.Header["X-Forwarded-Proto"]
@@ -425,7 +426,7 @@ func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, s setting
 	if host != nil {
 		handler = host.Middleware(handler)
 	}
-	handler = forwarded(handler, s.appendXFF)
+	handler = connectionManager(handler, s.appendXFF)
 	if len(s.strip) > 0 {
 		handler = stripHeaders(handler, s.strip)
 	}
@@ -511,9 +512,11 @@ func shutdown(srv *http.Server) error {
 	return srv.Shutdown(ctx)
 }
 
-// forwarded sets X-Forwarded-For and X-Forwarded-Proto before the plugin
-// sees the request, as Envoy's connection manager does
-// (source/common/http/conn_manager_utility.cc, mutateRequestHeaders).
+// connectionManager sets X-Forwarded-For, X-Forwarded-Proto and
+// X-Request-Id before the plugin sees the request, as Envoy's connection
+// manager does (source/common/http/conn_manager_utility.cc,
+// mutateRequestHeaders), so the plugin and the upstream see what they
+// would behind Envoy.
 //
 // At the edge (edge, Envoy's use_remote_address with no trusted hops) the
 // connection peer is appended to X-Forwarded-For, so that
@@ -521,8 +524,9 @@ func shutdown(srv *http.Server) error {
 // in the header can change whose quota it uses; and X-Forwarded-Proto is
 // the connection's own, https over TLS, whatever the client sent. Behind a
 // proxy that sets them, both pass as they came, and X-Forwarded-Proto is
-// only added when missing.
-func forwarded(next http.Handler, edge bool) http.Handler {
+// only added when missing. A request without X-Request-Id gets one, so the
+// id in the plugin's events is the one the upstream logs.
+func connectionManager(next http.Handler, edge bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if edge {
 			if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
@@ -538,6 +542,9 @@ func forwarded(next http.Handler, edge bool) http.Handler {
 			if r.TLS != nil {
 				r.Header["X-Forwarded-Proto"] = protoHTTPS
 			}
+		}
+		if v := r.Header["X-Request-Id"]; len(v) == 0 || v[0] == "" {
+			r.Header["X-Request-Id"] = []string{wasmhost.NewRequestID()}
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -345,7 +345,7 @@ func BenchmarkHandler(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		h    http.Handler
-	}{{"no-plugin", forwarded(upstream, true)}, {"no-match", forwarded(host.Middleware(upstream), true)}} {
+	}{{"no-plugin", connectionManager(upstream, true)}, {"no-match", connectionManager(host.Middleware(upstream), true)}} {
 		b.Run(c.name, func(b *testing.B) {
 			in := httptest.NewRequest("GET", "/health", nil)
 			in.Header["X-User-Id"] = []string{"ua"}

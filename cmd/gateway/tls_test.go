@@ -113,8 +113,8 @@ func TestCertificate_Reload(t *testing.T) {
 // knowledge) and over TLS (by ALPN), and the plugin sees each request as
 // Envoy would show it: request.protocol, request.scheme and an
 // X-Forwarded-Proto that is the connection's, whatever the client sent,
-// and a request without a body ending with its headers. The plugin
-// answers locally over each as well.
+// a request without a body ending with its headers, and the request id
+// the upstream gets. The plugin answers locally over each as well.
 func TestGateway_Protocols(t *testing.T) {
 	wasm, err := hosttest.Guest()
 	if err != nil {
@@ -128,7 +128,7 @@ func TestGateway_Protocols(t *testing.T) {
 	// The upstream answers with what the plugin wrote into the request
 	// (the guest's echo mode) and the X-Forwarded-Proto it got.
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		for _, k := range []string{"X-Prop-Request.protocol", "X-Prop-Request.scheme", "X-Forwarded-Proto", "X-Eos"} {
+		for _, k := range []string{"X-Prop-Request.protocol", "X-Prop-Request.scheme", "X-Forwarded-Proto", "X-Eos", "X-Request-Id", "X-Prop-Request.id"} {
 			w.Header()["Seen-"+k] = r.Header[k]
 		}
 	}))
@@ -205,6 +205,9 @@ func TestGateway_Protocols(t *testing.T) {
 			if want := [5]string{"200 OK", tc.proto, tc.scheme, tc.scheme, "true"}; got != want {
 				t.Errorf("status, request.protocol, request.scheme, X-Forwarded-Proto, end of stream with the headers: got %q, want %q", got, want)
 			}
+			if id := res.Header.Get("Seen-X-Request-Id"); len(id) != 32 || res.Header.Get("Seen-X-Prop-Request.id") != id {
+				t.Errorf("the upstream got X-Request-Id %q, the plugin request.id %q; want one id", id, res.Header.Get("Seen-X-Prop-Request.id"))
+			}
 			if res := do("deny"); res.StatusCode != http.StatusTooManyRequests {
 				t.Errorf("x-mode deny: %s, want 429 from the plugin", res.Status)
 			}
@@ -212,47 +215,46 @@ func TestGateway_Protocols(t *testing.T) {
 	}
 }
 
-// X-Forwarded-For and X-Forwarded-Proto as Envoy's connection manager
-// sets them: at the edge the peer is appended and the protocol is the
-// connection's; behind a proxy both pass as they came, the protocol added
-// when missing. Identity headers given to --strip-header never reach the
-// plugin.
-func TestForwarded(t *testing.T) {
+// X-Forwarded-For, X-Forwarded-Proto and X-Request-Id as Envoy's
+// connection manager sets them: at the edge the peer is appended and the
+// protocol is the connection's; behind a proxy both pass as they came, the
+// protocol added when missing; a request id is kept, or made. Identity
+// headers given to --strip-header never reach the plugin.
+func TestConnectionManager(t *testing.T) {
+	const made = "(made)"
 	for _, tc := range []struct {
-		name            string
-		edge, tls       bool
-		xff, xfp        []string // as the client sent them
-		wantXFF, wantXF []string
+		name      string
+		edge, tls bool
+		sent      http.Header // by the client, besides X-User-Id
+		want      http.Header
 	}{
-		{"edge, nothing sent", true, false, nil, nil, []string{"198.51.100.4"}, []string{"http"}},
-		{"edge, spoofed", true, false, []string{"6.6.6.6"}, []string{"https"}, []string{"6.6.6.6, 198.51.100.4"}, []string{"http"}},
-		{"edge over TLS", true, true, nil, []string{"http"}, []string{"198.51.100.4"}, []string{"https"}},
-		{"behind a proxy", false, false, []string{"203.0.113.9"}, []string{"https"}, []string{"203.0.113.9"}, []string{"https"}},
-		{"behind a proxy, no protocol sent", false, true, nil, nil, nil, []string{"https"}},
+		{"edge, nothing sent", true, false, http.Header{},
+			http.Header{"X-Forwarded-For": {"198.51.100.4"}, "X-Forwarded-Proto": {"http"}, "X-Request-Id": {made}}},
+		{"edge, spoofed", true, false, http.Header{"X-Forwarded-For": {"6.6.6.6"}, "X-Forwarded-Proto": {"https"}, "X-Request-Id": {"r-1"}},
+			http.Header{"X-Forwarded-For": {"6.6.6.6, 198.51.100.4"}, "X-Forwarded-Proto": {"http"}, "X-Request-Id": {"r-1"}}},
+		{"edge over TLS", true, true, http.Header{"X-Forwarded-Proto": {"http"}, "X-Request-Id": {""}},
+			http.Header{"X-Forwarded-For": {"198.51.100.4"}, "X-Forwarded-Proto": {"https"}, "X-Request-Id": {made}}},
+		{"behind a proxy", false, false, http.Header{"X-Forwarded-For": {"203.0.113.9"}, "X-Forwarded-Proto": {"https"}, "X-Request-Id": {"r-2"}},
+			http.Header{"X-Forwarded-For": {"203.0.113.9"}, "X-Forwarded-Proto": {"https"}, "X-Request-Id": {"r-2"}}},
+		{"behind a proxy, no protocol sent", false, true, http.Header{},
+			http.Header{"X-Forwarded-Proto": {"https"}, "X-Request-Id": {made}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got http.Header
-			h := stripHeaders(forwarded(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }), tc.edge), []string{"X-User-Id"})
+			h := stripHeaders(connectionManager(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }), tc.edge), []string{"X-User-Id"})
 			req := httptest.NewRequest("GET", "/", nil)
 			req.RemoteAddr = "198.51.100.4:5555"
+			req.Header = tc.sent.Clone()
 			req.Header.Set("X-User-Id", "someone-else")
-			if tc.xff != nil {
-				req.Header["X-Forwarded-For"] = tc.xff
-			}
-			if tc.xfp != nil {
-				req.Header["X-Forwarded-Proto"] = tc.xfp
-			}
 			if tc.tls {
 				req.TLS = &tls.ConnectionState{}
 			}
 			h.ServeHTTP(httptest.NewRecorder(), req)
-			want := http.Header{}
-			if tc.wantXFF != nil {
-				want["X-Forwarded-For"] = tc.wantXFF
+			if id := got.Get("X-Request-Id"); tc.want.Get("X-Request-Id") == made && len(id) == 32 && strings.Trim(id, "0123456789abcdef") == "" {
+				got.Set("X-Request-Id", made)
 			}
-			want["X-Forwarded-Proto"] = tc.wantXF
-			if !reflect.DeepEqual(got, want) {
-				t.Errorf("the plugin got %v, want %v", got, want)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("the plugin got %v, want %v", got, tc.want)
 			}
 		})
 	}
