@@ -43,7 +43,7 @@ wait_http "http://$UPSTREAM_ADDR/" upstream "$LOGS/upstream.log"
 build/gateway --listen "$GATEWAY_ADDR" --plugin build/plugin.wasm --config examples/config.json \
   --upstream "http://$UPSTREAM_ADDR" --cluster "sluice_bridge=http://$BRIDGE_ADDR" --workers 2 \
   --strip-header x-user-id --strip-header x-tier --compile-cache build/wazero-cache \
-  --admin-listen "$ADMIN_ADDR" >"$LOGS/gateway.log" 2>&1 &
+  --admin-listen "$ADMIN_ADDR" --access-log "$LOGS/access.log" >"$LOGS/gateway.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do curl -s -o /dev/null "http://$GATEWAY_ADDR/" && break; sleep 0.1; done
 
@@ -54,7 +54,7 @@ Sluice is running (store: ${store_args[*]}):
             http://$ADMIN_ADDR   (its admin address: the plugin's metrics at /stats/prometheus, /ready)
   bridge    http://$BRIDGE_ADDR    (metrics at /metrics)
   upstream  http://$UPSTREAM_ADDR
-  logs      $LOGS/
+  logs      $LOGS/   (the gateway's access log, in Envoy's format: $LOGS/access.log)
 
 A request passes, with its rate limit headers (auth category: 5 per minute per IP):
   curl -i http://$GATEWAY_ADDR/api/v1/login
@@ -80,6 +80,11 @@ echo
 echo "The plugin's counters, as Prometheus scrapes them from the gateway (and from Envoy's admin address):"
 echo "  curl -s http://$ADMIN_ADDR/stats/prometheus | grep -E '^sluice_(requests|allowed|denied|throttled)_total'"
 curl -s "http://$ADMIN_ADDR/stats/prometheus" | grep -E '^sluice_(requests|allowed|denied|throttled)_total' | sed 's/^/  | /'
+echo
+echo "The last requests in the gateway's access log (Envoy's format; lines reach the file within a second):"
+echo "  tail -3 $LOGS/access.log"
+sleep 1.1
+tail -3 "$LOGS/access.log" | sed 's/^/  | /'
 echo
 echo "Press Ctrl-C to stop."
 wait

@@ -41,7 +41,7 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 		s := pooledStream()
 		s.start(h, RequestInfo{
 			Method: r.Method, Path: path, Host: r.Host, Scheme: scheme,
-			SourceAddress: r.RemoteAddr, RequestID: id, Protocol: protocol(r),
+			SourceAddress: r.RemoteAddr, RequestID: id, Protocol: ProtocolName(r),
 			EndOfStream: r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0,
 		}, len(r.Header)+1)
 		for k, vs := range r.Header {
@@ -100,10 +100,11 @@ var (
 	requestIDSeq    atomic.Uint64
 )
 
-// protocol is the request's protocol as Envoy names it in the property
-// request.protocol (Http::Utility::getProtocolString): "HTTP/2" where
-// net/http says "HTTP/2.0".
-func protocol(r *http.Request) string {
+// ProtocolName is the request's protocol as Envoy names it, in the
+// property request.protocol and in access logs
+// (Http::Utility::getProtocolString): "HTTP/2" where net/http says
+// "HTTP/2.0".
+func ProtocolName(r *http.Request) string {
 	switch r.ProtoMajor {
 	case 2:
 		return "HTTP/2"

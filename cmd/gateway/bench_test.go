@@ -66,7 +66,7 @@ func benchRole(role string, args []string) error {
 			return err
 		}
 		if role == "gateway-no-plugin" {
-			h = newHandler(up, nil, logger, settings{appendXFF: true, upstreamTimeout: defaultUpstreamTimeout})
+			h = newHandler(up, nil, nil, logger, settings{appendXFF: true, upstreamTimeout: defaultUpstreamTimeout})
 		} else {
 			h = &httputil.ReverseProxy{Transport: wasmhost.NewTransport(), Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(up) }}
 		}

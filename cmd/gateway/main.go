@@ -167,6 +167,7 @@ type settings struct {
 	adminListen                      string
 	maxRequestHeadersKB              int
 	tlsCert, tlsKey                  string
+	accessLog                        string
 }
 
 // envPrefix: every flag --x-y may also be set as SLUICE_GATEWAY_X_Y.
@@ -197,6 +198,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
 	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key; SIGHUP reads both again")
 	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&s.accessLog, "access-log", "", "file to append a line per request to, in Envoy's default access log format (/dev/stdout works); SIGUSR1 reopens it; none when empty")
 	return fs
 }
 
@@ -295,6 +297,13 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 			return err
 		}
 	}
+	var alog *accessLog
+	if s.accessLog != "" {
+		if alog, err = openAccessLog(s.accessLog, logger); err != nil {
+			return err
+		}
+		defer alog.Close() // after the server's shutdown below: the last requests are logged
+	}
 	hostLevel := wasmhost.LogLevel(1) // debug
 	switch {
 	case level >= slog.LevelError:
@@ -337,7 +346,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	}
 
 	up, _ := url.Parse(s.upstream)
-	srv := newServer(newHandler(up, host, logger, s), s)
+	srv := newServer(newHandler(up, host, alog, logger, s), s)
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
@@ -351,7 +360,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	logger.Info("gateway listening", "addr", ln.Addr().String(), "upstream", s.upstream, "workers", s.workers)
 
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
 	defer signal.Stop(sigs)
 	errc := make(chan error, 1)
 	go func() { errc <- serve(ln) }()
@@ -363,12 +372,23 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 			draining.Store(true)
 			return shutdown(srv)
 		case sig := <-sigs:
-			if sig != syscall.SIGHUP {
+			switch sig {
+			case syscall.SIGHUP:
+				reload(ctx, host, cert, s.config, logger)
+			case syscall.SIGUSR1: // as Envoy: reopen the access log, for rotation
+				if alog == nil {
+					continue
+				}
+				if err := alog.reopen(); err != nil {
+					logger.Error("access log not reopened; it goes on in the file it had", "err", err)
+				} else {
+					logger.Info("access log reopened", "file", s.accessLog)
+				}
+			default:
 				logger.Info("stopping", "signal", sig.String())
 				draining.Store(true)
 				return shutdown(srv)
 			}
-			reload(ctx, host, cert, s.config, logger)
 		}
 	}
 }
@@ -396,12 +416,11 @@ func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, config 
 	}
 }
 
-// newHandler is the gateway: the stripped identity headers (s.strip),
-// X-Forwarded-For, X-Forwarded-Proto and X-Request-Id (connectionManager,
-// with s.appendXFF), the
-// plugin (when host is not nil), and a reverse proxy to up, with
-// s.upstreamTimeout.
-func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, s settings) http.Handler {
+// newHandler is the gateway: the access log (when alog is not nil), the
+// stripped identity headers (s.strip), X-Forwarded-For, X-Forwarded-Proto
+// and X-Request-Id (connectionManager, with s.appendXFF), the plugin (when
+// host is not nil), and a reverse proxy to up, with s.upstreamTimeout.
+func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.Logger, s settings) http.Handler {
 	proxy := &httputil.ReverseProxy{Transport: newUpstreamTransport(s.upstreamTimeout), BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(up)
 		pr.Out.Host = pr.In.Host
@@ -414,6 +433,9 @@ func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, s setting
 	// gateway's log, not to the standard logger's stderr lines.
 	proxy.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		if e := accessEntryOf(w); e != nil {
+			e.flags = upstreamFlag(r, err)
+		}
 		if isTimeout(err) && r.Context().Err() == nil {
 			logger.Warn("upstream timeout", "timeout", s.upstreamTimeout.String(), "path", r.URL.Path)
 			http.Error(w, "upstream request timeout", http.StatusGatewayTimeout) // Envoy's answer
@@ -423,12 +445,18 @@ func newHandler(up *url.URL, host *wasmhost.Host, logger *slog.Logger, s setting
 		http.Error(w, "upstream unavailable", http.StatusBadGateway)
 	}
 	var handler http.Handler = proxy
+	if alog != nil {
+		handler = markUpstream(handler, up.Host)
+	}
 	if host != nil {
 		handler = host.Middleware(handler)
 	}
 	handler = connectionManager(handler, s.appendXFF)
 	if len(s.strip) > 0 {
 		handler = stripHeaders(handler, s.strip)
+	}
+	if alog != nil {
+		handler = alog.handler(handler)
 	}
 	return handler
 }

@@ -89,6 +89,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc", "SLUICE_GATEWAY_IDLE_TIMEOUT": "45s",
 		"SLUICE_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9901", "SLUICE_GATEWAY_UPSTREAM_TIMEOUT": "0s",
 		"SLUICE_GATEWAY_MAX_REQUEST_HEADERS_KB": "96", "SLUICE_GATEWAY_TLS_CERT": "/etc/gw/cert.pem", "SLUICE_GATEWAY_TLS_KEY": "/etc/gw/key.pem",
+		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)
@@ -99,7 +100,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
 		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
-		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem",
+		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout",
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}
 	if !reflect.DeepEqual(s, want) {
@@ -326,7 +327,7 @@ func TestServer_LimitsRequestHeaders(t *testing.T) {
 // BenchmarkHandler is the gateway's handler in this process, without the
 // network and with an upstream that answers at once: what the plugin adds
 // to a request no limit matches, in time and in allocations, host and
-// guest together.
+// guest together; and what the access log adds.
 func BenchmarkHandler(b *testing.B) {
 	const cfg = `{"bridge": {"cluster": "sluice_bridge", "timeout": "1s"},
 	  "identity": {"sources": [{"type": "header", "header": "x-user-id"}], "client_ip": {"trusted_proxy_depth": 1}},
@@ -342,10 +343,19 @@ func BenchmarkHandler(b *testing.B) {
 		w.Header()["Content-Type"] = []string{"text/plain"}
 		io.WriteString(w, "upstream")
 	})
+	alog, err := openAccessLog(filepath.Join(b.TempDir(), "access.log"), logger)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer alog.Close()
 	for _, c := range []struct {
 		name string
 		h    http.Handler
-	}{{"no-plugin", connectionManager(upstream, true)}, {"no-match", connectionManager(host.Middleware(upstream), true)}} {
+	}{
+		{"no-plugin", connectionManager(upstream, true)},
+		{"no-match", connectionManager(host.Middleware(upstream), true)},
+		{"no-plugin, access log", alog.handler(connectionManager(upstream, true))},
+	} {
 		b.Run(c.name, func(b *testing.B) {
 			in := httptest.NewRequest("GET", "/health", nil)
 			in.Header["X-User-Id"] = []string{"ua"}

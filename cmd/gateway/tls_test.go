@@ -144,7 +144,7 @@ func TestGateway_Protocols(t *testing.T) {
 	roots.AddCert(ca)
 
 	s := settings{appendXFF: true, idleTimeout: defaultIdleTimeout, maxRequestHeadersKB: defaultMaxRequestHeadersKB}
-	h := newHandler(mustURL(t, up.URL), host, discardLogger(), s)
+	h := newHandler(mustURL(t, up.URL), host, nil, discardLogger(), s)
 	serve := func(tlsOn bool) string {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -260,10 +260,11 @@ func TestConnectionManager(t *testing.T) {
 	}
 }
 
-// The gateway as started with --tls-cert and --tls-key serves HTTPS, and
-// SIGHUP makes it serve the renewed pair written over the files, without
-// a restart.
-func TestRun_TLS(t *testing.T) {
+// The gateway as started with --tls-cert, --tls-key and --access-log
+// serves HTTPS and logs each request; SIGHUP makes it serve the renewed
+// pair written over the files, and SIGUSR1 reopens the access log after
+// it was moved away, without a restart.
+func TestRun_Signals(t *testing.T) {
 	wasm, err := hosttest.Guest()
 	if err != nil {
 		t.Fatal(err)
@@ -271,6 +272,7 @@ func TestRun_TLS(t *testing.T) {
 	dir := t.TempDir()
 	plugin, config := filepath.Join(dir, "guest.wasm"), filepath.Join(dir, "config")
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	accessFile := filepath.Join(dir, "access.log")
 	if err := os.WriteFile(plugin, wasm, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +291,7 @@ func TestRun_TLS(t *testing.T) {
 	go func() {
 		defer logw.Close()
 		done <- run(ctx, []string{"--listen", listen, "--plugin", plugin, "--config", config, "--upstream", "http://127.0.0.1:1",
-			"--tls-cert", certFile, "--tls-key", keyFile, "--log-level", "info"}, logw)
+			"--tls-cert", certFile, "--tls-key", keyFile, "--access-log", accessFile, "--log-level", "info"}, logw)
 	}()
 	// The log says what the gateway did, in order.
 	lines := make(chan string)
@@ -329,6 +331,31 @@ func TestRun_TLS(t *testing.T) {
 	if got := served(t, listen); got != "renewed" {
 		t.Errorf("after SIGHUP served %q, want renewed", got)
 	}
+
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	defer client.CloseIdleConnections()
+	deny := func(path string) { // the guest answers this mode itself (a 429), so no upstream is needed
+		t.Helper()
+		req, _ := http.NewRequest("GET", "https://"+listen+path, nil)
+		req.Header.Set("X-Mode", "deny")
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("%s: %s", path, res.Status)
+		}
+	}
+	deny("/before-rotation")
+	if err := os.Rename(accessFile, accessFile+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	await("access log reopened")
+	deny("/after-rotation")
 	cancel()
 	go func() { // the rest of the log, until run closes it
 		for range lines {
@@ -336,5 +363,12 @@ func TestRun_TLS(t *testing.T) {
 	}()
 	if err := <-done; err != nil {
 		t.Errorf("run: %v", err)
+	}
+	// run has returned: the access log is flushed and closed.
+	for file, path := range map[string]string{accessFile + ".1": "/before-rotation", accessFile: "/after-rotation"} {
+		got, err := os.ReadFile(file)
+		if lines := strings.Split(strings.TrimSuffix(string(got), "\n"), "\n"); err != nil || len(lines) != 1 || !strings.Contains(lines[0], `] "GET `+path+` HTTP/1.1" 429 - 0 6 `) {
+			t.Errorf("%s: %q %v; want the one request to %s", file, got, err, path)
+		}
 	}
 }

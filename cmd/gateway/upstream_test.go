@@ -294,7 +294,7 @@ func TestUpstreamTransport_ClientGone(t *testing.T) {
 		}
 		return false
 	})
-	addr := serveGateway(t, newHandler(mustURL(t, "http://"+u.addr), nil, discardLogger(), settings{appendXFF: true, upstreamTimeout: defaultUpstreamTimeout}))
+	addr := serveGateway(t, newHandler(mustURL(t, "http://"+u.addr), nil, nil, discardLogger(), settings{appendXFF: true, upstreamTimeout: defaultUpstreamTimeout}))
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -331,7 +331,7 @@ func TestGateway_UpstreamTimeout(t *testing.T) {
 			}
 			return false
 		})
-		addr := serveGateway(t, newHandler(mustURL(t, "http://"+u.addr), nil, discardLogger(), settings{upstreamTimeout: 200 * time.Millisecond}))
+		addr := serveGateway(t, newHandler(mustURL(t, "http://"+u.addr), nil, nil, discardLogger(), settings{upstreamTimeout: 200 * time.Millisecond}))
 		// status and body, or the error of the request or of reading the body
 		post := func(path string) (int, string, error) {
 			req, _ := http.NewRequest("POST", "http://"+addr+path, strings.NewReader(body))
