@@ -168,6 +168,7 @@ type settings struct {
 	maxRequestHeadersKB              int
 	tlsCert, tlsKey                  string
 	accessLog                        string
+	upstreamProtocol                 string
 }
 
 // envPrefix: every flag --x-y may also be set as SLUICE_GATEWAY_X_Y.
@@ -198,6 +199,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
 	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key; SIGHUP reads both again")
 	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
 	fs.StringVar(&s.accessLog, "access-log", "", "file to append a line per request to, in Envoy's default access log format (/dev/stdout works); SIGUSR1 reopens it; none when empty")
 	return fs
 }
@@ -266,6 +268,11 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	}
 	if s.upstreamTimeout < 0 {
 		return s, fmt.Errorf("--upstream-timeout %v: must be 0 (none) or above", s.upstreamTimeout)
+	}
+	switch s.upstreamProtocol {
+	case upstreamHTTP1, upstreamHTTP2, upstreamDownstream:
+	default:
+		return s, fmt.Errorf("--upstream-protocol %q: must be http1, http2 or downstream", s.upstreamProtocol)
 	}
 	if (s.tlsCert == "") != (s.tlsKey == "") {
 		return s, errors.New("--tls-cert and --tls-key: give both or neither")
@@ -419,9 +426,39 @@ func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, config 
 // newHandler is the gateway: the access log (when alog is not nil), the
 // stripped identity headers (s.strip), X-Forwarded-For, X-Forwarded-Proto
 // and X-Request-Id (connectionManager, with s.appendXFF), the plugin (when
-// host is not nil), and a reverse proxy to up, with s.upstreamTimeout.
+// host is not nil), and a reverse proxy to up in s.upstreamProtocol, with
+// s.upstreamTimeout.
 func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.Logger, s settings) http.Handler {
-	proxy := &httputil.ReverseProxy{Transport: newUpstreamTransport(s.upstreamTimeout), BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
+	var handler http.Handler
+	switch s.upstreamProtocol {
+	case upstreamHTTP2:
+		handler = newProxy(up, newUpstreamTransport(s.upstreamTimeout, true), logger, s)
+	case upstreamDownstream:
+		handler = byProtocol{h1: newProxy(up, newUpstreamTransport(s.upstreamTimeout, false), logger, s),
+			h2: newProxy(up, newUpstreamTransport(s.upstreamTimeout, true), logger, s)}
+	default:
+		handler = newProxy(up, newUpstreamTransport(s.upstreamTimeout, false), logger, s)
+	}
+	if alog != nil {
+		handler = markUpstream(handler, up.Host)
+	}
+	if host != nil {
+		handler = host.Middleware(handler)
+	}
+	handler = connectionManager(handler, s.appendXFF)
+	if len(s.strip) > 0 {
+		handler = stripHeaders(handler, s.strip)
+	}
+	if alog != nil {
+		handler = alog.handler(handler)
+	}
+	return handler
+}
+
+// newProxy is the reverse proxy to up through transport, with the
+// gateway's forwarded headers and its answers when the upstream fails.
+func newProxy(up *url.URL, transport http.RoundTripper, logger *slog.Logger, s settings) *httputil.ReverseProxy {
+	proxy := &httputil.ReverseProxy{Transport: transport, BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(up)
 		pr.Out.Host = pr.In.Host
 		// X-Forwarded-For and X-Forwarded-Proto are as connectionManager left them
@@ -444,22 +481,28 @@ func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.
 		logger.Warn("upstream error", "err", err, "path", r.URL.Path)
 		http.Error(w, "upstream unavailable", http.StatusBadGateway)
 	}
-	var handler http.Handler = proxy
-	if alog != nil {
-		handler = markUpstream(handler, up.Host)
-	}
-	if host != nil {
-		handler = host.Middleware(handler)
-	}
-	handler = connectionManager(handler, s.appendXFF)
-	if len(s.strip) > 0 {
-		handler = stripHeaders(handler, s.strip)
-	}
-	if alog != nil {
-		handler = alog.handler(handler)
-	}
-	return handler
+	return proxy
 }
+
+// byProtocol sends HTTP/2 requests to h2 and the rest to h1: the
+// upstream is spoken to in the client's protocol, as Envoy's
+// use_downstream_protocol_config.
+type byProtocol struct{ h1, h2 http.Handler }
+
+func (b byProtocol) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 2 {
+		b.h2.ServeHTTP(w, r)
+		return
+	}
+	b.h1.ServeHTTP(w, r)
+}
+
+// The values of --upstream-protocol.
+const (
+	upstreamHTTP1      = "http1"
+	upstreamHTTP2      = "http2"
+	upstreamDownstream = "downstream"
+)
 
 // adminHandler serves what Envoy's admin interface serves for the plugin,
 // at the same paths, so scrape configurations, dashboards and probes

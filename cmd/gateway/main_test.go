@@ -61,13 +61,14 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--upstream", "http://x", "--env", "A", "--env", "A=1"}, "A is given twice"},
 		{[]string{"--upstream", "http://x", "--env", "=1"}, "want NAME or NAME=VALUE"},
 		{[]string{"--upstream", "http://x", "stray"}, `unexpected argument "stray"`},
+		{[]string{"--upstream", "http://x", "--upstream-protocol", "h2c"}, `--upstream-protocol "h2c": must be http1, http2 or downstream`},
 		{[]string{"--upstream", "http://x", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key: give both or neither"},
 		{[]string{"--upstream", "http://x", "--tls-key", "k.pem"}, "--tls-cert and --tls-key: give both or neither"},
 	}
 	for _, tc := range tests {
 		s, err := parseFlags(tc.args, noEnv, io.Discard)
 		if tc.err == "" {
-			if err != nil || s.clusters["b"] != "http://127.0.0.1:8081" || len(s.strip) != 1 || s.idleTimeout != defaultIdleTimeout || s.upstreamTimeout != 15*time.Second || s.maxRequestHeadersKB != 60 {
+			if err != nil || s.clusters["b"] != "http://127.0.0.1:8081" || len(s.strip) != 1 || s.idleTimeout != defaultIdleTimeout || s.upstreamTimeout != 15*time.Second || s.maxRequestHeadersKB != 60 || s.upstreamProtocol != "http1" {
 				t.Errorf("%v: %v %+v", tc.args, err, s)
 			}
 			continue
@@ -89,7 +90,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc", "SLUICE_GATEWAY_IDLE_TIMEOUT": "45s",
 		"SLUICE_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9901", "SLUICE_GATEWAY_UPSTREAM_TIMEOUT": "0s",
 		"SLUICE_GATEWAY_MAX_REQUEST_HEADERS_KB": "96", "SLUICE_GATEWAY_TLS_CERT": "/etc/gw/cert.pem", "SLUICE_GATEWAY_TLS_KEY": "/etc/gw/key.pem",
-		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout",
+		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout", "SLUICE_GATEWAY_UPSTREAM_PROTOCOL": "downstream",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)
@@ -100,7 +101,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
 		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
-		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout",
+		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout", upstreamProtocol: "downstream",
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}
 	if !reflect.DeepEqual(s, want) {

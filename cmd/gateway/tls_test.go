@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -370,5 +371,86 @@ func TestRun_Signals(t *testing.T) {
 		if lines := strings.Split(strings.TrimSuffix(string(got), "\n"), "\n"); err != nil || len(lines) != 1 || !strings.Contains(lines[0], `] "GET `+path+` HTTP/1.1" 429 - 0 6 `) {
 			t.Errorf("%s: %q %v; want the one request to %s", file, got, err, path)
 		}
+	}
+}
+
+// --upstream-protocol: the upstream is spoken to over HTTP/1.1, over
+// HTTP/2 (h2c), or in the client's own protocol; a gRPC-shaped exchange (a
+// streamed body, TE: trailers) passes through the gateway and its plugin
+// either way, and the status trailer reaches the client when both sides
+// speak HTTP/2, what gRPC needs (Envoy, too, passes no trailers to an
+// HTTP/1.1 client unless told to).
+func TestGateway_UpstreamProtocol(t *testing.T) {
+	wasm, err := hosttest.Guest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{Workers: 1, PluginConfig: []byte("configuration"), Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	// The upstream speaks HTTP/1.1 and h2c, answers with the protocol it
+	// was asked in, echoes the body, and ends with a trailer.
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var both http.Protocols
+	both.SetHTTP1(true)
+	both.SetUnencryptedHTTP2(true)
+	up := &http.Server{Protocols: &both, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Upstream-Proto", r.Proto)
+		w.Header().Set("Upstream-Te", r.Header.Get("Te"))
+		w.Header().Set("Content-Type", "application/grpc")
+		body, _ := io.ReadAll(r.Body)
+		w.Write(body)
+		w.Header().Set(http.TrailerPrefix+"Grpc-Status", "0")
+	})}
+	go up.Serve(upLn)
+	defer up.Close()
+
+	for _, tc := range []struct {
+		mode       string
+		h2         bool // the client's protocol
+		upstreamAt string
+	}{
+		{upstreamHTTP1, false, "HTTP/1.1"}, {upstreamHTTP1, true, "HTTP/1.1"},
+		{upstreamHTTP2, false, "HTTP/2.0"}, {upstreamHTTP2, true, "HTTP/2.0"},
+		{upstreamDownstream, false, "HTTP/1.1"}, {upstreamDownstream, true, "HTTP/2.0"},
+	} {
+		t.Run(fmt.Sprintf("%s, client HTTP/2 %v", tc.mode, tc.h2), func(t *testing.T) {
+			s := settings{appendXFF: true, idleTimeout: defaultIdleTimeout, maxRequestHeadersKB: defaultMaxRequestHeadersKB,
+				upstreamTimeout: defaultUpstreamTimeout, upstreamProtocol: tc.mode}
+			gw := serveGateway(t, newHandler(mustURL(t, "http://"+upLn.Addr().String()), host, nil, discardLogger(), s))
+			var p http.Protocols
+			p.SetHTTP1(!tc.h2)
+			p.SetUnencryptedHTTP2(tc.h2)
+			client := &http.Client{Transport: &http.Transport{Protocols: &p}}
+			defer client.CloseIdleConnections()
+			pr, pw := io.Pipe()
+			go func() { // a streamed body: no length known
+				io.WriteString(pw, "message one;")
+				io.WriteString(pw, "message two")
+				pw.Close()
+			}()
+			req, _ := http.NewRequest("POST", "http://"+gw+"/pkg.Service/Method", pr)
+			req.Header.Set("Content-Type", "application/grpc")
+			req.Header.Set("Te", "trailers")
+			res, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(res.Body)
+			res.Body.Close()
+			got := [5]string{res.Status, res.Header.Get("Upstream-Proto"), res.Header.Get("Upstream-Te"), string(body), res.Trailer.Get("Grpc-Status")}
+			want := [5]string{"200 OK", tc.upstreamAt, "trailers", "message one;message two", ""}
+			if tc.h2 && tc.upstreamAt == "HTTP/2.0" {
+				want[4] = "0"
+			}
+			if err != nil || got != want {
+				t.Errorf("status, upstream protocol, TE, body, trailer: %q %v, want %q", got, err, want)
+			}
+		})
 	}
 }

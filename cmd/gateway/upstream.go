@@ -42,18 +42,34 @@ import (
 // the error): on the gateway's own connections through the connection's
 // deadline, which costs a request nothing more, and on the Transport's
 // through the request's context. Upgrades, which may last, have none.
+//
+// With http2, every request goes through a Transport that speaks only
+// HTTP/2: with prior knowledge (h2c) to an http:// upstream, by ALPN to an
+// https:// one, as an Envoy cluster with http2_protocol_options; what a
+// gRPC upstream needs.
 type upstreamTransport struct {
 	pool     h1pool.Pool
 	fallback http.RoundTripper
 	timeout  time.Duration
+	http2    bool
 }
 
-func newUpstreamTransport(timeout time.Duration) *upstreamTransport {
-	return &upstreamTransport{
+func newUpstreamTransport(timeout time.Duration, http2 bool) *upstreamTransport {
+	t := &upstreamTransport{
 		pool:     h1pool.Pool{IdleTimeout: 90 * time.Second, DialTimeout: 30 * time.Second},
 		fallback: wasmhost.NewTransport(),
 		timeout:  timeout,
+		http2:    http2,
 	}
+	if http2 {
+		tr := wasmhost.NewTransport()
+		var p http.Protocols
+		p.SetHTTP2(true)
+		p.SetUnencryptedHTTP2(true)
+		tr.Protocols = &p
+		t.fallback = tr
+	}
+	return t
 }
 
 // isTimeout reports whether err is an exchange's end at the transport's
@@ -75,7 +91,7 @@ func (t *upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	if t.timeout > 0 {
 		end = time.Now().Add(t.timeout)
 	}
-	if !direct(req) {
+	if t.http2 || !direct(req) {
 		if end.IsZero() || req.Header.Get("Upgrade") != "" {
 			return t.fallback.RoundTrip(req)
 		}
