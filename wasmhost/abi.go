@@ -311,7 +311,8 @@ func (h *Host) hostFuncs() []hostFunc {
 			}
 			if s := in.streams[in.effective]; s != nil && s.local == nil && !s.localPending {
 				s.localPending = true
-				l := &LocalResponse{Status: int(u32(p, 0)), Details: envoyDetails(details), Headers: hm, Body: append([]byte{}, body...)}
+				l := &LocalResponse{Status: int(u32(p, 0)), Details: envoyDetails(details), Headers: hm, Body: append([]byte{}, body...),
+					GrpcStatus: int32(u32(p, 7))}
 				in.defer_(func() { s.sendLocal(l) })
 			}
 			return StatusOK

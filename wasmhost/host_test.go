@@ -750,3 +750,78 @@ func TestNewRequestID(t *testing.T) {
 		seen[id] = true
 	}
 }
+
+// A gRPC request's local answer is gRPC's, as Envoy sends it: 200 with no
+// body, grpc-status mapped from the HTTP status (or the plugin's own),
+// grpc-message the body percent-encoded, the plugin's headers kept; over
+// HTTP/2, as gRPC clients speak. application/grpc-web is not gRPC.
+func TestHost_MiddlewareGRPC(t *testing.T) {
+	h := newHost(t, Options{Workers: 1, PluginConfig: []byte("mw"), FailurePolicy: FailClosed})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h2c http.Protocols
+	h2c.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Protocols: &h2c, Handler: h.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "upstream body")
+	}))}
+	go srv.Serve(ln)
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{Protocols: &h2c}}
+	defer client.CloseIdleConnections()
+	for _, tc := range []struct {
+		mode, contentType, method string
+		want                      string // status, content type, grpc-status, grpc-message, retry-after, body
+	}{
+		{"deny", "application/grpc", "POST", "200|application/grpc|14|denied|7|"},
+		{"deny", "application/grpc+proto", "POST", "200|application/grpc|14|denied|7|"},
+		{"deny", "application/grpc", "HEAD", "200|application/grpc|14||7|"},
+		{"respdeny", "application/grpc", "POST", "200|application/grpc|14|replaced||"},
+		{"deny", "application/grpc-web", "POST", "429|text/plain|||7|denied"},
+		{"echo", "application/grpc", "POST", "200|text/plain; charset=utf-8||||upstream body"},
+		{"trap", "application/grpc", "POST", "200|application/grpc|14|||"}, // last: the VM stays failed
+	} {
+		req, _ := http.NewRequest(tc.method, "http://"+ln.Addr().String()+"/pkg.Svc/Call", strings.NewReader("msg"))
+		req.Header.Set("Content-Type", tc.contentType)
+		req.Header.Set("X-Mode", tc.mode)
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		got := strings.Join([]string{strconv.Itoa(res.StatusCode), res.Header.Get("Content-Type"), res.Header.Get("Grpc-Status"),
+			res.Header.Get("Grpc-Message"), res.Header.Get("Retry-After"), string(body)}, "|")
+		if got != tc.want {
+			t.Errorf("%s %s %s: got %q, want %q", tc.mode, tc.method, tc.contentType, got, tc.want)
+		}
+	}
+}
+
+func TestWriteLocal_GRPC(t *testing.T) {
+	for _, tc := range []struct {
+		status     int
+		grpcStatus int32
+		body       string
+		want       string // grpc-status, grpc-message
+	}{
+		{429, -1, "", "14|"},
+		{429, 8, "quota", "8|quota"}, // the plugin's own status wins
+		{429, 17, "", "14|"},         // beyond the known codes: none given
+		{400, -1, "", "13|"}, {401, -1, "", "16|"}, {403, -1, "", "7|"}, {404, -1, "", "12|"},
+		{502, -1, "", "14|"}, {503, -1, "", "14|"}, {504, -1, "", "14|"}, {418, -1, "", "2|"},
+		{429, -1, "50% off ~ \"ok\"\n\xc3\xa9", `14|50%25 off %7E "ok"%0A%C3%A9`},
+	} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("POST", "/pkg.Svc/Call", nil)
+		req.Header.Set("Content-Type", "application/grpc")
+		writeLocal(rec, req, &LocalResponse{Status: tc.status, GrpcStatus: tc.grpcStatus, Body: []byte(tc.body),
+			Headers: [][2]string{{"content-length", "5"}}})
+		got := rec.Header().Get("Grpc-Status") + "|" + rec.Header().Get("Grpc-Message")
+		if got != tc.want || rec.Code != 200 || rec.Body.Len() != 0 || rec.Header().Get("Content-Length") != "" {
+			t.Errorf("%d, plugin's %d, %q: %d %q body %q content-length %q; want 200 %q, no body", tc.status, tc.grpcStatus, tc.body,
+				rec.Code, got, rec.Body, rec.Header().Get("Content-Length"), tc.want)
+		}
+	}
+}

@@ -33,6 +33,11 @@ type LocalResponse struct {
 	Details string // Envoy's response code details
 	Headers [][2]string
 	Body    []byte
+	// GrpcStatus is the gRPC status the plugin gave for a gRPC request
+	// (proxy_send_local_response's grpc_status), from 0 to 16; any other
+	// value (the host's -1) is none, and Middleware's answer to a gRPC
+	// request maps Status instead, as Envoy does.
+	GrpcStatus int32
 }
 
 // Result is the outcome of a header callback: either the stream continues
@@ -302,7 +307,7 @@ func (h *Host) failedResult(headers func() fields.Map) Result {
 	if h.opts.FailurePolicy == FailOpen {
 		return Result{Headers: headers()}
 	}
-	return Result{Local: &LocalResponse{Status: 503, Details: "wasm_fail_stream"}}
+	return Result{Local: &LocalResponse{Status: 503, Details: "wasm_fail_stream", GrpcStatus: grpcUnavailable}}
 }
 
 // await finishes a header callback that returned action. It is entered with
@@ -388,7 +393,7 @@ func (s *Stream) sendLocal(l *LocalResponse) {
 		in.vm.fail(in, err)
 		return
 	}
-	out := &LocalResponse{Status: l.Status, Details: l.Details, Body: l.Body}
+	out := &LocalResponse{Status: l.Status, Details: l.Details, Body: l.Body, GrpcStatus: l.GrpcStatus}
 	for _, kv := range s.resp {
 		if kv[0] == ":status" {
 			if n, err := strconv.Atoi(kv[1]); err == nil {
