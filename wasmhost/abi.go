@@ -133,6 +133,9 @@ func (h *Host) hostFuncs() []hostFunc {
 			if !ok {
 				return StatusInvalidMemoryAccess
 			}
+			if in.inConfigure && LogLevel(u32(p, 0)) >= LogLevelWarn {
+				in.configErrLog = msg
+			}
 			h.log(in.vm.idx, LogLevel(u32(p, 0)), msg)
 			return StatusOK
 		}},

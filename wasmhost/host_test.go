@@ -350,8 +350,8 @@ func TestHost_ConfigureRefusalKeepsPrevious(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := h.Configure(context.Background(), []byte("refuse"))
-	if !errors.Is(err, ErrConfigRefused) {
-		t.Fatalf("err = %v, want ErrConfigRefused", err)
+	if !errors.Is(err, ErrConfigRefused) || !strings.HasSuffix(err.Error(), "refused the configuration (it logged: refusing configuration)") {
+		t.Fatalf("err = %v, want ErrConfigRefused with what the plugin logged", err)
 	}
 	for i := 0; i < 6; i++ { // every VM twice
 		r, err := run(t, h, "x-mode", "echo")

@@ -95,6 +95,7 @@ type instance struct {
 	vmConfig     []byte
 	pluginConfig []byte
 	inConfigure  bool
+	configErrLog string // the last warning or error the plugin logged while configuring
 	inVMStart    bool
 	callResp     *calloutResponse
 
@@ -228,8 +229,11 @@ func (in *instance) call(fn api.Function, args ...uint64) (uint64, error) {
 // defer_ queues f to run when the outermost guest call returns.
 func (in *instance) defer_(f func()) { in.after = append(in.after, f) }
 
+// configure gives the VM cfg. A refusal's error carries the last warning
+// or error the plugin logged meanwhile, which is where a plugin says why
+// (Envoy shows it only in its log).
 func (in *instance) configure(cfg []byte) error {
-	in.pluginConfig, in.inConfigure = cfg, true
+	in.pluginConfig, in.inConfigure, in.configErrLog = cfg, true, ""
 	in.effective = in.rootID
 	ok, err := in.call(in.onConfigure, uint64(in.rootID), uint64(len(cfg)))
 	in.pluginConfig, in.inConfigure = nil, false
@@ -237,6 +241,9 @@ func (in *instance) configure(cfg []byte) error {
 		return fmt.Errorf("proxy_on_configure: %w: %w", ErrPluginFailed, err)
 	}
 	if in.onConfigure != nil && uint32(ok) == 0 {
+		if in.configErrLog != "" {
+			return fmt.Errorf("%w (it logged: %s)", ErrConfigRefused, in.configErrLog)
+		}
 		return ErrConfigRefused
 	}
 	return nil
