@@ -169,6 +169,7 @@ type settings struct {
 	tlsCert, tlsKey                  string
 	accessLog                        string
 	upstreamProtocol                 string
+	validate                         bool
 }
 
 // envPrefix: every flag --x-y may also be set as SLUICE_GATEWAY_X_Y.
@@ -200,6 +201,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key; SIGHUP reads both again")
 	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
+	fs.BoolVar(&s.validate, "validate", false, "start the plugin with --config (and read the TLS pair) as at start, say whether they are accepted, and exit, as envoy --mode validate; --upstream may be left out")
 	fs.StringVar(&s.accessLog, "access-log", "", "file to append a line per request to, in Envoy's default access log format (/dev/stdout works); SIGUSR1 reopens it; none when empty")
 	return fs
 }
@@ -251,10 +253,10 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	if err != nil {
 		return s, err
 	}
-	if s.upstream == "" {
+	if s.upstream == "" && !s.validate {
 		return s, errors.New("--upstream is required")
 	}
-	if u, err := url.Parse(s.upstream); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+	if u, err := url.Parse(s.upstream); s.upstream != "" && (err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https")) {
 		return s, fmt.Errorf("--upstream %q is not an http(s) URL", s.upstream)
 	}
 	if s.workers < 1 || s.workers > maxWorkers {
@@ -305,7 +307,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		}
 	}
 	var alog *accessLog
-	if s.accessLog != "" {
+	if s.accessLog != "" && !s.validate {
 		if alog, err = openAccessLog(s.accessLog, logger); err != nil {
 			return err
 		}
@@ -339,6 +341,10 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	}
 	defer host.Close()
 	logger.Info("plugin started", "workers", s.workers, "took", time.Since(start).String())
+	if s.validate { // every VM took the configuration
+		logger.Info("configuration valid", "config", s.config, "plugin", s.plugin)
+		return nil
+	}
 
 	var draining atomic.Bool
 	if s.adminListen != "" {

@@ -48,6 +48,7 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{[]string{"--upstream", "http://127.0.0.1:9000", "--cluster", "b=http://127.0.0.1:8081", "--strip-header", "x-user-id"}, ""},
 		{[]string{}, "--upstream is required"},
+		{[]string{"--validate", "--upstream", "x"}, `--upstream "x" is not an http(s) URL`},
 		{[]string{"--upstream", "ftp://x"}, "not an http(s) URL"},
 		{[]string{"--upstream", "http://x", "--cluster", "nameonly"}, "NAME=URL"},
 		{[]string{"--upstream", "http://x", "--cluster", "b=localhost:1"}, "not an http(s) URL"},
@@ -90,7 +91,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc", "SLUICE_GATEWAY_IDLE_TIMEOUT": "45s",
 		"SLUICE_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9901", "SLUICE_GATEWAY_UPSTREAM_TIMEOUT": "0s",
 		"SLUICE_GATEWAY_MAX_REQUEST_HEADERS_KB": "96", "SLUICE_GATEWAY_TLS_CERT": "/etc/gw/cert.pem", "SLUICE_GATEWAY_TLS_KEY": "/etc/gw/key.pem",
-		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout", "SLUICE_GATEWAY_UPSTREAM_PROTOCOL": "downstream",
+		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout", "SLUICE_GATEWAY_UPSTREAM_PROTOCOL": "downstream", "SLUICE_GATEWAY_VALIDATE": "true",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)
@@ -101,7 +102,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
 		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
-		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout", upstreamProtocol: "downstream",
+		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout", upstreamProtocol: "downstream", validate: true,
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}
 	if !reflect.DeepEqual(s, want) {

@@ -454,3 +454,48 @@ func TestGateway_UpstreamProtocol(t *testing.T) {
 		})
 	}
 }
+
+// --validate starts the plugin with the configuration and reads the TLS
+// pair as a start would, then exits: nil when all is accepted (no
+// --upstream needed), else an error that says why, the plugin's own words
+// included.
+func TestRun_Validate(t *testing.T) {
+	wasm, err := hosttest.Guest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	plugin, good, refused := filepath.Join(dir, "guest.wasm"), filepath.Join(dir, "good"), filepath.Join(dir, "refused")
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	for file, data := range map[string][]byte{plugin: wasm, good: []byte("configuration"), refused: []byte("refuse")} {
+		if err := os.WriteFile(file, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeCert(t, certFile, keyFile, "gw")
+	listen := freeAddr(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		err  string
+	}{
+		{"accepted", []string{"--config", good}, ""},
+		{"accepted, with TLS", []string{"--config", good, "--tls-cert", certFile, "--tls-key", keyFile}, ""},
+		{"refused", []string{"--config", refused}, "plugin refused the configuration (it logged: refusing configuration)"},
+		{"no key for the certificate", []string{"--config", good, "--tls-cert", certFile, "--tls-key", certFile}, "--tls-cert " + certFile + ", --tls-key " + certFile},
+	} {
+		args := append([]string{"--validate", "--plugin", plugin, "--listen", listen, "--access-log", filepath.Join(dir, "access.log"), "--log-level", "error"}, tc.args...)
+		err := run(context.Background(), args, os.Stderr)
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.err)
+		}
+	}
+	// Nothing was served or written.
+	if c, err := net.Dial("tcp", listen); err == nil {
+		c.Close()
+		t.Errorf("%s answers after --validate", listen)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "access.log")); !os.IsNotExist(err) {
+		t.Errorf("the access log was created: %v", err)
+	}
+}
