@@ -164,6 +164,7 @@ type settings struct {
 	logLevel                         string
 	cacheDir                         string
 	idleTimeout, upstreamTimeout     time.Duration
+	shutdownGrace                    time.Duration
 	adminListen                      string
 	maxRequestHeadersKB              int
 	tlsCert, tlsKey                  string
@@ -201,6 +202,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key; SIGHUP reads both again")
 	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
+	fs.DurationVar(&s.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM or SIGINT, how long requests in flight (throttled ones held up to their max_delay included) may take to finish before the gateway exits")
 	fs.BoolVar(&s.validate, "validate", false, "start the plugin with --config (and read the TLS pair) as at start, say whether they are accepted, and exit, as envoy --mode validate; --upstream may be left out")
 	fs.StringVar(&s.accessLog, "access-log", "", "file to append a line per request to, in Envoy's default access log format (/dev/stdout works); SIGUSR1 reopens it; none when empty")
 	return fs
@@ -270,6 +272,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	}
 	if s.upstreamTimeout < 0 {
 		return s, fmt.Errorf("--upstream-timeout %v: must be 0 (none) or above", s.upstreamTimeout)
+	}
+	if s.shutdownGrace < 0 {
+		return s, fmt.Errorf("--shutdown-grace %v: must be 0 or above", s.shutdownGrace)
 	}
 	switch s.upstreamProtocol {
 	case upstreamHTTP1, upstreamHTTP2, upstreamDownstream:
@@ -383,7 +388,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 			return err
 		case <-ctx.Done():
 			draining.Store(true)
-			return shutdown(srv)
+			return shutdown(srv, s.shutdownGrace)
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGHUP:
@@ -400,7 +405,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 			default:
 				logger.Info("stopping", "signal", sig.String())
 				draining.Store(true)
-				return shutdown(srv)
+				return shutdown(srv, s.shutdownGrace)
 			}
 		}
 	}
@@ -583,11 +588,20 @@ func (b *bufferPool) Get() []byte {
 
 func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
-func shutdown(srv *http.Server) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+// shutdown stops taking connections and waits up to grace for the
+// requests in flight; past it, they are cut when the gateway exits.
+func shutdown(srv *http.Server, grace time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	return srv.Shutdown(ctx)
+	if err := srv.Shutdown(ctx); err != nil {
+		return fmt.Errorf("requests still in flight after --shutdown-grace %v: %w", grace, err)
+	}
+	return nil
 }
+
+// defaultShutdownGrace is the bridge's own default, and above a throttled
+// request's default max_delay (1s).
+const defaultShutdownGrace = 10 * time.Second
 
 // connectionManager sets X-Forwarded-For, X-Forwarded-Proto and
 // X-Request-Id before the plugin sees the request, as Envoy's connection

@@ -62,6 +62,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--upstream", "http://x", "--env", "A", "--env", "A=1"}, "A is given twice"},
 		{[]string{"--upstream", "http://x", "--env", "=1"}, "want NAME or NAME=VALUE"},
 		{[]string{"--upstream", "http://x", "stray"}, `unexpected argument "stray"`},
+		{[]string{"--upstream", "http://x", "--shutdown-grace", "-1s"}, "--shutdown-grace -1s: must be 0 or above"},
 		{[]string{"--upstream", "http://x", "--upstream-protocol", "h2c"}, `--upstream-protocol "h2c": must be http1, http2 or downstream`},
 		{[]string{"--upstream", "http://x", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key: give both or neither"},
 		{[]string{"--upstream", "http://x", "--tls-key", "k.pem"}, "--tls-cert and --tls-key: give both or neither"},
@@ -92,6 +93,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9901", "SLUICE_GATEWAY_UPSTREAM_TIMEOUT": "0s",
 		"SLUICE_GATEWAY_MAX_REQUEST_HEADERS_KB": "96", "SLUICE_GATEWAY_TLS_CERT": "/etc/gw/cert.pem", "SLUICE_GATEWAY_TLS_KEY": "/etc/gw/key.pem",
 		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout", "SLUICE_GATEWAY_UPSTREAM_PROTOCOL": "downstream", "SLUICE_GATEWAY_VALIDATE": "true",
+		"SLUICE_GATEWAY_SHUTDOWN_GRACE": "35s",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)
@@ -102,7 +104,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
 		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
-		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout", upstreamProtocol: "downstream", validate: true,
+		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout", upstreamProtocol: "downstream", validate: true, shutdownGrace: 35 * time.Second,
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}
 	if !reflect.DeepEqual(s, want) {
@@ -370,5 +372,53 @@ func BenchmarkHandler(b *testing.B) {
 				c.h.ServeHTTP(rec, &r)
 			}
 		})
+	}
+}
+
+// shutdown waits for a request in flight within the grace, and says so
+// when the grace ends first.
+func TestShutdown_Grace(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		grace   time.Duration
+		release bool // the request finishes during the grace
+		err     string
+	}{
+		{"finishes in time", time.Minute, true, ""},
+		{"still running", 50 * time.Millisecond, false, "requests still in flight after --shutdown-grace 50ms: context deadline exceeded"},
+	} {
+		entered, release := make(chan struct{}), make(chan struct{})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			close(entered)
+			<-release
+		}), settings{idleTimeout: time.Minute})
+		go srv.Serve(ln)
+		answered := make(chan error, 1)
+		go func() {
+			res, err := http.Get("http://" + ln.Addr().String())
+			if err == nil {
+				res.Body.Close()
+			}
+			answered <- err
+		}()
+		<-entered
+		if tc.release {
+			close(release)
+		}
+		err = shutdown(srv, tc.grace)
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || err.Error() != tc.err) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.err)
+		}
+		if !tc.release {
+			close(release)
+		}
+		if err := <-answered; tc.release && err != nil {
+			t.Errorf("%s: the request in flight: %v", tc.name, err)
+		}
+		srv.Close()
 	}
 }
