@@ -116,9 +116,12 @@ type cluster struct {
 // h1Target is where a call-out of a plain-HTTP cluster goes.
 type h1Target struct {
 	direct bool   // false: net/http sends it (the URL did not parse)
-	addr   string // host:port
+	addr   string // host:port, or a Unix socket's path
 	uri    string // the request target
 }
+
+// unixScheme starts a cluster that is a Unix socket: "unix:///path".
+const unixScheme = "unix://"
 
 // maxTargets bounds the paths a cluster keeps targets for: a plugin calls
 // out on a few, and one that makes up a path per call-out parses each.
@@ -129,7 +132,7 @@ func newClusters(opts *Options) map[string]*cluster {
 	out := make(map[string]*cluster, len(opts.Clusters))
 	for name, base := range opts.Clusters {
 		out[name] = &cluster{base: base, targets: map[string]h1Target{},
-			h1: opts.HTTPClient == nil && strings.HasPrefix(base, "http://")}
+			h1: opts.HTTPClient == nil && strings.HasPrefix(base, "http://") || strings.HasPrefix(base, unixScheme)}
 	}
 	return out
 }
@@ -147,8 +150,12 @@ func (cl *cluster) h1Target(path []byte) (h1Target, bool) {
 	if ok {
 		return t, t.direct
 	}
-	u, err := url.Parse(strings.TrimSuffix(cl.base, "/") + string(path))
-	if err == nil && u.Host != "" && u.User == nil {
+	if sock, ok := strings.CutPrefix(cl.base, unixScheme); ok {
+		// The socket's path, then the call-out's own request target.
+		if u, err := url.Parse("http://unix" + string(path)); err == nil && strings.HasPrefix(sock, "/") && u.Host == "unix" {
+			t = h1Target{direct: true, addr: sock, uri: u.RequestURI()}
+		}
+	} else if u, err := url.Parse(strings.TrimSuffix(cl.base, "/") + string(path)); err == nil && u.Host != "" && u.User == nil {
 		if u.Port() == "" {
 			u.Host = net.JoinHostPort(u.Hostname(), "80")
 		}

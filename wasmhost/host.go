@@ -41,7 +41,10 @@ type Options struct {
 	// environment reaches the plugin.
 	Environment map[string]string
 	// Clusters maps upstream cluster names used by proxy_http_call to base
-	// URLs, e.g. "sluice_bridge" → "http://127.0.0.1:8081".
+	// URLs, e.g. "sluice_bridge" → "http://127.0.0.1:8081", or to a Unix
+	// socket, "unix:///run/sluice/bridge.sock" (as an Envoy cluster with a
+	// pipe address; the host's own client sends those call-outs, whatever
+	// HTTPClient says).
 	Clusters map[string]string
 	// HTTPClient, when set, sends every call-out. By default call-outs to
 	// plain-HTTP clusters go through the host's own HTTP/1.1 client

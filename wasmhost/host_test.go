@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -178,13 +179,45 @@ func TestStream_ResponseHeadersWithoutRequest(t *testing.T) {
 }
 
 // TestHost_Callout: call-outs and their failures as Envoy reports them
-// (hosttest.Callouts).
+// (hosttest.Callouts), to clusters on TCP and on Unix sockets (Envoy's
+// pipe addresses).
 func TestHost_Callout(t *testing.T) {
 	srv := hosttest.Backend(t)
 	closed := httptest.NewServer(http.NotFoundHandler())
 	closedURL := closed.URL
 	closed.Close()
-	h := newHost(t, Options{Workers: 3, Clusters: map[string]string{"backend": srv.URL, "down": closedURL}})
+	for _, tc := range []struct {
+		name     string
+		clusters map[string]string
+	}{
+		{"tcp", map[string]string{"backend": srv.URL, "down": closedURL}},
+		{"unix", unixClusters(t, srv.Config.Handler)},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testCallouts(t, newHost(t, Options{Workers: 3, Clusters: tc.clusters})) })
+	}
+}
+
+// unixClusters serves h on a Unix socket as the cluster "backend", and
+// names as "down" a socket nothing listens on.
+func unixClusters(t *testing.T, h http.Handler) map[string]string {
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", filepath.Join(dir, "backend.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	down, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "down.sock"), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down.SetUnlinkOnClose(false) // the socket stays, refusing connections
+	down.Close()
+	return map[string]string{"backend": "unix://" + filepath.Join(dir, "backend.sock"), "down": "unix://" + filepath.Join(dir, "down.sock")}
+}
+
+func testCallouts(t *testing.T, h *Host) {
 	for _, tt := range hosttest.Callouts {
 		t.Run(tt.Name, func(t *testing.T) {
 			r, err := run(t, h, append([]string{"x-mode", "callout"}, tt.Headers...)...)

@@ -17,6 +17,7 @@ import (
 	"bufio"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -88,8 +89,10 @@ func (r connReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Get returns an idle connection to addr ("host:port") that is still open,
-// or dials a new one by deadline (zero: none but DialTimeout).
+// Get returns an idle connection to addr that is still open, or dials a
+// new one by deadline (zero: none but DialTimeout). addr is "host:port",
+// or the path of a Unix socket ("/run/sluice/bridge.sock"): a proxy and a
+// bridge on one machine skip the TCP stack on both sides.
 func (p *Pool) Get(addr string, deadline time.Time) (*Conn, error) {
 	p.mu.Lock()
 	for {
@@ -123,7 +126,11 @@ func (p *Pool) Get(addr string, deadline time.Time) (*Conn, error) {
 	}
 	p.mu.Unlock()
 	d := net.Dialer{Deadline: deadline, Timeout: p.DialTimeout}
-	nc, err := d.Dial("tcp", addr)
+	network := "tcp"
+	if strings.HasPrefix(addr, "/") {
+		network = "unix"
+	}
+	nc, err := d.Dial(network, addr)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -168,5 +169,52 @@ func TestConn_LimitReads(t *testing.T) {
 	rest, err := io.ReadFull(c.R, make([]byte, 90))
 	if rest != 90 || err != nil {
 		t.Fatalf("after lifting the limit: %d bytes, %v", rest, err)
+	}
+}
+
+// An address that is a path is a Unix socket: connections to it are kept
+// and reused as TCP ones are, and one the server closed while idle is
+// found out before use.
+func TestPool_UnixSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	var p Pool
+	defer p.Close()
+	for i := range 5 {
+		if reused := get(t, &p, sock); reused != (i > 0) {
+			t.Fatalf("exchange %d: reused %v", i, reused)
+		}
+	}
+	srv.CloseClientConnections()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		p.mu.Lock()
+		c := p.idle[sock][0]
+		p.mu.Unlock()
+		if !idleconn.Alive(c.Conn) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server closed the idle connection 5 s ago and the probe still finds it alive")
+		}
+	}
+	if get(t, &p, sock) {
+		t.Error("the closed connection was handed out")
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2", n)
 	}
 }
