@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -217,7 +218,7 @@ func serverClosed(err error) error {
 // ListenAndServe listens on Settings.Listen, prints "listening on ADDR" to
 // stderr, and serves until Shutdown.
 func (s *Server) ListenAndServe() error {
-	ln, err := net.Listen("tcp", s.set.Listen)
+	ln, err := listen(s.set.Listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
@@ -321,3 +322,27 @@ func loadRedisTLS(set *Settings, ro *store.RedisOptions) error {
 	}
 	return nil
 }
+
+// listen listens on addr: "host:port", or "unix:///path" for a Unix socket,
+// for a proxy on the same machine (an Envoy cluster with a pipe address, or
+// the gateway's unix:// cluster) to reach without the TCP stack. The
+// socket's file takes the process's umask: a proxy running as another user
+// needs write permission on it. A socket file left by a bridge that did not
+// stop cleanly is replaced; one another process still listens on is not.
+func listen(addr string) (net.Listener, error) {
+	sock, ok := strings.CutPrefix(addr, unixScheme)
+	if !ok {
+		return net.Listen("tcp", addr)
+	}
+	if fi, err := os.Lstat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("%s: another process listens on it", sock)
+		}
+		os.Remove(sock) // stale: nothing answers
+	}
+	return net.Listen("unix", sock)
+}
+
+// unixScheme starts a listen address that is a Unix socket.
+const unixScheme = "unix://"

@@ -590,3 +590,63 @@ func FuzzServer_Bodies(f *testing.F) {
 		}
 	})
 }
+
+// --listen unix:///path serves checks over a Unix socket, HTTP/1.1 and
+// h2c alike; a socket file left behind is replaced, and one a bridge
+// still listens on is not taken.
+func TestServer_ListenUnix(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "bridge.sock")
+	set := testSettings()
+	set.Logger, set.AuditLog = discardLogger(), filepath.Join(t.TempDir(), "audit.log")
+	set.Listen = "unix://" + sock
+	if err := set.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// What a bridge that did not stop cleanly leaves.
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+	s, err := New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ln, err := listen(set.Listen)
+	if err != nil {
+		t.Fatalf("over a stale socket: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	if _, err := listen(set.Listen); err == nil || !strings.Contains(err.Error(), "another process listens on it") {
+		t.Errorf("a second bridge on the socket: %v", err)
+	}
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}
+	h1 := &http.Client{Transport: &http.Transport{DialContext: dial}}
+	h2 := &http.Transport{DialContext: dial, Protocols: new(http.Protocols)}
+	h2.Protocols.SetUnencryptedHTTP2(true)
+	for i, c := range []*http.Client{h1, {Transport: h2}} {
+		body := checkBody(limit("rl:{u:unix}:a", rules.FixedWindow, 2))
+		r := do(t, c, "POST", "http://bridge/v1/rate-limit/check", body)
+		var cr rules.CheckResponse
+		if err := rules.DecodeCheckResponse(r.body, 1, &cr); err != nil || r.status != 200 || !cr.Allowed || cr.Decisions[0].Remaining != int64(1-i) {
+			t.Fatalf("check %d over the socket: %d %s %v", i+1, r.status, r.body, err)
+		}
+	}
+	h2.CloseIdleConnections()
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	bad := testSettings()
+	bad.Listen = "unix://bridge.sock"
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "a Unix socket needs an absolute path") {
+		t.Errorf("a relative socket path: %v", err)
+	}
+}

@@ -107,7 +107,7 @@ func envName(flagName string) string {
 
 func flagSet(s *Settings) *flag.FlagSet {
 	fs := flag.NewFlagSet("redisbridge", flag.ContinueOnError)
-	fs.StringVar(&s.Listen, "listen", s.Listen, "address to listen on")
+	fs.StringVar(&s.Listen, "listen", s.Listen, "address to listen on, or unix:///path for a Unix socket")
 	fs.StringVar(&s.Store, "store", s.Store, "counter store: memory or redis")
 	fs.StringVar(&s.RedisURL, "redis-url", s.RedisURL, "Redis URL (redis://, rediss://, redis+sentinel://, redis+cluster://)")
 	fs.IntVar(&s.RedisPoolSize, "redis-pool-size", s.RedisPoolSize, "connections per Redis node")
@@ -146,6 +146,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.Listen == "" {
 		return errors.New("--listen: empty")
+	}
+	if sock, ok := strings.CutPrefix(s.Listen, unixScheme); ok && !strings.HasPrefix(sock, "/") {
+		return fmt.Errorf("--listen %q: a Unix socket needs an absolute path, unix:///run/sluice/bridge.sock", s.Listen)
 	}
 	if s.RedisTimeout <= 0 {
 		return errors.New("--redis-timeout: must be positive")

@@ -80,21 +80,28 @@ func BenchmarkHost_Middleware(b *testing.B) {
 	}
 }
 
-// BenchmarkHost_Callout is a request paused for a call-out to a loopback
-// upstream and resumed from the root context.
+// BenchmarkHost_Callout is a request paused for a call-out to an upstream
+// on this machine, over TCP loopback and over a Unix socket, and resumed
+// from the root context.
 func BenchmarkHost_Callout(b *testing.B) {
 	srv := hosttest.Backend(b)
-	h := newHost(b, Options{Workers: 1, Clusters: map[string]string{"backend": srv.URL}})
-	info := RequestInfo{Method: "GET", Path: "/", Headers: [][2]string{{"x-mode", "callout"}, {"x-callout-path", "/b"}}}
-	ctx := context.Background()
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		s := h.NewStream(ctx, info)
-		r, err := s.RequestHeaders(ctx)
-		if err != nil || r.Local != nil {
-			b.Fatal(err, r.Local)
-		}
-		s.Close()
+	for _, tc := range []struct {
+		name    string
+		cluster string
+	}{{"tcp", srv.URL}, {"unix", unixClusters(b, srv.Config.Handler)["backend"]}} {
+		b.Run(tc.name, func(b *testing.B) {
+			h := newHost(b, Options{Workers: 1, Clusters: map[string]string{"backend": tc.cluster}})
+			info := RequestInfo{Method: "GET", Path: "/", Headers: [][2]string{{"x-mode", "callout"}, {"x-callout-path", "/b"}}}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				s := h.NewStream(ctx, info)
+				r, err := s.RequestHeaders(ctx)
+				if err != nil || r.Local != nil {
+					b.Fatal(err, r.Local)
+				}
+				s.Close()
+			}
+		})
 	}
 }

@@ -199,7 +199,7 @@ func TestHost_Callout(t *testing.T) {
 
 // unixClusters serves h on a Unix socket as the cluster "backend", and
 // names as "down" a socket nothing listens on.
-func unixClusters(t *testing.T, h http.Handler) map[string]string {
+func unixClusters(t testing.TB, h http.Handler) map[string]string {
 	dir := t.TempDir()
 	ln, err := net.Listen("unix", filepath.Join(dir, "backend.sock"))
 	if err != nil {

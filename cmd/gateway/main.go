@@ -50,8 +50,12 @@ func (c clusterFlag) Set(v string) error {
 	if !ok || name == "" {
 		return errors.New("want NAME=URL")
 	}
-	if u, err := url.Parse(target); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%q is not an http(s) URL", target)
+	if sock, ok := strings.CutPrefix(target, "unix://"); ok {
+		if !strings.HasPrefix(sock, "/") {
+			return fmt.Errorf("%q: a Unix socket needs an absolute path, unix:///run/sluice/bridge.sock", target)
+		}
+	} else if u, err := url.Parse(target); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an http(s) or unix:// URL", target)
 	}
 	c[name] = target
 	return nil
@@ -187,7 +191,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.plugin, "plugin", "build/plugin.wasm", "the plugin .wasm")
 	fs.StringVar(&s.config, "config", "examples/config.json", "the plugin's JSON configuration")
 	fs.StringVar(&s.upstream, "upstream", "", "the upstream base URL, e.g. http://127.0.0.1:9000")
-	fs.Var(s.clusters, "cluster", "a call-out cluster NAME=URL (repeatable), e.g. sluice_bridge=http://127.0.0.1:8081")
+	fs.Var(s.clusters, "cluster", "a call-out cluster NAME=URL (repeatable), e.g. sluice_bridge=http://127.0.0.1:8081, or sluice_bridge=unix:///run/sluice/bridge.sock for a bridge on a Unix socket")
 	fs.IntVar(&s.workers, "workers", defaultWorkers(), "plugin VMs (default: the CPUs the gateway may use)")
 	fs.Var(&s.failure, "failure-policy", "what requests get from a plugin VM that has failed (trapped), as Envoy's failure_policy: fail_reload (503, and a new VM at most once a second), fail_closed (503 until restart) or fail_open (pass unlimited)")
 	fs.Var(&s.strip, "strip-header", "remove this request header before the plugin runs (repeatable): identity headers the plugin trusts must come from you, not from clients")

@@ -51,7 +51,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--validate", "--upstream", "x"}, `--upstream "x" is not an http(s) URL`},
 		{[]string{"--upstream", "ftp://x"}, "not an http(s) URL"},
 		{[]string{"--upstream", "http://x", "--cluster", "nameonly"}, "NAME=URL"},
-		{[]string{"--upstream", "http://x", "--cluster", "b=localhost:1"}, "not an http(s) URL"},
+		{[]string{"--upstream", "http://x", "--cluster", "b=localhost:1"}, "not an http(s) or unix:// URL"},
+		{[]string{"--upstream", "http://x", "--cluster", "b=unix://bridge.sock"}, `"unix://bridge.sock": a Unix socket needs an absolute path`},
 		{[]string{"--upstream", "http://x", "--workers", "0"}, "--workers 0"},
 		{[]string{"--upstream", "http://x", "--idle-timeout", "0s"}, "--idle-timeout 0s: must be above 0"},
 		{[]string{"--upstream", "http://x", "--idle-timeout", "5"}, "invalid value"},
@@ -86,7 +87,7 @@ func TestParseFlags(t *testing.T) {
 func TestParseFlags_Environment(t *testing.T) {
 	env := map[string]string{
 		"SLUICE_GATEWAY_LISTEN": "127.0.0.1:9999", "SLUICE_GATEWAY_PLUGIN": "p.wasm", "SLUICE_GATEWAY_CONFIG": "c.json",
-		"SLUICE_GATEWAY_UPSTREAM": "http://127.0.0.1:9000", "SLUICE_GATEWAY_CLUSTER": "a=http://127.0.0.1:1, b=http://127.0.0.1:2",
+		"SLUICE_GATEWAY_UPSTREAM": "http://127.0.0.1:9000", "SLUICE_GATEWAY_CLUSTER": "a=http://127.0.0.1:1, b=http://127.0.0.1:2, c=unix:///run/sluice/bridge.sock",
 		"SLUICE_GATEWAY_WORKERS": "3", "SLUICE_GATEWAY_FAILURE_POLICY": "fail_open", "SLUICE_GATEWAY_STRIP_HEADER": "x-user-id,x-tier",
 		"SLUICE_GATEWAY_ENV": "RATE_LIMIT_CHAT_REQUESTS,RATE_LIMIT_CHAT_WINDOW=90", "SLUICE_GATEWAY_APPEND_XFF": "false",
 		"SLUICE_GATEWAY_LOG_LEVEL": "debug", "SLUICE_GATEWAY_COMPILE_CACHE": "/tmp/cc", "SLUICE_GATEWAY_IDLE_TIMEOUT": "45s",
@@ -102,7 +103,7 @@ func TestParseFlags_Environment(t *testing.T) {
 	}
 	want := settings{
 		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
-		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
+		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2", "c": "unix:///run/sluice/bridge.sock"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
 		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout", upstreamProtocol: "downstream", validate: true, shutdownGrace: 35 * time.Second,
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},

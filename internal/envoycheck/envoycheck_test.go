@@ -447,3 +447,40 @@ func TestCheck_DeployDocVMConfig(t *testing.T) {
 		t.Errorf("docs/deploy.md's vm_config: %v", err)
 	}
 }
+
+// The Unix socket example of docs/deploy.md, put in place of envoy.yaml's
+// bridge address, is a cluster Envoy accepts.
+func TestCheck_DeployDocBridgePipe(t *testing.T) {
+	var example string
+	for _, block := range strings.Split(string(readFile(t, "../../docs/deploy.md")), "```yaml\n")[1:] {
+		if body, _, _ := strings.Cut(block, "```"); strings.HasPrefix(body, "load_assignment:") && strings.Contains(body, "pipe:") {
+			example = body
+		}
+	}
+	if example == "" {
+		t.Fatal("docs/deploy.md has no ```yaml block starting with load_assignment: with a pipe address")
+	}
+	js, err := yaml.YAMLToJSON([]byte(example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var la map[string]any
+	if err := json.Unmarshal(js, &la); err != nil {
+		t.Fatal(err)
+	}
+	doc := envoyDoc(t)
+	replaced := false
+	for _, c := range at(t, doc, "static_resources", "clusters").([]any) {
+		if c := c.(map[string]any); c["name"] == "sluice_bridge" {
+			c["load_assignment"] = la["load_assignment"]
+			replaced = true
+		}
+	}
+	if !replaced {
+		t.Fatal("envoy.yaml has no cluster sluice_bridge")
+	}
+	in, _ := json.Marshal(doc)
+	if err := Check(in); err != nil {
+		t.Errorf("docs/deploy.md's pipe address: %v", err)
+	}
+}

@@ -24,7 +24,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/internal/hosttest"
+	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/wasmhost"
 )
 
@@ -497,5 +499,53 @@ func TestRun_Validate(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "access.log")); !os.IsNotExist(err) {
 		t.Errorf("the access log was created: %v", err)
+	}
+}
+
+// The plugin's checks reach a bridge on a Unix socket (--cluster
+// NAME=unix:///path, the bridge's --listen unix:///path): allowed, then
+// refused with the bridge's decision, as over TCP.
+func TestGateway_BridgeOnUnixSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "bridge.sock")
+	set := redisbridge.DefaultSettings()
+	set.Logger, set.AuditLog, set.Listen = discardLogger(), filepath.Join(dir, "audit.log"), "unix://"+sock
+	br, err := redisbridge.New(set) // the embedded memory store
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go br.Serve(ln)
+	defer br.Shutdown(context.Background())
+	const cfg = `{"bridge": {"cluster": "sluice_bridge", "timeout": "1s"},
+	  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": 2, "window": "1h", "algorithm": "fixed_window"}]}`
+	host, err := wasmhost.New(context.Background(), e2etest.Plugin(t), wasmhost.Options{Workers: 1, PluginConfig: []byte(cfg), RootID: "sluice",
+		Logger: discardLogger(), Clusters: map[string]string{"sluice_bridge": "unix://" + sock}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "upstream") }))
+	defer up.Close()
+	gw := serveGateway(t, newHandler(mustURL(t, up.URL), host, nil, discardLogger(),
+		settings{appendXFF: true, upstreamTimeout: defaultUpstreamTimeout}))
+	var got []string
+	for range 3 {
+		req, _ := http.NewRequest("GET", "http://"+gw+"/api/items", nil)
+		req.Header.Set("X-User-Id", "alice")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		got = append(got, res.Status+" remaining "+res.Header.Get("X-RateLimit-Remaining"))
+	}
+	if want := []string{"200 OK remaining 1", "200 OK remaining 0", "429 Too Many Requests remaining 0"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }
