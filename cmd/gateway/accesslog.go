@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -80,7 +81,7 @@ func openAccessLog(path string, logger *slog.Logger) (*accessLog, error) {
 func openAppend(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, errors.New("--access-log: " + err.Error())
+		return nil, fmt.Errorf("--access-log: %w", err)
 	}
 	return f, nil
 }
