@@ -12,13 +12,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 	"github.com/sluicehq/sluice/redisbridge/internal/h1fast"
 	"github.com/sluicehq/sluice/redisbridge/internal/h2fast"
@@ -330,7 +330,7 @@ func loadRedisTLS(set *Settings, ro *store.RedisOptions) error {
 // needs write permission on it. A socket file left by a bridge that did not
 // stop cleanly is replaced; one another process still listens on is not.
 func listen(addr string) (net.Listener, error) {
-	sock, ok := strings.CutPrefix(addr, unixScheme)
+	sock, ok := unixaddr.Path(addr)
 	if !ok {
 		return net.Listen("tcp", addr)
 	}
@@ -343,6 +343,3 @@ func listen(addr string) (net.Listener, error) {
 	}
 	return net.Listen("unix", sock)
 }
-
-// unixScheme starts a listen address that is a Unix socket.
-const unixScheme = "unix://"

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -147,8 +148,8 @@ func (s *Settings) Validate() error {
 	if s.Listen == "" {
 		return errors.New("--listen: empty")
 	}
-	if sock, ok := strings.CutPrefix(s.Listen, unixScheme); ok && !strings.HasPrefix(sock, "/") {
-		return fmt.Errorf("--listen %q: a Unix socket needs an absolute path, unix:///run/sluice/bridge.sock", s.Listen)
+	if err := unixaddr.Check(s.Listen); err != nil {
+		return fmt.Errorf("--listen %w", err)
 	}
 	if s.RedisTimeout <= 0 {
 		return errors.New("--redis-timeout: must be positive")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tetratelabs/wazero/api"
 
+	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
@@ -120,9 +121,6 @@ type h1Target struct {
 	uri    string // the request target
 }
 
-// unixScheme starts a cluster that is a Unix socket: "unix:///path".
-const unixScheme = "unix://"
-
 // maxTargets bounds the paths a cluster keeps targets for: a plugin calls
 // out on a few, and one that makes up a path per call-out parses each.
 const maxTargets = 64
@@ -132,7 +130,7 @@ func newClusters(opts *Options) map[string]*cluster {
 	out := make(map[string]*cluster, len(opts.Clusters))
 	for name, base := range opts.Clusters {
 		out[name] = &cluster{base: base, targets: map[string]h1Target{},
-			h1: opts.HTTPClient == nil && strings.HasPrefix(base, "http://") || strings.HasPrefix(base, unixScheme)}
+			h1: opts.HTTPClient == nil && strings.HasPrefix(base, "http://") || strings.HasPrefix(base, unixaddr.Scheme)}
 	}
 	return out
 }
@@ -150,9 +148,10 @@ func (cl *cluster) h1Target(path []byte) (h1Target, bool) {
 	if ok {
 		return t, t.direct
 	}
-	if sock, ok := strings.CutPrefix(cl.base, unixScheme); ok {
+	if strings.HasPrefix(cl.base, unixaddr.Scheme) {
 		// The socket's path, then the call-out's own request target.
-		if u, err := url.Parse("http://unix" + string(path)); err == nil && strings.HasPrefix(sock, "/") && u.Host == "unix" {
+		sock, ok := unixaddr.Path(cl.base)
+		if u, err := url.Parse("http://unix" + string(path)); err == nil && ok && u.Host == "unix" {
 			t = h1Target{direct: true, addr: sock, uri: u.RequestURI()}
 		}
 	} else if u, err := url.Parse(strings.TrimSuffix(cl.base, "/") + string(path)); err == nil && u.Host != "" && u.User == nil {

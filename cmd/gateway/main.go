@@ -31,6 +31,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 
+	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/wasmhost"
 )
 
@@ -50,9 +51,9 @@ func (c clusterFlag) Set(v string) error {
 	if !ok || name == "" {
 		return errors.New("want NAME=URL")
 	}
-	if sock, ok := strings.CutPrefix(target, "unix://"); ok {
-		if !strings.HasPrefix(sock, "/") {
-			return fmt.Errorf("%q: a Unix socket needs an absolute path, unix:///run/sluice/bridge.sock", target)
+	if strings.HasPrefix(target, unixaddr.Scheme) {
+		if err := unixaddr.Check(target); err != nil {
+			return err
 		}
 	} else if u, err := url.Parse(target); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("%q is not an http(s) or unix:// URL", target)
