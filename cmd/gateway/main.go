@@ -445,15 +445,17 @@ func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, config 
 // host is not nil), and a reverse proxy to up in s.upstreamProtocol, with
 // s.upstreamTimeout.
 func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.Logger, s settings) http.Handler {
+	proxy := func(http2 bool) http.Handler {
+		return newProxy(up, newUpstreamTransport(s.upstreamTimeout, http2), logger, s)
+	}
 	var handler http.Handler
 	switch s.upstreamProtocol {
 	case upstreamHTTP2:
-		handler = newProxy(up, newUpstreamTransport(s.upstreamTimeout, true), logger, s)
+		handler = proxy(true)
 	case upstreamDownstream:
-		handler = byProtocol{h1: newProxy(up, newUpstreamTransport(s.upstreamTimeout, false), logger, s),
-			h2: newProxy(up, newUpstreamTransport(s.upstreamTimeout, true), logger, s)}
+		handler = byProtocol{h1: proxy(false), h2: proxy(true)}
 	default:
-		handler = newProxy(up, newUpstreamTransport(s.upstreamTimeout, false), logger, s)
+		handler = proxy(false)
 	}
 	if alog != nil {
 		handler = markUpstream(handler, up.Host)
