@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -13,9 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/sluicehq/sluice/internal/hosttest"
-	"github.com/sluicehq/sluice/wasmhost"
 )
 
 // accessLogAt opens an access log in a test directory whose clock stands
@@ -45,15 +41,7 @@ func whenServed(h http.Handler) (http.Handler, <-chan struct{}) {
 // HTTP/2), the plugin (no upstream host), or the gateway when the
 // upstream timed out (UT) or refused the connection (UF).
 func TestAccessLog(t *testing.T) {
-	wasm, err := hosttest.Guest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{Workers: 1, PluginConfig: []byte("configuration"), Logger: discardLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
+	host := guestHost(t, 1)
 	release := make(chan struct{})
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {

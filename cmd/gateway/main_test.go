@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
-	"github.com/sluicehq/sluice/internal/hosttest"
 	"github.com/sluicehq/sluice/wasmhost"
 )
 
@@ -184,15 +183,7 @@ func TestServer_ClosesIdleConnections(t *testing.T) {
 // every metric the plugin defined, at the value the host holds, parsed by
 // Prometheus' own parser; and readiness until the gateway drains.
 func TestAdminHandler(t *testing.T) {
-	wasm, err := hosttest.Guest() // counts requests in its echo mode, sets a gauge, records in a histogram
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{Workers: 2, PluginConfig: []byte("configuration"), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
+	host := guestHost(t, 2) // counts requests in its echo mode, sets a gauge, records in a histogram
 	gw := host.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	for range 5 {
 		req := httptest.NewRequest("GET", "/", nil)
@@ -243,18 +234,7 @@ func TestAdminHandler(t *testing.T) {
 // The gateway as started: --admin-listen serves the plugin's metrics and
 // readiness beside the gateway, and the gateway stops when told to.
 func TestRun_AdminListen(t *testing.T) {
-	wasm, err := hosttest.Guest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	plugin, config := filepath.Join(dir, "guest.wasm"), filepath.Join(dir, "config")
-	if err := os.WriteFile(plugin, wasm, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(config, []byte("configuration"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	plugin, config := guestFiles(t, t.TempDir())
 	listen, admin := freeAddr(t), freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
-	"github.com/sluicehq/sluice/internal/hosttest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/wasmhost"
 )
@@ -119,15 +118,7 @@ func TestCertificate_Reload(t *testing.T) {
 // a request without a body ending with its headers, and the request id
 // the upstream gets. The plugin answers locally over each as well.
 func TestGateway_Protocols(t *testing.T) {
-	wasm, err := hosttest.Guest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{Workers: 2, PluginConfig: []byte("configuration"), Logger: discardLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
+	host := guestHost(t, 2)
 	// The upstream answers with what the plugin wrote into the request
 	// (the guest's echo mode) and the X-Forwarded-Proto it got.
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -268,20 +259,10 @@ func TestConnectionManager(t *testing.T) {
 // pair written over the files, and SIGUSR1 reopens the access log after
 // it was moved away, without a restart.
 func TestRun_Signals(t *testing.T) {
-	wasm, err := hosttest.Guest()
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	plugin, config := filepath.Join(dir, "guest.wasm"), filepath.Join(dir, "config")
+	plugin, config := guestFiles(t, dir)
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	accessFile := filepath.Join(dir, "access.log")
-	if err := os.WriteFile(plugin, wasm, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(config, []byte("configuration"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	writeCert(t, certFile, keyFile, "first")
 	logr, logw, err := os.Pipe()
 	if err != nil {
@@ -383,15 +364,7 @@ func TestRun_Signals(t *testing.T) {
 // speak HTTP/2, what gRPC needs (Envoy, too, passes no trailers to an
 // HTTP/1.1 client unless told to).
 func TestGateway_UpstreamProtocol(t *testing.T) {
-	wasm, err := hosttest.Guest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{Workers: 1, PluginConfig: []byte("configuration"), Logger: discardLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
+	host := guestHost(t, 1)
 	// The upstream speaks HTTP/1.1 and h2c, answers with the protocol it
 	// was asked in, echoes the body, and ends with a trailer.
 	upLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -462,18 +435,13 @@ func TestGateway_UpstreamProtocol(t *testing.T) {
 // --upstream needed), else an error that says why, the plugin's own words
 // included.
 func TestRun_Validate(t *testing.T) {
-	wasm, err := hosttest.Guest()
-	if err != nil {
+	dir := t.TempDir()
+	plugin, good := guestFiles(t, dir)
+	refused := filepath.Join(dir, "refused")
+	if err := os.WriteFile(refused, []byte("refuse"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	plugin, good, refused := filepath.Join(dir, "guest.wasm"), filepath.Join(dir, "good"), filepath.Join(dir, "refused")
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	for file, data := range map[string][]byte{plugin: wasm, good: []byte("configuration"), refused: []byte("refuse")} {
-		if err := os.WriteFile(file, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
 	writeCert(t, certFile, keyFile, "gw")
 	listen := freeAddr(t)
 	for _, tc := range []struct {
