@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -107,7 +108,9 @@ func equalLower(b []byte, lower string) bool {
 // (Envoy's circuit breaker), and for a plain-HTTP one, where each path it
 // was called with goes.
 type cluster struct {
+	name     string
 	base     string
+	handler  http.Handler // serves its call-outs in process (Options.Handlers)
 	inflight atomic.Int64
 	h1       bool // the host's own HTTP/1.1 client sends its call-outs
 	mu       sync.Mutex
@@ -125,14 +128,24 @@ type h1Target struct {
 // out on a few, and one that makes up a path per call-out parses each.
 const maxTargets = 64
 
-// newClusters is Options.Clusters with what each call-out needs.
-func newClusters(opts *Options) map[string]*cluster {
-	out := make(map[string]*cluster, len(opts.Clusters))
+// newClusters is Options.Clusters and Options.Handlers with what each
+// call-out needs.
+func (h *Host) newClusters() (map[string]*cluster, error) {
+	opts := &h.opts
+	out := make(map[string]*cluster, len(opts.Clusters)+len(opts.Handlers))
 	for name, base := range opts.Clusters {
 		out[name] = &cluster{base: base, targets: map[string]h1Target{},
 			h1: opts.HTTPClient == nil && strings.HasPrefix(base, "http://") || strings.HasPrefix(base, unixaddr.Scheme)}
 	}
-	return out
+	for name, hd := range opts.Handlers {
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("wasmhost: cluster %q is in both Clusters and Handlers", name)
+		}
+		// The URL's host is only a placeholder: the handler sees the
+		// call-out's :authority as the request's Host.
+		out[name] = &cluster{name: name, base: "http://in-process", handler: hd}
+	}
+	return out, nil
 }
 
 // h1Target is where a call-out on path goes when the host's HTTP/1.1
@@ -303,6 +316,9 @@ func (h *Host) fetch(c *callout) *calloutResponse {
 	}
 	defer cancel()
 	req := c.req.WithContext(ctx)
+	if c.cluster.handler != nil {
+		return h.serveInProcess(c.cluster, req)
+	}
 	res, err := h.client.Do(req)
 	if err != nil {
 		if req.Context().Err() != nil && !errors.Is(err, context.DeadlineExceeded) {

@@ -27,6 +27,9 @@
 // test on them would pass for a module Envoy refuses.
 //
 // Gateways and tests embed it with New, run requests with NewStream or
-// Middleware, and read what the plugin did with Metric and Logs. The plugin
+// Middleware, and read what the plugin did with Metric and Logs. A service
+// the gateway embeds as well (cmd/gateway's bridge) can answer the
+// plugin's call-outs in process (Options.Handlers), with the same outcomes
+// as over a connection. The plugin
 // is a c-shared wasip1 module (`make wasm`).
 package wasmhost

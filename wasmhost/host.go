@@ -46,6 +46,11 @@ type Options struct {
 	// pipe address; the host's own client sends those call-outs, whatever
 	// HTTPClient says).
 	Clusters map[string]string
+	// Handlers serves the call-outs to each cluster named here with its
+	// handler, in this process: no connection, as for a service embedded
+	// in the proxy (cmd/gateway's --embed-bridge). The handler sees the
+	// request as a server would; a name may not also be in Clusters.
+	Handlers map[string]http.Handler
 	// HTTPClient, when set, sends every call-out. By default call-outs to
 	// plain-HTTP clusters go through the host's own HTTP/1.1 client
 	// (h1client.go) and those to https clusters through a client with its
@@ -169,6 +174,7 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	if opts.ReloadBackoff <= 0 {
 		opts.ReloadBackoff = time.Second
 	}
+	var err error
 	h := &Host{opts: opts, client: opts.HTTPClient, config: opts.PluginConfig,
 		provided: map[string]bool{}, started: time.Now()}
 	if opts.MeasureGuest {
@@ -181,7 +187,9 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 		h.client = &http.Client{Transport: NewTransport()}
 	}
 	h.h1 = &h1client{}
-	h.clusters = newClusters(&opts)
+	if h.clusters, err = h.newClusters(); err != nil {
+		return nil, err
+	}
 	h.workers.h = h
 	h.shared.init()
 	h.metrics.init()

@@ -192,8 +192,15 @@ func TestHost_Callout(t *testing.T) {
 	}{
 		{"tcp", map[string]string{"backend": srv.URL, "down": closedURL}},
 		{"unix", unixClusters(t, srv.Config.Handler)},
+		{"in-process", map[string]string{"down": closedURL}},
 	} {
-		t.Run(tc.name, func(t *testing.T) { testCallouts(t, newHost(t, Options{Workers: 3, Clusters: tc.clusters})) })
+		t.Run(tc.name, func(t *testing.T) {
+			opts := Options{Workers: 3, Clusters: tc.clusters}
+			if tc.name == "in-process" {
+				opts.Handlers = map[string]http.Handler{"backend": srv.Config.Handler}
+			}
+			testCallouts(t, newHost(t, opts))
+		})
 	}
 }
 
