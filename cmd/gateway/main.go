@@ -176,6 +176,7 @@ type settings struct {
 	accessLog                        string
 	upstreamProtocol                 string
 	validate                         bool
+	embedBridge                      string
 }
 
 // envPrefix: every flag --x-y may also be set as SLUICE_GATEWAY_X_Y.
@@ -209,6 +210,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
 	fs.DurationVar(&s.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM or SIGINT, how long requests in flight (throttled ones held up to their max_delay included) may take to finish before the gateway exits")
 	fs.BoolVar(&s.validate, "validate", false, "start the plugin with --config (and read the TLS pair) as at start, say whether they are accepted, and exit, as envoy --mode validate; --upstream may be left out")
+	fs.StringVar(&s.embedBridge, "embed-bridge", "", "run the check service (the bridge) in the gateway's process and serve the plugin's call-outs to this cluster (e.g. sluice_bridge) with it, with no connection; it takes the bridge's SLUICE_* settings (store, Redis, keys: docs/bridge.md), and its API is on --admin-listen")
 	fs.StringVar(&s.accessLog, "access-log", "", "file to append a line per request to, in Envoy's default access log format (/dev/stdout works); SIGUSR1 reopens it; none when empty")
 	return fs
 }
@@ -289,6 +291,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	if (s.tlsCert == "") != (s.tlsKey == "") {
 		return s, errors.New("--tls-cert and --tls-key: give both or neither")
 	}
+	if _, dup := s.clusters[s.embedBridge]; dup {
+		return s, fmt.Errorf("--embed-bridge %s: also a --cluster; the plugin's call-outs to it go to one or the other", s.embedBridge)
+	}
 	return s, nil
 }
 
@@ -337,6 +342,16 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		Logger: logger, FailurePolicy: s.failure.FailurePolicy, LogLevel: hostLevel,
 		Environment: s.env.environment(os.LookupEnv),
 	}
+	var bridge http.Handler // the embedded bridge's API, for the admin address
+	if s.embedBridge != "" {
+		br, err := embeddedBridge(os.Getenv, logger)
+		if err != nil {
+			return err
+		}
+		defer br.Close() // after the plugin's host: no call-out is left in flight
+		bridge = br.Handler()
+		opts.Handlers = map[string]http.Handler{s.embedBridge: bridge}
+	}
 	if s.cacheDir != "" {
 		cache, err := wazero.NewCompilationCacheWithDir(s.cacheDir)
 		if err != nil {
@@ -362,7 +377,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		if err != nil {
 			return fmt.Errorf("--admin-listen: %w", err)
 		}
-		admin := &http.Server{Handler: adminHandler(host, &draining), ReadHeaderTimeout: 10 * time.Second}
+		admin := &http.Server{Handler: adminHandler(host, &draining, bridge), ReadHeaderTimeout: 10 * time.Second}
 		go admin.Serve(aln)
 		defer admin.Close() // after the gateway's own shutdown: /ready says DRAINING meanwhile
 		logger.Info("admin listening", "addr", aln.Addr().String())
@@ -527,9 +542,14 @@ const (
 // written for Envoy work unchanged: the plugin's metrics on
 // /stats/prometheus (wasmhost.Host.WritePrometheus), and on /ready "LIVE"
 // with 200 while the gateway serves, "DRAINING" with 503 once it is
-// stopping.
-func adminHandler(host *wasmhost.Host, draining *atomic.Bool) http.Handler {
+// stopping. With an embedded bridge (not nil), every other path is the
+// bridge's own API: its checks, status, admin endpoints, /metrics,
+// /healthz and /readyz.
+func adminHandler(host *wasmhost.Host, draining *atomic.Bool, bridge http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	if bridge != nil {
+		mux.Handle("/", bridge)
+	}
 	mux.HandleFunc("GET /stats/prometheus", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		host.WritePrometheus(w) // fails only when the scraper has gone

@@ -66,6 +66,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--upstream", "http://x", "--upstream-protocol", "h2c"}, `--upstream-protocol "h2c": must be http1, http2 or downstream`},
 		{[]string{"--upstream", "http://x", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key: give both or neither"},
 		{[]string{"--upstream", "http://x", "--tls-key", "k.pem"}, "--tls-cert and --tls-key: give both or neither"},
+		{[]string{"--upstream", "http://x", "--cluster", "b=http://127.0.0.1:8081", "--embed-bridge", "b"}, "--embed-bridge b: also a --cluster"},
 	}
 	for _, tc := range tests {
 		s, err := parseFlags(tc.args, noEnv, io.Discard)
@@ -93,7 +94,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9901", "SLUICE_GATEWAY_UPSTREAM_TIMEOUT": "0s",
 		"SLUICE_GATEWAY_MAX_REQUEST_HEADERS_KB": "96", "SLUICE_GATEWAY_TLS_CERT": "/etc/gw/cert.pem", "SLUICE_GATEWAY_TLS_KEY": "/etc/gw/key.pem",
 		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout", "SLUICE_GATEWAY_UPSTREAM_PROTOCOL": "downstream", "SLUICE_GATEWAY_VALIDATE": "true",
-		"SLUICE_GATEWAY_SHUTDOWN_GRACE": "35s",
+		"SLUICE_GATEWAY_SHUTDOWN_GRACE": "35s", "SLUICE_GATEWAY_EMBED_BRIDGE": "sluice_bridge",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)
@@ -105,7 +106,8 @@ func TestParseFlags_Environment(t *testing.T) {
 		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2", "c": "unix:///run/sluice/bridge.sock"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
 		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout", upstreamProtocol: "downstream", validate: true, shutdownGrace: 35 * time.Second,
-		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
+		embedBridge: "sluice_bridge",
+		env:         envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("from the environment:\n got %+v\nwant %+v", s, want)
@@ -191,7 +193,7 @@ func TestAdminHandler(t *testing.T) {
 		gw.ServeHTTP(httptest.NewRecorder(), req)
 	}
 	var draining atomic.Bool
-	admin := adminHandler(host, &draining)
+	admin := adminHandler(host, &draining, nil)
 
 	rec := httptest.NewRecorder()
 	admin.ServeHTTP(rec, httptest.NewRequest("GET", "/stats/prometheus", nil))
@@ -236,26 +238,30 @@ func TestAdminHandler(t *testing.T) {
 func TestRun_AdminListen(t *testing.T) {
 	plugin, config := guestFiles(t, t.TempDir())
 	listen, admin := freeAddr(t), freeAddr(t)
+	stop := startRun(t, admin, "--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
+		"--upstream", "http://127.0.0.1:1", "--log-level", "error")
+	// The guest answers this mode itself (a 429), so no upstream is needed.
+	if code, _, err := get("http://"+listen+"/", "X-Mode", "deny"); err != nil || code != 429 {
+		t.Fatalf("through the gateway: %d %v", code, err)
+	}
+	code, body, err := get("http://" + admin + "/stats/prometheus")
+	if err != nil || code != 200 || !strings.Contains(body, "\n# TYPE test_requests counter\ntest_requests ") {
+		t.Errorf("/stats/prometheus: %d %v\n%s", code, err, body)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("run: %v", err)
+	}
+}
+
+// startRun runs the gateway with args until the returned stop is called,
+// which reports what run returned. It waits for the admin address to say
+// the gateway is ready (the plugin compiles first).
+func startRun(t *testing.T, admin string, args ...string) (stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
-			"--upstream", "http://127.0.0.1:1", "--log-level", "error"}, os.Stderr)
-	}()
-	get := func(url string, hdr ...string) (int, string, error) {
-		req, _ := http.NewRequest("GET", url, nil)
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, "", err
-		}
-		defer res.Body.Close()
-		b, err := io.ReadAll(res.Body)
-		return res.StatusCode, string(b), err
-	}
-	// Until the admin address answers: the plugin compiles first.
+	go func() { done <- run(ctx, args, os.Stderr) }()
+	t.Cleanup(cancel)
 	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		code, body, err := get("http://" + admin + "/ready")
 		if err == nil && code == 200 && body == "LIVE\n" {
@@ -270,18 +276,23 @@ func TestRun_AdminListen(t *testing.T) {
 			t.Fatalf("/ready: %d %q %v", code, body, err)
 		}
 	}
-	// The guest answers this mode itself (a 429), so no upstream is needed.
-	if code, _, err := get("http://"+listen+"/", "X-Mode", "deny"); err != nil || code != 429 {
-		t.Fatalf("through the gateway: %d %v", code, err)
+	return func() error { cancel(); return <-done }
+}
+
+// get sends a GET to url with the headers hdr (name, value, ...) and
+// reads the answer.
+func get(url string, hdr ...string) (int, string, error) {
+	req, _ := http.NewRequest("GET", url, nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	code, body, err := get("http://" + admin + "/stats/prometheus")
-	if err != nil || code != 200 || !strings.Contains(body, "\n# TYPE test_requests counter\ntest_requests ") {
-		t.Errorf("/stats/prometheus: %d %v\n%s", code, err, body)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("run: %v", err)
-	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	return res.StatusCode, string(b), err
 }
 
 // A request whose head exceeds --max-request-headers-kb is refused with

@@ -1,0 +1,34 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/sluicehq/sluice/redisbridge"
+)
+
+// notEmbedded are the bridge's settings about its own listener: an
+// embedded bridge has none (the plugin's call-outs reach it in process,
+// its API is on --admin-listen), so they are refused rather than ignored.
+var notEmbedded = []string{"SLUICE_LISTEN", "SLUICE_TLS_CERT", "SLUICE_TLS_KEY", "SLUICE_SHUTDOWN_GRACE", "SLUICE_DEBUG_LISTEN"}
+
+// embeddedBridge is the check service for --embed-bridge, in the
+// gateway's process, with the settings the bridge's SLUICE_* variables
+// give it (docs/bridge.md; getenv is os.Getenv outside tests).
+func embeddedBridge(getenv func(string) string, logger *slog.Logger) (*redisbridge.Server, error) {
+	for _, name := range notEmbedded {
+		if getenv(name) != "" {
+			return nil, fmt.Errorf("--embed-bridge: %s does not apply to an embedded bridge: it has no listener of its own (its API is on --admin-listen)", name)
+		}
+	}
+	set, err := redisbridge.ParseSettings(nil, getenv)
+	if err != nil {
+		return nil, fmt.Errorf("--embed-bridge: %w", err)
+	}
+	set.Logger = logger.With("component", "bridge")
+	br, err := redisbridge.New(set)
+	if err != nil {
+		return nil, fmt.Errorf("--embed-bridge: %w", err)
+	}
+	return br, nil
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/redisbridge/redistest"
+)
+
+// With --embed-bridge the plugin's checks are decided in the gateway's
+// process, with the bridge's SLUICE_* settings: allowed, then refused with
+// the bridge's decision, as with a bridge of its own; the bridge's API is
+// on the admin address.
+func TestRun_EmbeddedBridge(t *testing.T) {
+	dir := t.TempDir()
+	plugin, config, upstream := limitFiles(t, dir, 2)
+	t.Setenv("SLUICE_AUDIT_LOG", filepath.Join(dir, "audit.log"))
+	t.Setenv("SLUICE_CHECK_TOKEN", "t0ken") // the bridge's own settings apply: the plugin sends none
+	listen, admin := freeAddr(t), freeAddr(t)
+	args := []string{"--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
+		"--upstream", upstream, "--embed-bridge", "sluice_bridge", "--log-level", "error"}
+	if err := run(t.Context(), append(args, "--validate"), os.Stderr); err != nil {
+		t.Fatalf("--validate: %v", err)
+	}
+	stop := startRun(t, admin, args...)
+	// Without the token the bridge refuses the checks: the plugin's
+	// failure mode (closed here: 503) shows the bridge's settings apply.
+	if code, _, err := get("http://"+listen+"/api/items", "X-User-Id", "alice"); err != nil || code != http.StatusServiceUnavailable {
+		t.Fatalf("with the bridge wanting a token the plugin lacks: %d %v", code, err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+
+	t.Setenv("SLUICE_CHECK_TOKEN", "")
+	stop = startRun(t, admin, args...)
+	var got []string
+	for range 3 {
+		req, _ := http.NewRequest("GET", "http://"+listen+"/api/items", nil)
+		req.Header.Set("X-User-Id", "alice")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		got = append(got, res.Status+" remaining "+res.Header.Get("X-RateLimit-Remaining"))
+	}
+	if want := []string{"200 OK remaining 1", "200 OK remaining 0", "429 Too Many Requests remaining 0"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	code, body, err := get("http://" + admin + "/metrics")
+	if err != nil || code != 200 || !strings.Contains(body, "\nsluice_bridge_checks_total{result=\"allowed\"} 2\n") ||
+		!strings.Contains(body, "\nsluice_bridge_checks_total{result=\"denied\"} 1\n") {
+		t.Errorf("the bridge's /metrics on the admin address: %d %v\n%s", code, err, body)
+	}
+	if code, body, err := get("http://" + admin + "/readyz"); err != nil || code != 200 || body != `{"status":"ready","store":"memory"}`+"\n" {
+		t.Errorf("/readyz: %d %q %v", code, body, err)
+	}
+	if code, body, err := get("http://" + admin + "/ready"); err != nil || code != 200 || body != "LIVE\n" {
+		t.Errorf("the gateway's own /ready: %d %q %v", code, body, err)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("run: %v", err)
+	}
+}
+
+// limitFiles writes the plugin and a configuration that allows each
+// X-User-Id limit requests under /api/ (refusing them when the bridge
+// cannot decide) into dir, and serves an upstream until t ends.
+func limitFiles(t *testing.T, dir string, limit int) (plugin, config, upstream string) {
+	t.Helper()
+	plugin, config = filepath.Join(dir, "plugin.wasm"), filepath.Join(dir, "config.json")
+	cfg := fmt.Sprintf(`{"bridge": {"cluster": "sluice_bridge", "timeout": "1s"}, "failure_mode": "fail_closed",
+	  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": %d, "window": "1h", "algorithm": "fixed_window"}]}`, limit)
+	if err := os.WriteFile(plugin, e2etest.Plugin(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(config, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "upstream") }))
+	t.Cleanup(up.Close)
+	return plugin, config, up.URL
+}
+
+// Gateways whose embedded bridges share one Redis share each quota
+// exactly: of requests sent to both at once, no more pass than the limit.
+func TestRun_EmbeddedBridgesShareRedis(t *testing.T) {
+	dir := t.TempDir()
+	const limit, sent = 10, 60
+	plugin, config, upstream := limitFiles(t, dir, limit)
+	t.Setenv("SLUICE_AUDIT_LOG", filepath.Join(dir, "audit.log"))
+	t.Setenv("SLUICE_STORE", "redis")
+	t.Setenv("SLUICE_REDIS_URL", redistest.Start(t).URL)
+	var gateways []string
+	for range 2 {
+		listen, admin := freeAddr(t), freeAddr(t)
+		stop := startRun(t, admin, "--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
+			"--upstream", upstream, "--embed-bridge", "sluice_bridge", "--log-level", "error")
+		defer stop()
+		gateways = append(gateways, listen)
+	}
+	codes := make(chan int, sent)
+	var wg sync.WaitGroup
+	for i := range sent {
+		wg.Go(func() {
+			code, _, err := get("http://"+gateways[i%2]+"/api/items", "X-User-Id", "alice")
+			if err != nil {
+				t.Error(err)
+			}
+			codes <- code
+		})
+	}
+	wg.Wait()
+	close(codes)
+	got := map[int]int{}
+	for c := range codes {
+		got[c]++
+	}
+	if want := map[int]int{200: limit, 429: sent - limit}; !reflect.DeepEqual(got, want) {
+		t.Errorf("answers by status %v, want %v", got, want)
+	}
+}
+
+// The bridge's settings are checked at start, and the error names them;
+// those of a listener the embedded bridge does not have are refused.
+func TestRun_EmbeddedBridgeSettings(t *testing.T) {
+	plugin, config := guestFiles(t, t.TempDir())
+	for _, tt := range []struct{ env, value, err string }{
+		{"SLUICE_STORE", "disk", `--embed-bridge: --store: "disk" is neither memory nor redis`},
+		{"SLUICE_REDIS_BATCH", "many", `--embed-bridge: SLUICE_REDIS_BATCH: parse error`},
+		{"SLUICE_LISTEN", ":8081", "--embed-bridge: SLUICE_LISTEN does not apply to an embedded bridge"},
+		{"SLUICE_TLS_CERT", "cert.pem", "--embed-bridge: SLUICE_TLS_CERT does not apply to an embedded bridge"},
+	} {
+		t.Run(tt.env, func(t *testing.T) {
+			t.Setenv(tt.env, tt.value)
+			err := run(t.Context(), []string{"--validate", "--plugin", plugin, "--config", config, "--embed-bridge", "b", "--log-level", "error"}, os.Stderr)
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("err = %v, want %q", err, tt.err)
+			}
+		})
+	}
+}
