@@ -87,10 +87,14 @@ func BenchmarkHost_Callout(b *testing.B) {
 	srv := hosttest.Backend(b)
 	for _, tc := range []struct {
 		name    string
-		cluster string
-	}{{"tcp", srv.URL}, {"unix", unixClusters(b, srv.Config.Handler)["backend"]}} {
+		cluster string // "": the backend's handler in process (Options.Handlers)
+	}{{"tcp", srv.URL}, {"unix", unixClusters(b, srv.Config.Handler)["backend"]}, {"in-process", ""}} {
 		b.Run(tc.name, func(b *testing.B) {
-			h := newHost(b, Options{Workers: 1, Clusters: map[string]string{"backend": tc.cluster}})
+			opts := Options{Workers: 1, Clusters: map[string]string{"backend": tc.cluster}}
+			if tc.cluster == "" {
+				opts = Options{Workers: 1, Handlers: map[string]http.Handler{"backend": srv.Config.Handler}}
+			}
+			h := newHost(b, opts)
 			info := RequestInfo{Method: "GET", Path: "/", Headers: [][2]string{{"x-mode", "callout"}, {"x-callout-path", "/b"}}}
 			ctx := context.Background()
 			b.ReportAllocs()

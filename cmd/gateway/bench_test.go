@@ -226,15 +226,18 @@ func BenchmarkGateway(b *testing.B) {
 	// request, which no deployment asks for).
 	gateway := startRole(b, "gateway", "--plugin", plugin, "--config", config, "--upstream", upURL,
 		"--cluster", "sluice_bridge=http://"+bridge.addr, "--log-level", "info")
-	procs := []*benchProc{&upstream, &bridge, &proxy, &bare, &gateway}
+	embedded := startRole(b, "gateway", "--plugin", plugin, "--config", config, "--upstream", upURL,
+		"--embed-bridge", "sluice_bridge", "--log-level", "info")
+	procs := []*benchProc{&upstream, &bridge, &proxy, &bare, &gateway, &embedded}
 	cases := []gatewayCase{
 		{label: "upstream alone", server: &upstream, path: "/api/x"},
 		{label: "httputil.ReverseProxy", server: &proxy, path: "/api/x", base: true},
 		{label: "gateway, no plugin", server: &bare, path: "/api/x"},
 		{label: "gateway, plugin, no limit matches", server: &gateway, path: "/health"},
 		{label: "gateway, plugin, a call-out per request (bridge on its memory store)", server: &gateway, path: "/api/x"},
+		{label: "gateway, plugin, a call-out per request to the bridge in its process (--embed-bridge, memory store)", server: &embedded, path: "/api/x"},
 	}
-	const callout = 4
+	const callout, embeddedCallout = 4, 5
 	users := make([]string, 26)
 	for i := range users {
 		users[i] = "X-User-Id: u" + string(rune('a'+i)) + "\r\n"
@@ -289,7 +292,7 @@ func BenchmarkGateway(b *testing.B) {
 	rate := median(saturated[callout], func(r gatewayRun) float64 { return r.rate })
 	// Paced: the reverse proxy, the gateway without plugin and the
 	// call-out case at the same rates.
-	pacedCases := []int{1, 2, callout}
+	pacedCases := []int{1, 2, callout, embeddedCallout}
 	type pacedRow struct {
 		frac string
 		rate float64
@@ -360,19 +363,25 @@ func BenchmarkGateway(b *testing.B) {
 			b.Logf("%s, %s: %+v", cases[i].label, at, runs)
 		}
 		// What the plugin and its call-out add to the same gateway, in
-		// the same round.
-		bare, call := p.runs[1], p.runs[2]
-		added := make([]gatewayRun, len(call))
-		for i := range call {
-			added[i].p99ms = call[i].p99ms - bare[i].p99ms
+		// the same round: to a bridge of its own, and to the embedded one.
+		for _, c := range []struct {
+			j    int // in pacedCases
+			what string
+		}{{2, "a call-out"}, {3, "a call-out to the embedded bridge"}} {
+			j, what := c.j, c.what
+			bare, call := p.runs[1], p.runs[j]
+			added := make([]gatewayRun, len(call))
+			for i := range call {
+				added[i].p99ms = call[i].p99ms - bare[i].p99ms
+			}
+			name := "p99 " + what + " adds over the gateway without plugin " + at
+			if p.frac == "a half" && j == 2 {
+				name += " (target < 1 ms)"
+				b.ReportMetric(median(added, func(r gatewayRun) float64 { return r.p99ms })*1000, "half-sat-added-p99-us")
+			}
+			rows = append(rows, benchtable.Row{Group: group, Name: name,
+				Metrics: []benchtable.Metric{{Name: "p99 ms", Value: median(added, func(r gatewayRun) float64 { return r.p99ms })}}})
 		}
-		name := "p99 a call-out adds over the gateway without plugin " + at
-		if p.frac == "a half" {
-			name += " (target < 1 ms)"
-			b.ReportMetric(median(added, func(r gatewayRun) float64 { return r.p99ms })*1000, "half-sat-added-p99-us")
-		}
-		rows = append(rows, benchtable.Row{Group: group, Name: name,
-			Metrics: []benchtable.Metric{{Name: "p99 ms", Value: median(added, func(r gatewayRun) float64 { return r.p99ms })}}})
 	}
 	rows = append(rows, benchtable.Row{Group: group, Name: fmt.Sprintf("%s, paced to keep the machine as busy as the call-out case at a half of its saturated rate (%.0f req/s)",
 		cases[2].label, median(asBusyRates, func(r float64) float64 { return r })), Metrics: []benchtable.Metric{
