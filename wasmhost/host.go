@@ -49,7 +49,9 @@ type Options struct {
 	// Handlers serves the call-outs to each cluster named here with its
 	// handler, in this process: no connection, as for a service embedded
 	// in the proxy (cmd/gateway's --embed-bridge). The handler sees the
-	// request as a server would; a name may not also be in Clusters.
+	// request as a server would, with the call-out's timeout as its
+	// context's deadline, and should return once that ends: the plugin
+	// gets its 504 then. A name may not also be in Clusters.
 	Handlers map[string]http.Handler
 	// HTTPClient, when set, sends every call-out. By default call-outs to
 	// plain-HTTP clusters go through the host's own HTTP/1.1 client

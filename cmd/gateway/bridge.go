@@ -23,7 +23,8 @@ func embeddedBridge(getenv func(string) string, logger *slog.Logger) (*redisbrid
 	}
 	set, err := redisbridge.ParseSettings(nil, getenv)
 	if err != nil {
-		return nil, fmt.Errorf("--embed-bridge: %w", err)
+		// The bridge names its settings by flag; here they are variables.
+		return nil, fmt.Errorf("--embed-bridge: %w (the embedded bridge's setting --x-y is the variable SLUICE_X_Y)", err)
 	}
 	set.Logger = logger.With("component", "bridge")
 	br, err := redisbridge.New(set)
