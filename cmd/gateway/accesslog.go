@@ -27,8 +27,8 @@ import (
 //	%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% "%REQ(X-FORWARDED-FOR)%" "%REQ(USER-AGENT)%"
 //	"%REQ(X-REQUEST-ID)%" "%REQ(:AUTHORITY)%" "%UPSTREAM_HOST%"
 //
-// The gateway sets no x-envoy-upstream-service-time, so that field is
-// always "-"; the upstream host is --upstream's host as given, where Envoy
+// The upstream service time is the gateway's (serviceTimed), "-" when the
+// plugin or the gateway answered; the upstream host is --upstream's host as given, where Envoy
 // names the address it connected to; the response flags it knows are UT
 // (upstream timeout), UF (upstream connection failure), UC (upstream
 // connection ended) and DC (the client went away). Lines are buffered and
@@ -289,7 +289,9 @@ func (l *accessLog) write(e *accessEntry, r *http.Request, start time.Time, rece
 	b = strconv.AppendInt(b, e.sent, 10)
 	b = append(b, ' ')
 	b = strconv.AppendInt(b, end.Sub(start).Milliseconds(), 10)
-	b = append(b, " - \""...)
+	b = append(b, ' ')
+	b = appendOrDash(b, headerValue(e.Header(), serviceTimeHeader))
+	b = append(b, " \""...)
 	b = appendOrDash(b, headerValue(r.Header, "X-Forwarded-For"))
 	b = append(b, "\" \""...)
 	b = appendOrDash(b, headerValue(r.Header, "User-Agent"))

@@ -61,7 +61,7 @@ func TestAccessLog(t *testing.T) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 6_000_000, time.UTC)
 	path := filepath.Join(t.TempDir(), "access.log")
 	alog := accessLogAt(t, path, at)
-	s := settings{appendXFF: true, idleTimeout: defaultIdleTimeout, maxRequestHeadersKB: defaultMaxRequestHeadersKB, upstreamTimeout: 100 * time.Millisecond}
+	s := settings{appendXFF: true, idleTimeout: defaultIdleTimeout, maxRequestHeadersKB: defaultMaxRequestHeadersKB, upstreamTimeout: 100 * time.Millisecond, now: alog.now}
 	h, served := whenServed(newHandler(mustURL(t, up.URL), host, alog, discardLogger(), s))
 	gw := serveGateway(t, h)
 	h, servedRefused := whenServed(newHandler(mustURL(t, "http://"+refused), nil, alog, discardLogger(), s))
@@ -79,9 +79,9 @@ func TestAccessLog(t *testing.T) {
 		line                             string // after the time: "%s" is the bytes the client got
 	}{
 		{gw, "POST", "/api/items?page=2", "", "hello", http.DefaultClient,
-			`"POST /api/items?page=2 HTTP/1.1" 200 - 5 %d 0 - "127.0.0.1" "test-agent" "req-1" "` + gw + `" "` + upHost + `"`},
+			`"POST /api/items?page=2 HTTP/1.1" 200 - 5 %d 0 0 "127.0.0.1" "test-agent" "req-1" "` + gw + `" "` + upHost + `"`},
 		{gw, "GET", "/over/h2", "", "", h2client,
-			`"GET /over/h2 HTTP/2" 200 - 0 %d 0 - "127.0.0.1" "test-agent" "req-2" "` + gw + `" "` + upHost + `"`},
+			`"GET /over/h2 HTTP/2" 200 - 0 %d 0 0 "127.0.0.1" "test-agent" "req-2" "` + gw + `" "` + upHost + `"`},
 		{gw, "GET", "/limited", "deny", "", http.DefaultClient,
 			`"GET /limited HTTP/1.1" 429 - 0 %d 0 - "127.0.0.1" "test-agent" "req-3" "` + gw + `" "-"`},
 		{gw, "GET", "/slow", "", "", http.DefaultClient,
@@ -170,7 +170,7 @@ func TestAccessLog_Upgrade(t *testing.T) {
 	defer up.Close()
 	path := filepath.Join(t.TempDir(), "access.log")
 	alog := accessLogAt(t, path, time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
-	h, served := whenServed(newHandler(mustURL(t, up.URL), nil, alog, discardLogger(), settings{appendXFF: true, upstreamTimeout: defaultUpstreamTimeout}))
+	h, served := whenServed(newHandler(mustURL(t, up.URL), nil, alog, discardLogger(), settings{appendXFF: true, upstreamTimeout: defaultUpstreamTimeout, now: alog.now}))
 	gw := serveGateway(t, h)
 	c, err := net.Dial("tcp", gw)
 	if err != nil {
@@ -193,7 +193,7 @@ func TestAccessLog_Upgrade(t *testing.T) {
 	if err := alog.Close(); err != nil {
 		t.Fatal(err)
 	}
-	want := `[2030-01-02T03:04:05.000Z] "GET /ws HTTP/1.1" 101 - 0 0 0 - "127.0.0.1" "-" "ws-1" "gw" "` + strings.TrimPrefix(up.URL, "http://") + `"` + "\n"
+	want := `[2030-01-02T03:04:05.000Z] "GET /ws HTTP/1.1" 101 - 0 0 0 0 "127.0.0.1" "-" "ws-1" "gw" "` + strings.TrimPrefix(up.URL, "http://") + `"` + "\n"
 	if got, err := os.ReadFile(path); err != nil || string(got) != want {
 		t.Errorf("access log: %q %v\nwant %q", got, err, want)
 	}

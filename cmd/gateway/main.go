@@ -177,6 +177,7 @@ type settings struct {
 	upstreamProtocol                 string
 	validate                         bool
 	embedBridge                      string
+	now                              func() time.Time // tests: the clock of upstream service times; default time.Now
 }
 
 // envPrefix: every flag --x-y may also be set as SLUICE_GATEWAY_X_Y.
@@ -491,7 +492,11 @@ func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.
 // newProxy is the reverse proxy to up through transport, with the
 // gateway's forwarded headers and its answers when the upstream fails.
 func newProxy(up *url.URL, transport http.RoundTripper, logger *slog.Logger, s settings) *httputil.ReverseProxy {
-	proxy := &httputil.ReverseProxy{Transport: transport, BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
+	now := s.now
+	if now == nil {
+		now = time.Now
+	}
+	proxy := &httputil.ReverseProxy{Transport: serviceTimed{transport, now}, BufferPool: &bufferPool{}, Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.SetURL(up)
 		pr.Out.Host = pr.In.Host
 		// X-Forwarded-For and X-Forwarded-Proto are as connectionManager left them

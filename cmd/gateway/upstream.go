@@ -9,7 +9,9 @@ import (
 	"net/http/httptrace"
 	"net/textproto"
 	"os"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -301,3 +303,72 @@ func (b *upstreamBody) done(atEOF bool) {
 	notCut := b.cut()
 	b.t.pool.Put(b.c, atEOF && b.reuse && notCut)
 }
+
+// serviceTimed sets x-envoy-upstream-service-time on the upstream's
+// answers, as Envoy's router does unless suppress_envoy_headers
+// (source/common/router/router.cc, onUpstreamHeaders): the milliseconds
+// from when the request was complete, its body sent whole, until the
+// answer's headers came, on the clock now. The upstream's own value is
+// replaced; an answer that came before the request's body ended keeps it,
+// since Envoy then sets none.
+type serviceTimed struct {
+	next http.RoundTripper
+	now  func() time.Time
+}
+
+func (t serviceTimed) RoundTrip(req *http.Request) (*http.Response, error) {
+	start := t.now()
+	var body *bodyEnd
+	if req.Body != nil && req.Body != http.NoBody {
+		body = &bodyEnd{ReadCloser: req.Body, now: t.now}
+		req.Body = body
+	}
+	resp, err := t.next.RoundTrip(req)
+	if err != nil {
+		return resp, err
+	}
+	if body != nil {
+		end := body.at.Load()
+		if end == 0 {
+			return resp, nil // premature: the request is not complete
+		}
+		start = time.Unix(0, end)
+	}
+	resp.Header[serviceTimeHeader] = serviceTime(t.now().Sub(start).Milliseconds())
+	return resp, nil
+}
+
+const serviceTimeHeader = "X-Envoy-Upstream-Service-Time"
+
+// bodyEnd notes when its body was read to its end. The transport reads a
+// request's body on a goroutine of its own.
+type bodyEnd struct {
+	io.ReadCloser
+	now func() time.Time
+	at  atomic.Int64 // unix ns; 0 until the end
+}
+
+func (b *bodyEnd) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && b.at.Load() == 0 {
+		b.at.Store(b.now().UnixNano())
+	}
+	return n, err
+}
+
+// serviceTime is the header value for ms milliseconds: shared values
+// under a second (never written in place, as protoHTTP), so a request
+// allocates none for it.
+func serviceTime(ms int64) []string {
+	if ms >= 0 && ms < int64(len(serviceTimes)) {
+		return serviceTimes[ms]
+	}
+	return []string{strconv.FormatInt(ms, 10)}
+}
+
+var serviceTimes = func() (v [1000][]string) {
+	for i := range v {
+		v[i] = []string{strconv.Itoa(i)}
+	}
+	return v
+}()

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -505,3 +506,72 @@ func TestUpstreamTransport_UnaskedSwitchCloses(t *testing.T) {
 		t.Fatal("the upstream's connection is still open 10 s after its unasked 101")
 	}
 }
+
+// The upstream service time is Envoy's: from the request's end (its body
+// read whole) to the answer's headers, replacing the upstream's own value;
+// none when the answer came before the body ended, nor when there was no
+// answer.
+func TestServiceTimed_RoundTrip(t *testing.T) {
+	t0 := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tt := range []struct {
+		name     string
+		body     string
+		readBody bool   // the upstream reads the body before answering
+		own      string // the upstream's own x-envoy-upstream-service-time
+		fail     bool
+		want     []string
+	}{
+		{name: "no body", want: []string{"12"}},
+		{name: "body read", body: "payload", readBody: true, want: []string{"5"}},
+		{name: "answer before the body ended", body: "payload", own: "99", want: []string{"99"}},
+		{name: "the upstream's own value", own: "99", want: []string{"12"}},
+		{name: "no answer", fail: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// The clock: the request starts at t0; reading the body takes
+			// 7 ms; the answer's headers come at t0 + 12 ms.
+			now := t0
+			clock := func() time.Time { return now }
+			next := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if tt.readBody {
+					now = now.Add(7 * time.Millisecond)
+					if b, err := io.ReadAll(r.Body); err != nil || string(b) != tt.body {
+						t.Errorf("body %q %v", b, err)
+					}
+					now = now.Add(5 * time.Millisecond)
+				} else {
+					now = now.Add(12 * time.Millisecond)
+				}
+				if tt.fail {
+					return nil, errors.New("refused")
+				}
+				res := &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}
+				if tt.own != "" {
+					res.Header.Set(serviceTimeHeader, tt.own)
+				}
+				return res, nil
+			})
+			req, _ := http.NewRequest("POST", "http://up/x", nil)
+			if tt.body != "" {
+				req, _ = http.NewRequest("POST", "http://up/x", strings.NewReader(tt.body))
+			}
+			res, err := serviceTimed{next, clock}.RoundTrip(req)
+			if tt.fail {
+				if err == nil {
+					t.Fatal("no error")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := res.Header[serviceTimeHeader]; !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("%s = %q, want %q", serviceTimeHeader, got, tt.want)
+			}
+		})
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
