@@ -9,33 +9,25 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/sluicehq/sluice/wasmhost"
 )
 
 // accessLog writes a line for every request to a file (--access-log), in
-// Envoy's default access log format, so what reads Envoy's access logs
-// reads the gateway's:
-//
-//	[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%"
-//	%RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION%
-//	%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% "%REQ(X-FORWARDED-FOR)%" "%REQ(USER-AGENT)%"
-//	"%REQ(X-REQUEST-ID)%" "%REQ(:AUTHORITY)%" "%UPSTREAM_HOST%"
-//
-// The upstream service time is the gateway's (serviceTimed), "-" when the
-// plugin or the gateway answered; the upstream host is --upstream's host as given, where Envoy
-// names the address it connected to; the response flags it knows are UT
-// (upstream timeout), UF (upstream connection failure), UC (upstream
-// connection ended) and DC (the client went away). Lines are buffered and
-// reach the file at least once a second, as Envoy flushes its access log
-// files; SIGUSR1 reopens the file, as it makes Envoy reopen its logs.
+// an Envoy access log format (accessformat.go): Envoy's default unless
+// --access-log-format or --access-log-json give another, so what reads
+// Envoy's access logs reads the gateway's. The upstream service time is
+// the gateway's (serviceTimed); the upstream host is --upstream's host as
+// given, where Envoy names the address it connected to; the response
+// flags it knows are UT (upstream timeout), UF (upstream connection
+// failure), UC (upstream connection ended) and DC (the client went away).
+// Lines are buffered and reach the file at least once a second, as Envoy
+// flushes its access log files; SIGUSR1 reopens the file, as it makes
+// Envoy reopen its logs.
 type accessLog struct {
 	path   string
+	format *accessFormat
 	now    func() time.Time
 	logger *slog.Logger
 
@@ -51,14 +43,14 @@ type accessLog struct {
 // accessFlushInterval is Envoy's default file_flush_interval.
 const accessFlushInterval = time.Second
 
-// openAccessLog opens path for appending, and flushes it every
-// accessFlushInterval until Close.
-func openAccessLog(path string, logger *slog.Logger) (*accessLog, error) {
+// openAccessLog opens path for appending, to write lines in format, and
+// flushes it every accessFlushInterval until Close.
+func openAccessLog(path string, format *accessFormat, logger *slog.Logger) (*accessLog, error) {
 	f, err := openAppend(path)
 	if err != nil {
 		return nil, err
 	}
-	l := &accessLog{path: path, now: time.Now, logger: logger, f: f, w: bufio.NewWriterSize(f, 64<<10),
+	l := &accessLog{path: path, format: format, now: time.Now, logger: logger, f: f, w: bufio.NewWriterSize(f, 64<<10),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
@@ -137,6 +129,7 @@ type accessEntry struct {
 	flags    string // response flags, set by the proxy's error handler
 	upstream string // the upstream host, once the request went there
 	line     []byte
+	scratch  []byte // a value being escaped for a JSON line
 }
 
 var accessEntries = sync.Pool{New: func() any { return &accessEntry{line: make([]byte, 0, 256)} }}
@@ -266,42 +259,9 @@ func (l *accessLog) write(e *accessEntry, r *http.Request, start time.Time, rece
 	case completed && status == 0:
 		status = http.StatusOK // net/http answers 200 for a handler that wrote nothing
 	}
-	end := l.now()
-	b := append(e.line[:0], '[')
-	b = start.UTC().AppendFormat(b, "2006-01-02T15:04:05.000Z")
-	b = append(b, "] \""...)
-	b = append(b, r.Method...)
-	b = append(b, ' ')
-	if path := r.RequestURI; strings.HasPrefix(path, "/") {
-		b = append(b, path...)
-	} else { // absolute form: its path, as Envoy's :path
-		b = append(b, r.URL.RequestURI()...)
-	}
-	b = append(b, ' ')
-	b = append(b, wasmhost.ProtocolName(r)...)
-	b = append(b, "\" "...)
-	b = strconv.AppendInt(b, int64(status), 10)
-	b = append(b, ' ')
-	b = appendOrDash(b, flags)
-	b = append(b, ' ')
-	b = strconv.AppendInt(b, received, 10)
-	b = append(b, ' ')
-	b = strconv.AppendInt(b, e.sent, 10)
-	b = append(b, ' ')
-	b = strconv.AppendInt(b, end.Sub(start).Milliseconds(), 10)
-	b = append(b, ' ')
-	b = appendOrDash(b, headerValue(e.Header(), serviceTimeHeader))
-	b = append(b, " \""...)
-	b = appendOrDash(b, headerValue(r.Header, "X-Forwarded-For"))
-	b = append(b, "\" \""...)
-	b = appendOrDash(b, headerValue(r.Header, "User-Agent"))
-	b = append(b, "\" \""...)
-	b = appendOrDash(b, headerValue(r.Header, "X-Request-Id"))
-	b = append(b, "\" \""...)
-	b = appendOrDash(b, r.Host)
-	b = append(b, "\" \""...)
-	b = appendOrDash(b, e.upstream)
-	b = append(b, "\"\n"...)
+	line := logLine{r: r, e: e, start: start, end: l.now(), received: received, status: status, flags: flags}
+	b, scratch := l.format.render(e.line[:0], e.scratch, &line)
+	e.scratch = scratch
 	e.line = b
 	l.mu.Lock()
 	l.w.Write(b) // an error stays in the writer until flush reports it

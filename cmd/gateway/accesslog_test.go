@@ -18,7 +18,7 @@ import (
 // still, so that every line's time is at and its duration 0.
 func accessLogAt(t *testing.T, path string, at time.Time) *accessLog {
 	t.Helper()
-	l, err := openAccessLog(path, discardLogger())
+	l, err := openAccessLog(path, defaultFormat(t), discardLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,4 +197,14 @@ func TestAccessLog_Upgrade(t *testing.T) {
 	if got, err := os.ReadFile(path); err != nil || string(got) != want {
 		t.Errorf("access log: %q %v\nwant %q", got, err, want)
 	}
+}
+
+// defaultFormat is Envoy's default access log format, compiled.
+func defaultFormat(t testing.TB) *accessFormat {
+	t.Helper()
+	f, err := accessFormatFrom("", "")
+	if err != nil || f.text == nil {
+		t.Fatalf("the default format: %v", err)
+	}
+	return f
 }

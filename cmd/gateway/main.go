@@ -174,6 +174,7 @@ type settings struct {
 	maxRequestHeadersKB              int
 	tlsCert, tlsKey                  string
 	accessLog                        string
+	accessLogFormat, accessLogJSON   string
 	upstreamProtocol                 string
 	validate                         bool
 	embedBridge                      string
@@ -213,6 +214,8 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.BoolVar(&s.validate, "validate", false, "start the plugin with --config (and read the TLS pair) as at start, say whether they are accepted, and exit, as envoy --mode validate; --upstream may be left out")
 	fs.StringVar(&s.embedBridge, "embed-bridge", "", "run the check service (the bridge) in the gateway's process and serve the plugin's call-outs to this cluster (e.g. sluice_bridge) with it, with no connection; it takes the bridge's SLUICE_* settings (store, Redis, keys: docs/bridge.md), and its API is on --admin-listen")
 	fs.StringVar(&s.accessLog, "access-log", "", "file to append a line per request to, in Envoy's default access log format (/dev/stdout works); SIGUSR1 reopens it; none when empty")
+	fs.StringVar(&s.accessLogFormat, "access-log-format", "", "the access log's lines as an Envoy format string, e.g. '%START_TIME% %REQ(:METHOD)% %RESPONSE_CODE% %DURATION%' (docs/deploy.md lists the command operators); default Envoy's default format")
+	fs.StringVar(&s.accessLogJSON, "access-log-json", "", `the access log's lines as JSON, from an Envoy format dictionary (typed_json_format), e.g. '{"status":"%RESPONSE_CODE%","path":"%REQ(:PATH)%"}'`)
 	return fs
 }
 
@@ -322,9 +325,13 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 			return err
 		}
 	}
+	format, err := accessFormatFrom(s.accessLogFormat, s.accessLogJSON)
+	if err != nil {
+		return err
+	}
 	var alog *accessLog
 	if s.accessLog != "" && !s.validate {
-		if alog, err = openAccessLog(s.accessLog, logger); err != nil {
+		if alog, err = openAccessLog(s.accessLog, format, logger); err != nil {
 			return err
 		}
 		defer alog.Close() // after the server's shutdown below: the last requests are logged

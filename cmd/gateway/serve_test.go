@@ -453,6 +453,8 @@ func TestRun_Validate(t *testing.T) {
 		{"accepted, with TLS", []string{"--config", good, "--tls-cert", certFile, "--tls-key", keyFile}, ""},
 		{"refused", []string{"--config", refused}, "plugin refused the configuration (it logged: refusing configuration)"},
 		{"no key for the certificate", []string{"--config", good, "--tls-cert", certFile, "--tls-key", certFile}, "--tls-cert " + certFile + ", --tls-key " + certFile},
+		{"access log format", []string{"--config", good, "--access-log-json", `{"status":"%RESPONSE_CODE%","cluster":"%UPSTREAM_CLUSTER%"}`},
+			"--access-log-json: cluster: %UPSTREAM_CLUSTER%: not a command operator the gateway has"},
 	} {
 		args := append([]string{"--validate", "--plugin", plugin, "--listen", listen, "--access-log", filepath.Join(dir, "access.log"), "--log-level", "error"}, tc.args...)
 		err := run(context.Background(), args, os.Stderr)

@@ -572,6 +572,16 @@ func TestServiceTimed_RoundTrip(t *testing.T) {
 	}
 }
 
+// Setting the header allocates nothing for a request without a body.
+func TestServiceTimed_Allocations(t *testing.T) {
+	res := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/plain"}, "Date": {"x"}}, Body: http.NoBody}
+	st := serviceTimed{roundTripFunc(func(*http.Request) (*http.Response, error) { return res, nil }), time.Now}
+	req, _ := http.NewRequest("GET", "http://up/x", nil)
+	if n := testing.AllocsPerRun(100, func() { st.RoundTrip(req) }); n != 0 {
+		t.Errorf("%v allocations per request", n)
+	}
+}
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
