@@ -32,8 +32,9 @@ const defaultAccessFormat = `[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINA
 // operator the gateway does not have is refused then, with its name,
 // never met per request. A line renders without allocating.
 type accessFormat struct {
-	text []fmtPart   // a format string
-	dict []dictField // a format dictionary, when text is nil
+	text   []fmtPart   // a format string
+	dict   []dictField // a format dictionary
+	isDict bool
 }
 
 // fmtPart is literal text, then an operator's value (op 0: none).
@@ -338,6 +339,7 @@ type dictField struct {
 	key    string // the key as JSON, with the comma before it when not first
 	value  []fmtPart
 	typed  bool // the value is one operator and nothing else
+	object bool // the value is nested, a dictionary
 	nested []dictField
 }
 
@@ -353,6 +355,7 @@ func parseDict(obj []byte, path string) ([]dictField, error) {
 		return nil, fmt.Errorf("%s: want a JSON object of format strings", pathOr(path))
 	}
 	var fields []dictField
+	seen := map[string]bool{}
 	for dec.More() {
 		t, err := dec.Token()
 		if err != nil {
@@ -360,6 +363,10 @@ func parseDict(obj []byte, path string) ([]dictField, error) {
 		}
 		key := t.(string)
 		at := path + "." + key
+		if seen[key] {
+			return nil, fmt.Errorf("%s: given twice", at[1:])
+		}
+		seen[key] = true
 		f := dictField{key: string(rules.AppendJSONString(nil, key)) + ":"}
 		if len(fields) > 0 {
 			f.key = "," + f.key
@@ -374,6 +381,7 @@ func parseDict(obj []byte, path string) ([]dictField, error) {
 			if f.nested, err = parseDict(raw, at); err != nil {
 				return nil, err
 			}
+			f.object = true
 		case json.Unmarshal(raw, &v) == nil:
 			if f.value, err = parseFormat(v); err != nil {
 				return nil, fmt.Errorf("%s: %w", at[1:], err)
@@ -413,7 +421,7 @@ type logLine struct {
 // render appends the line for l to b, using scratch (returned grown) for
 // values that are escaped as JSON.
 func (f *accessFormat) render(b, scratch []byte, l *logLine) ([]byte, []byte) {
-	if f.dict == nil {
+	if !f.isDict {
 		return appendParts(b, f.text, l), scratch
 	}
 	b, scratch = appendDict(b, scratch, f.dict, l)
@@ -441,7 +449,7 @@ func appendDict(b, scratch []byte, fields []dictField, l *logLine) ([]byte, []by
 		f := &fields[i]
 		b = append(b, f.key...)
 		switch {
-		case f.nested != nil:
+		case f.object:
 			b, scratch = appendDict(b, scratch, f.nested, l)
 		case f.typed:
 			op := &f.value[0].op
@@ -571,7 +579,7 @@ func accessFormatFrom(text, dict string) (*accessFormat, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--access-log-json: %w", err)
 		}
-		return &accessFormat{dict: d}, nil
+		return &accessFormat{dict: d, isDict: true}, nil
 	case text != "":
 		t, err := parseTextFormat(text)
 		if err != nil {

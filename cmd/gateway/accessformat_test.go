@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +56,8 @@ func TestAccessFormat_Render(t *testing.T) {
 			want: "2030/01/02T03:04:05+0000 1893553445 1893553445.006 1893553445.006007|006007008 2030-01-02 03:04:05 30 002 100%\n"},
 		{name: "typed JSON", json: `{"status":"%RESPONSE_CODE%","path":"%REQ(:PATH)%","flags":"%RESPONSE_FLAGS%","quote":"%REQ(X-QUOTE)%","mixed":"%RESPONSE_CODE% in %DURATION%ms","none":"%REQ(X-NONE)% left","time":"%START_TIME%","bytes":{"in":"%BYTES_RECEIVED%","out":"%BYTES_SENT%"},"text":"plain"}`,
 			want: `{"status":201,"path":"/api/items?page=2","flags":null,"quote":"say \"hi\"","mixed":"201 in 12ms","none":"- left","time":"2030-01-02T03:04:05.006Z","bytes":{"in":5,"out":17},"text":"plain"}` + "\n"},
+		{name: "empty JSON objects", json: `{"a":{},"b":"%DURATION%"}`, want: `{"a":{},"b":12}` + "\n"},
+		{name: "an empty JSON format", json: `{}`, want: "{}\n"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f, err := accessFormatFrom(tt.text, tt.json)
@@ -90,6 +95,7 @@ func TestAccessFormatFrom_Refused(t *testing.T) {
 		{json: `{"a":{"b":3}}`, err: "--access-log-json: a.b: want a format string or an object"},
 		{json: `{"a":{"b":"%NOPE%"}}`, err: "--access-log-json: a.b: %NOPE%: not a command operator"},
 		{json: `{"a":"%DURATION%"} {}`, err: "--access-log-json: the format: text after the object"},
+		{json: `{"a":{"b":"1","b":"2"}}`, err: "--access-log-json: a.b: given twice"},
 		{text: "%DURATION%", json: `{"a":"%DURATION%"}`, err: "--access-log-format and --access-log-json: give one or neither"},
 	} {
 		_, err := accessFormatFrom(tt.text, tt.json)
@@ -97,4 +103,104 @@ func TestAccessFormatFrom_Refused(t *testing.T) {
 			t.Errorf("%q %q: %v, want %q", tt.text, tt.json, err, tt.err)
 		}
 	}
+}
+
+// Whatever a format dictionary holds, a line is one JSON object with the
+// dictionary's keys in their order, each value the text its format string
+// renders, or for an operator alone its typed value.
+func FuzzAccessFormat_Dict(f *testing.F) {
+	for _, seed := range []string{
+		`{"a":{"b":"%DURATION%"},"c":"x %REQ(:PATH)%"}`,
+		`{"s":"%RESPONSE_CODE%","f":"%RESPONSE_FLAGS%","q":"%REQ(X-QUOTE)%","t":"%START_TIME(%s.%3f)%","e":{}}`,
+		`{"\u00e9\"k":"caf\u00e9 \\ %REQ(USER-AGENT):3%","n":{"m":{"o":"%BYTES_SENT%"}}}`,
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, dict string) {
+		fm, err := accessFormatFrom("", dict)
+		if err != nil || dict == "" {
+			return
+		}
+		l := testLine(t)
+		got, _ := fm.render(nil, nil, l)
+		if !strings.HasSuffix(string(got), "\n") {
+			t.Fatalf("no newline: %q", got)
+		}
+		dec := json.NewDecoder(strings.NewReader(string(got)))
+		gotValue := readOrdered(t, dec)
+		if _, err := dec.Token(); err != io.EOF {
+			t.Fatalf("more than one value: %s", got)
+		}
+		want := expectedDict(t, json.NewDecoder(strings.NewReader(dict)), l)
+		if !reflect.DeepEqual(gotValue, want) {
+			t.Fatalf("format %s\n got %#v\nwant %#v", dict, gotValue, want)
+		}
+	})
+}
+
+// ordered is a JSON object as its keys and values in order.
+type ordered []any // key, value, key, value...
+
+// readOrdered reads one JSON value from dec, objects as ordered.
+func readOrdered(t *testing.T, dec *json.Decoder) any {
+	tok, err := dec.Token()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok != json.Delim('{') {
+		return tok
+	}
+	var o ordered
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			t.Fatal(err)
+		}
+		o = append(o, k, readOrdered(t, dec))
+	}
+	if _, err := dec.Token(); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// expectedDict is what the format dictionary read from dec renders for l,
+// found from its text: strings rendered as format strings, a lone
+// numeric operator as a number, a lone operator without a value as null.
+func expectedDict(t *testing.T, dec *json.Decoder, l *logLine) any {
+	tok, err := dec.Token()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok != json.Delim('{') {
+		parts, err := parseFormat(tok.(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(appendParts(nil, parts, l))
+		if len(parts) == 1 && parts[0].lit == "" && parts[0].op.kind != opNone {
+			if v, ok := parts[0].op.append(nil, l); !ok {
+				return nil
+			} else if parts[0].op.kind.numeric() {
+				n, err := strconv.ParseFloat(string(v), 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+		return strings.ToValidUTF8(text, "\uFFFD")
+	}
+	var o ordered
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			t.Fatal(err)
+		}
+		o = append(o, strings.ToValidUTF8(k.(string), "\uFFFD"), expectedDict(t, dec, l))
+	}
+	if _, err := dec.Token(); err != nil {
+		t.Fatal(err)
+	}
+	return o
 }

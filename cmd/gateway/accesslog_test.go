@@ -203,7 +203,7 @@ func TestAccessLog_Upgrade(t *testing.T) {
 func defaultFormat(t testing.TB) *accessFormat {
 	t.Helper()
 	f, err := accessFormatFrom("", "")
-	if err != nil || f.text == nil {
+	if err != nil || f.isDict {
 		t.Fatalf("the default format: %v", err)
 	}
 	return f
