@@ -61,7 +61,8 @@ func TestAccessLog(t *testing.T) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 6_000_000, time.UTC)
 	path := filepath.Join(t.TempDir(), "access.log")
 	alog := accessLogAt(t, path, at)
-	s := settings{appendXFF: true, idleTimeout: defaultIdleTimeout, maxRequestHeadersKB: defaultMaxRequestHeadersKB, upstreamTimeout: 100 * time.Millisecond, now: alog.now}
+	s := settings{appendXFF: true, idleTimeout: defaultIdleTimeout, maxRequestHeadersKB: defaultMaxRequestHeadersKB, upstreamTimeout: 100 * time.Millisecond, now: alog.now,
+		preserveRequestID: true} // the lines show the ids sent
 	h, served := whenServed(newHandler(mustURL(t, up.URL), host, alog, discardLogger(), s))
 	gw := serveGateway(t, h)
 	h, servedRefused := whenServed(newHandler(mustURL(t, "http://"+refused), nil, alog, discardLogger(), s))
@@ -170,7 +171,7 @@ func TestAccessLog_Upgrade(t *testing.T) {
 	defer up.Close()
 	path := filepath.Join(t.TempDir(), "access.log")
 	alog := accessLogAt(t, path, time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
-	h, served := whenServed(newHandler(mustURL(t, up.URL), nil, alog, discardLogger(), settings{appendXFF: true, upstreamTimeout: defaultUpstreamTimeout, now: alog.now}))
+	h, served := whenServed(newHandler(mustURL(t, up.URL), nil, alog, discardLogger(), settings{appendXFF: true, upstreamTimeout: defaultUpstreamTimeout, now: alog.now, preserveRequestID: true}))
 	gw := serveGateway(t, h)
 	c, err := net.Dial("tcp", gw)
 	if err != nil {

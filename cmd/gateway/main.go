@@ -178,6 +178,7 @@ type settings struct {
 	upstreamProtocol                 string
 	validate                         bool
 	embedBridge                      string
+	preserveRequestID                bool
 	now                              func() time.Time // tests: the clock of upstream service times; default time.Now
 }
 
@@ -201,6 +202,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.Var(&s.strip, "strip-header", "remove this request header before the plugin runs (repeatable): identity headers the plugin trusts must come from you, not from clients")
 	fs.Var(&s.env, "env", "an environment variable for the plugin VM (repeatable): NAME passes the gateway's own value, NAME=VALUE sets one; the VM sees nothing else")
 	fs.BoolVar(&s.appendXFF, "append-xff", true, "append the peer address to X-Forwarded-For, as Envoy's use_remote_address does")
+	fs.BoolVar(&s.preserveRequestID, "preserve-external-request-id", false, "with --append-xff, keep the X-Request-Id a client sent rather than make a new one, as Envoy's preserve_external_request_id")
 	fs.StringVar(&s.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&s.cacheDir, "compile-cache", "", "directory to keep the plugin's compiled machine code in, so restarts skip compiling (seconds for plugin.wasm)")
 	fs.DurationVar(&s.idleTimeout, "idle-timeout", defaultIdleTimeout, "close a client's kept-alive connection after it has been idle this long")
@@ -486,7 +488,7 @@ func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.
 	if host != nil {
 		handler = host.Middleware(handler)
 	}
-	handler = connectionManager(handler, s.appendXFF)
+	handler = connectionManager(handler, s.appendXFF, s.preserveRequestID)
 	if len(s.strip) > 0 {
 		handler = stripHeaders(handler, s.strip)
 	}
@@ -655,8 +657,13 @@ const defaultShutdownGrace = 10 * time.Second
 // the connection's own, https over TLS, whatever the client sent. Behind a
 // proxy that sets them, both pass as they came, and X-Forwarded-Proto is
 // only added when missing. A request without X-Request-Id gets one, so the
-// id in the plugin's events is the one the upstream logs.
-func connectionManager(next http.Handler, edge bool) http.Handler {
+// id in the plugin's events is the one the upstream logs; at the edge
+// every request gets a new one, unless preserveID. Envoy makes a new id
+// for each request it takes as external (preserve_external_request_id is
+// false by default): at the edge, each one from an address its
+// internal_address_config does not list, which is none by default in
+// current releases (earlier ones trusted RFC 1918 addresses).
+func connectionManager(next http.Handler, edge, preserveID bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if edge {
 			if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
@@ -673,7 +680,7 @@ func connectionManager(next http.Handler, edge bool) http.Handler {
 				r.Header["X-Forwarded-Proto"] = protoHTTPS
 			}
 		}
-		if v := r.Header["X-Request-Id"]; len(v) == 0 || v[0] == "" {
+		if v := r.Header["X-Request-Id"]; edge && !preserveID || len(v) == 0 || v[0] == "" {
 			r.Header["X-Request-Id"] = []string{wasmhost.NewRequestID()}
 		}
 		next.ServeHTTP(w, r)

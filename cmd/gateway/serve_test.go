@@ -212,30 +212,33 @@ func TestGateway_Protocols(t *testing.T) {
 // X-Forwarded-For, X-Forwarded-Proto and X-Request-Id as Envoy's
 // connection manager sets them: at the edge the peer is appended and the
 // protocol is the connection's; behind a proxy both pass as they came, the
-// protocol added when missing; a request id is kept, or made. Identity
+// protocol added when missing; a request id is made at the edge unless
+// the client's is preserved, and behind a proxy kept, or made. Identity
 // headers given to --strip-header never reach the plugin.
 func TestConnectionManager(t *testing.T) {
 	const made = "(made)"
 	for _, tc := range []struct {
-		name      string
-		edge, tls bool
-		sent      http.Header // by the client, besides X-User-Id
-		want      http.Header
+		name                string
+		edge, tls, preserve bool
+		sent                http.Header // by the client, besides X-User-Id
+		want                http.Header
 	}{
-		{"edge, nothing sent", true, false, http.Header{},
+		{"edge, nothing sent", true, false, false, http.Header{},
 			http.Header{"X-Forwarded-For": {"198.51.100.4"}, "X-Forwarded-Proto": {"http"}, "X-Request-Id": {made}}},
-		{"edge, spoofed", true, false, http.Header{"X-Forwarded-For": {"6.6.6.6"}, "X-Forwarded-Proto": {"https"}, "X-Request-Id": {"r-1"}},
-			http.Header{"X-Forwarded-For": {"6.6.6.6, 198.51.100.4"}, "X-Forwarded-Proto": {"http"}, "X-Request-Id": {"r-1"}}},
-		{"edge over TLS", true, true, http.Header{"X-Forwarded-Proto": {"http"}, "X-Request-Id": {""}},
+		{"edge, spoofed", true, false, false, http.Header{"X-Forwarded-For": {"6.6.6.6"}, "X-Forwarded-Proto": {"https"}, "X-Request-Id": {"r-1"}},
+			http.Header{"X-Forwarded-For": {"6.6.6.6, 198.51.100.4"}, "X-Forwarded-Proto": {"http"}, "X-Request-Id": {made}}},
+		{"edge, the client's request id preserved", true, false, true, http.Header{"X-Request-Id": {"r-1"}},
+			http.Header{"X-Forwarded-For": {"198.51.100.4"}, "X-Forwarded-Proto": {"http"}, "X-Request-Id": {"r-1"}}},
+		{"edge over TLS", true, true, false, http.Header{"X-Forwarded-Proto": {"http"}, "X-Request-Id": {""}},
 			http.Header{"X-Forwarded-For": {"198.51.100.4"}, "X-Forwarded-Proto": {"https"}, "X-Request-Id": {made}}},
-		{"behind a proxy", false, false, http.Header{"X-Forwarded-For": {"203.0.113.9"}, "X-Forwarded-Proto": {"https"}, "X-Request-Id": {"r-2"}},
+		{"behind a proxy", false, false, false, http.Header{"X-Forwarded-For": {"203.0.113.9"}, "X-Forwarded-Proto": {"https"}, "X-Request-Id": {"r-2"}},
 			http.Header{"X-Forwarded-For": {"203.0.113.9"}, "X-Forwarded-Proto": {"https"}, "X-Request-Id": {"r-2"}}},
-		{"behind a proxy, no protocol sent", false, true, http.Header{},
+		{"behind a proxy, no protocol sent", false, true, false, http.Header{},
 			http.Header{"X-Forwarded-Proto": {"https"}, "X-Request-Id": {made}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got http.Header
-			h := stripHeaders(connectionManager(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }), tc.edge), []string{"X-User-Id"})
+			h := stripHeaders(connectionManager(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }), tc.edge, tc.preserve), []string{"X-User-Id"})
 			req := httptest.NewRequest("GET", "/", nil)
 			req.RemoteAddr = "198.51.100.4:5555"
 			req.Header = tc.sent.Clone()
