@@ -297,6 +297,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	if (s.tlsCert == "") != (s.tlsKey == "") {
 		return s, errors.New("--tls-cert and --tls-key: give both or neither")
 	}
+	if (s.accessLogFormat != "" || s.accessLogJSON != "") && s.accessLog == "" {
+		return s, errors.New("--access-log-format, --access-log-json: only with --access-log, the file they format")
+	}
 	if _, dup := s.clusters[s.embedBridge]; dup {
 		return s, fmt.Errorf("--embed-bridge %s: also a --cluster; the plugin's call-outs to it go to one or the other", s.embedBridge)
 	}

@@ -67,6 +67,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--upstream", "http://x", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key: give both or neither"},
 		{[]string{"--upstream", "http://x", "--tls-key", "k.pem"}, "--tls-cert and --tls-key: give both or neither"},
 		{[]string{"--upstream", "http://x", "--cluster", "b=http://127.0.0.1:8081", "--embed-bridge", "b"}, "--embed-bridge b: also a --cluster"},
+		{[]string{"--upstream", "http://x", "--access-log-json", `{"s":"%RESPONSE_CODE%"}`}, "--access-log-format, --access-log-json: only with --access-log"},
 	}
 	for _, tc := range tests {
 		s, err := parseFlags(tc.args, noEnv, io.Discard)
