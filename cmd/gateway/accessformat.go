@@ -164,7 +164,7 @@ func operatorEnd(s string) int {
 
 // parseOperator compiles one operator, the text between its two %.
 func parseOperator(s string) (fmtOp, error) {
-	name, arg, max := s, "", ""
+	name, arg, length := s, "", ""
 	hasArg := false
 	if i := strings.IndexByte(s, '('); i >= 0 {
 		j := strings.LastIndexByte(s, ')')
@@ -176,7 +176,7 @@ func parseOperator(s string) (fmtOp, error) {
 			if !strings.HasPrefix(rest, ":") {
 				return fmtOp{}, fmt.Errorf("%%%s%%: %q after the argument, want :LENGTH", s, rest)
 			}
-			max = rest[1:]
+			length = rest[1:]
 		}
 	}
 	kind, ok := operators[name]
@@ -191,10 +191,10 @@ func parseOperator(s string) (fmtOp, error) {
 		}
 		h, alt, _ := strings.Cut(arg, "?")
 		op.name, op.alt = headerKey(h), headerKey(alt)
-		if max != "" {
-			n, err := strconv.Atoi(max)
+		if length != "" {
+			n, err := strconv.Atoi(length)
 			if err != nil || n < 1 {
-				return fmtOp{}, fmt.Errorf("%%%s%%: length %q, want a positive number", s, max)
+				return fmtOp{}, fmt.Errorf("%%%s%%: length %q, want a positive number", s, length)
 			}
 			op.max = n
 		}
@@ -212,7 +212,7 @@ func parseOperator(s string) (fmtOp, error) {
 			return fmtOp{}, fmt.Errorf("%%%s%%: %s takes no argument", s, name)
 		}
 	}
-	if max != "" {
+	if length != "" {
 		return fmtOp{}, fmt.Errorf("%%%s%%: only REQ and RESP take a length", s)
 	}
 	return op, nil
