@@ -2,6 +2,8 @@ package wasmhost
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,8 +58,13 @@ type Options struct {
 	// HTTPClient, when set, sends every call-out. By default call-outs to
 	// plain-HTTP clusters go through the host's own HTTP/1.1 client
 	// (h1client.go) and those to https clusters through a client with its
-	// own transport.
+	// own transport, which follows no redirect: Envoy's async client hands
+	// the plugin a 3xx as it came.
 	HTTPClient *http.Client
+	// RootCAs verify the certificates of https clusters, as an Envoy
+	// cluster's validation_context trusted_ca; nil: the system's roots.
+	// Not used with HTTPClient.
+	RootCAs *x509.CertPool
 	// Logger receives plugin logs (proxy_log and the guest's stderr).
 	Logger *slog.Logger
 	// OnLog, when set, is called with every plugin log entry.
@@ -117,6 +124,9 @@ func (p FailurePolicy) String() string {
 }
 
 var processCache = wazero.NewCompilationCache()
+
+// noRedirect makes an http.Client hand back a redirect as it came.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // Host runs a proxy-wasm plugin. It is safe for concurrent use.
 type Host struct {
@@ -186,7 +196,11 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 		h.environ = append(h.environ, []byte(k+"="+opts.Environment[k]+"\x00"))
 	}
 	if h.client == nil {
-		h.client = &http.Client{Transport: NewTransport()}
+		t := NewTransport()
+		if opts.RootCAs != nil {
+			t.TLSClientConfig = &tls.Config{RootCAs: opts.RootCAs}
+		}
+		h.client = &http.Client{Transport: t, CheckRedirect: noRedirect}
 	}
 	h.h1 = &h1client{}
 	if h.clusters, err = h.newClusters(); err != nil {

@@ -3,6 +3,7 @@ package wasmhost
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -183,6 +184,8 @@ func TestStream_ResponseHeadersWithoutRequest(t *testing.T) {
 // pipe addresses).
 func TestHost_Callout(t *testing.T) {
 	srv := hosttest.Backend(t)
+	tlsSrv := httptest.NewTLSServer(srv.Config.Handler)
+	defer tlsSrv.Close()
 	closed := httptest.NewServer(http.NotFoundHandler())
 	closedURL := closed.URL
 	closed.Close()
@@ -193,11 +196,16 @@ func TestHost_Callout(t *testing.T) {
 		{"tcp", map[string]string{"backend": srv.URL, "down": closedURL}},
 		{"unix", unixClusters(t, srv.Config.Handler)},
 		{"in-process", map[string]string{"down": closedURL}},
+		{"https", map[string]string{"backend": tlsSrv.URL, "down": closedURL}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := Options{Workers: 3, Clusters: tc.clusters}
-			if tc.name == "in-process" {
+			switch tc.name {
+			case "in-process":
 				opts.Handlers = map[string]http.Handler{"backend": srv.Config.Handler}
+			case "https": // its certificate from a CA of its own
+				opts.RootCAs = x509.NewCertPool()
+				opts.RootCAs.AddCert(tlsSrv.Certificate())
 			}
 			testCallouts(t, newHost(t, opts))
 		})

@@ -48,6 +48,10 @@ func Backend(t testing.TB) *httptest.Server {
 		case "/deny":
 			io.WriteString(w, "deny")
 			return
+		case "/redirect":
+			w.Header().Set("Location", "/check/9")
+			w.WriteHeader(http.StatusFound)
+			return
 		case "/reset":
 			// Headers, then the connection drops mid-body.
 			w.Header().Set("Content-Length", "100")
@@ -98,6 +102,8 @@ var Callouts = []Callout{
 	{"timeout", []string{"x-callout-path", "/slow", "x-timeout", "50"}, 0, "upstream request timeout", "504"},
 	{"connection refused", []string{"x-cluster", "down"}, 0, RefusedBody, "503"},
 	{"reset after headers", []string{"x-callout-path", "/reset"}, 503, "call-out failed", "11 reset"},
+	// Envoy's async client hands a redirect to the plugin; it follows none.
+	{"redirect", []string{"x-callout-path", "/redirect"}, 0, "", "302"},
 	{"unknown cluster", []string{"x-cluster", "nope"}, 502, "proxywasm: bad argument", ""},
 }
 
