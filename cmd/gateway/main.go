@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -179,6 +180,8 @@ type settings struct {
 	validate                         bool
 	embedBridge                      string
 	preserveRequestID                bool
+	upstreamCA                       string
+	rootCAs                          *x509.CertPool // upstreamCA's certificates, read at start
 	now                              func() time.Time // tests: the clock of upstream service times; default time.Now
 }
 
@@ -211,6 +214,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
 	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key; SIGHUP reads both again")
 	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&s.upstreamCA, "upstream-tls-ca", "", "PEM CA certificates that verify https upstreams and call-out clusters (a bridge with a private CA), instead of the system's roots, as an Envoy cluster's trusted_ca")
 	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
 	fs.DurationVar(&s.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM or SIGINT, how long requests in flight (throttled ones held up to their max_delay included) may take to finish before the gateway exits")
 	fs.BoolVar(&s.validate, "validate", false, "start the plugin with --config (and read the TLS pair) as at start, say whether they are accepted, and exit, as envoy --mode validate; --upstream may be left out")
@@ -324,6 +328,11 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}
+	if s.upstreamCA != "" {
+		if s.rootCAs, err = loadCAs(s.upstreamCA); err != nil {
+			return err
+		}
+	}
 	var cert *certificate
 	if s.tlsCert != "" {
 		if cert, err = loadCertificate(s.tlsCert, s.tlsKey); err != nil {
@@ -353,7 +362,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	opts := wasmhost.Options{
 		Workers: s.workers, PluginConfig: cfg, RootID: "sluice", Clusters: s.clusters,
 		Logger: logger, FailurePolicy: s.failure.FailurePolicy, LogLevel: hostLevel,
-		Environment: s.env.environment(os.LookupEnv),
+		Environment: s.env.environment(os.LookupEnv), RootCAs: s.rootCAs,
 	}
 	var bridge http.Handler // the embedded bridge's API, for the admin address
 	if s.embedBridge != "" {
@@ -474,7 +483,7 @@ func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, config 
 // s.upstreamTimeout.
 func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.Logger, s settings) http.Handler {
 	proxy := func(http2 bool) http.Handler {
-		return newProxy(up, newUpstreamTransport(s.upstreamTimeout, http2), logger, s)
+		return newProxy(up, newUpstreamTransport(s.upstreamTimeout, http2, s.rootCAs), logger, s)
 	}
 	var handler http.Handler
 	switch s.upstreamProtocol {

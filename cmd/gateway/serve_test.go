@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/internal/hosttest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/wasmhost"
 )
@@ -520,5 +521,54 @@ func TestGateway_BridgeOnUnixSocket(t *testing.T) {
 	}
 	if want := []string{"200 OK remaining 1", "200 OK remaining 0", "429 Too Many Requests remaining 0"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// With --upstream-tls-ca the gateway verifies an https upstream and an
+// https call-out cluster by a private CA; without it, by the system's
+// roots, which do not know that CA.
+func TestRun_UpstreamTLSCA(t *testing.T) {
+	dir := t.TempDir()
+	plugin, config := guestFiles(t, dir)
+	certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
+	writeCert(t, certFile, keyFile, "upstream")
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveTLS := func(h http.Handler) string {
+		srv := httptest.NewUnstartedServer(h)
+		srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+		srv.StartTLS()
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	backend := serveTLS(hosttest.Backend(t).Config.Handler)
+	upstream := serveTLS(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "call-out status "+r.Header.Get("X-Callout-Status"))
+	}))
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		body string
+	}{
+		{"the private CA", []string{"--upstream-tls-ca", certFile}, 200, "call-out status 202"},
+		{"the system's roots", nil, 502, "upstream unavailable\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			listen, admin := freeAddr(t), freeAddr(t)
+			stop := startRun(t, admin, append([]string{"--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
+				"--upstream", upstream, "--cluster", "backend=" + backend, "--log-level", "error"}, tc.args...)...)
+			defer stop()
+			code, body, err := get("http://"+listen+"/", "X-Mode", "callout", "X-Callout-Path", "/check/1")
+			if err != nil || code != tc.code || body != tc.body {
+				t.Errorf("%d %q %v, want %d %q", code, body, err, tc.code, tc.body)
+			}
+		})
+	}
+	if err := run(t.Context(), []string{"--validate", "--plugin", plugin, "--config", config, "--upstream-tls-ca", keyFile}, os.Stderr); err == nil ||
+		!strings.Contains(err.Error(), "--upstream-tls-ca: no PEM certificate in "+keyFile) {
+		t.Errorf("a file with no certificate: %v", err)
 	}
 }

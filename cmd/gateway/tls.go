@@ -2,7 +2,9 @@ package main
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 )
@@ -51,4 +53,17 @@ func (c *certificate) tlsConfig() *tls.Config {
 	return &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 		return c.cur.Load(), nil
 	}}
+}
+
+// loadCAs reads --upstream-tls-ca: PEM certificates to trust.
+func loadCAs(file string) (*x509.CertPool, error) {
+	pemBytes, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--upstream-tls-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pemBytes) {
+		return nil, fmt.Errorf("--upstream-tls-ca: no PEM certificate in %s", file)
+	}
+	return pool, nil
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -56,22 +58,23 @@ type upstreamTransport struct {
 	http2    bool
 }
 
-func newUpstreamTransport(timeout time.Duration, http2 bool) *upstreamTransport {
-	t := &upstreamTransport{
-		pool:     h1pool.Pool{IdleTimeout: 90 * time.Second, DialTimeout: 30 * time.Second},
-		fallback: wasmhost.NewTransport(),
-		timeout:  timeout,
-		http2:    http2,
+func newUpstreamTransport(timeout time.Duration, http2 bool, rootCAs *x509.CertPool) *upstreamTransport {
+	tr := wasmhost.NewTransport()
+	if rootCAs != nil { // --upstream-tls-ca
+		tr.TLSClientConfig = &tls.Config{RootCAs: rootCAs}
 	}
 	if http2 {
-		tr := wasmhost.NewTransport()
 		var p http.Protocols
 		p.SetHTTP2(true)
 		p.SetUnencryptedHTTP2(true)
 		tr.Protocols = &p
-		t.fallback = tr
 	}
-	return t
+	return &upstreamTransport{
+		pool:     h1pool.Pool{IdleTimeout: 90 * time.Second, DialTimeout: 30 * time.Second},
+		fallback: tr,
+		timeout:  timeout,
+		http2:    http2,
+	}
 }
 
 // isTimeout reports whether err is an exchange's end at the transport's

@@ -215,7 +215,7 @@ func TestUpstreamTransport_AsNetHTTP(t *testing.T) {
 			u1 := startRawUpstream(t, tc.answer)
 			u2 := startRawUpstream(t, tc.answer)
 			want := through(t, wasmhost.NewTransport(), u1, tc.rewrite, tc.reqs...)
-			got := through(t, newUpstreamTransport(0, false), u2, tc.rewrite, tc.reqs...)
+			got := through(t, newUpstreamTransport(0, false, nil), u2, tc.rewrite, tc.reqs...)
 			for i := range want {
 				if got[i] != want[i] {
 					t.Errorf("answer %d:\n got %q\nwant %q", i, got[i], want[i])
@@ -254,7 +254,7 @@ func TestUpstreamTransport_Connections(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		return true
 	})
-	tr := newUpstreamTransport(0, false)
+	tr := newUpstreamTransport(0, false, nil)
 	do := func(path string) {
 		t.Helper()
 		req, _ := http.NewRequest("GET", "http://"+u.addr+path, nil)
@@ -424,7 +424,7 @@ func TestUpstreamTransport_KeepsOnlyCleanConnections(t *testing.T) {
 		read int // bytes read before Close, -1 all
 		idle int
 	}{{"/close", -1, 0}, {"/", 4, 0}, {"/", -1, 1}} {
-		tr := newUpstreamTransport(0, false)
+		tr := newUpstreamTransport(0, false, nil)
 		req, _ := http.NewRequest("GET", "http://"+addr+tc.path, nil)
 		res, err := tr.RoundTrip(req)
 		if err != nil {
@@ -472,7 +472,7 @@ func FuzzUpstreamTransport(f *testing.F) {
 		u := startRawUpstream(f, reply)
 		return serveGateway(f, sniffless(testProxy(tr, "http://"+u.addr, nil)))
 	}
-	netHTTP, ours := start(wasmhost.NewTransport()), start(newUpstreamTransport(0, false))
+	netHTTP, ours := start(wasmhost.NewTransport()), start(newUpstreamTransport(0, false, nil))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		mu.Lock()
 		answer = data
@@ -496,7 +496,7 @@ func TestUpstreamTransport_UnaskedSwitchCloses(t *testing.T) {
 		}
 		return false
 	})
-	got := through(t, newUpstreamTransport(0, false), u, nil, "GET / HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+	got := through(t, newUpstreamTransport(0, false, nil), u, nil, "GET / HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
 	if !strings.HasPrefix(got[0], "502 ") {
 		t.Errorf("the client got %q", got[0])
 	}
