@@ -3,6 +3,8 @@
 # examples/config.json, show a 200, a 429 and throttled requests, and keep
 # serving until Ctrl-C.
 # The bridge uses its embedded memory store, or Redis when REDIS_URL is set.
+# EMBED_BRIDGE=1 runs it inside the gateway (--embed-bridge) instead of as a
+# process of its own.
 # The gateway strips x-user-id and x-tier: examples/config.json trusts them as
 # set by an authenticating layer, which this demo does not have.
 set -euo pipefail
@@ -34,14 +36,24 @@ wait_http() { # url name logfile
 
 store_args=(--store memory)
 if [[ -n "${REDIS_URL:-}" ]]; then store_args=(--store redis --redis-url "$REDIS_URL"); fi
-build/redisbridge --listen "$BRIDGE_ADDR" "${store_args[@]}" >"$LOGS/bridge.log" 2>&1 &
-pids+=($!)
+bridge_args=(--cluster "sluice_bridge=http://$BRIDGE_ADDR")
+bridge_where="http://$BRIDGE_ADDR    (metrics at /metrics)"
+if [[ "${EMBED_BRIDGE:-}" == 1 ]]; then
+  # The embedded bridge reads the bridge's SLUICE_* settings.
+  export SLUICE_STORE=memory
+  if [[ -n "${REDIS_URL:-}" ]]; then export SLUICE_STORE=redis SLUICE_REDIS_URL="$REDIS_URL"; fi
+  bridge_args=(--embed-bridge sluice_bridge)
+  bridge_where="in the gateway's process (its API and /metrics on http://$ADMIN_ADDR)"
+else
+  build/redisbridge --listen "$BRIDGE_ADDR" "${store_args[@]}" >"$LOGS/bridge.log" 2>&1 &
+  pids+=($!)
+fi
 build/demo-upstream --listen "$UPSTREAM_ADDR" >"$LOGS/upstream.log" 2>&1 &
 pids+=($!)
-wait_http "http://$BRIDGE_ADDR/healthz" bridge "$LOGS/bridge.log"
+if [[ "${EMBED_BRIDGE:-}" != 1 ]]; then wait_http "http://$BRIDGE_ADDR/healthz" bridge "$LOGS/bridge.log"; fi
 wait_http "http://$UPSTREAM_ADDR/" upstream "$LOGS/upstream.log"
 build/gateway --listen "$GATEWAY_ADDR" --plugin build/plugin.wasm --config examples/config.json \
-  --upstream "http://$UPSTREAM_ADDR" --cluster "sluice_bridge=http://$BRIDGE_ADDR" --workers 2 \
+  --upstream "http://$UPSTREAM_ADDR" "${bridge_args[@]}" --workers 2 \
   --strip-header x-user-id --strip-header x-tier --compile-cache build/wazero-cache \
   --admin-listen "$ADMIN_ADDR" --access-log "$LOGS/access.log" >"$LOGS/gateway.log" 2>&1 &
 pids+=($!)
@@ -52,7 +64,7 @@ cat <<MSG
 Sluice is running (store: ${store_args[*]}):
   gateway   http://$GATEWAY_ADDR   (plugin build/plugin.wasm, config examples/config.json)
             http://$ADMIN_ADDR   (its admin address: the plugin's metrics at /stats/prometheus, /ready)
-  bridge    http://$BRIDGE_ADDR    (metrics at /metrics)
+  bridge    $bridge_where
   upstream  http://$UPSTREAM_ADDR
   logs      $LOGS/   (the gateway's access log, in Envoy's format: $LOGS/access.log)
 
