@@ -181,7 +181,7 @@ type settings struct {
 	embedBridge                      string
 	preserveRequestID                bool
 	upstreamCA                       string
-	rootCAs                          *x509.CertPool // upstreamCA's certificates, read at start
+	rootCAs                          *x509.CertPool   // upstreamCA's certificates, read at start
 	now                              func() time.Time // tests: the clock of upstream service times; default time.Now
 }
 
