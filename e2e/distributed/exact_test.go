@@ -59,6 +59,15 @@ func TestExactness_Cluster(t *testing.T) {
 	}
 }
 
+// TestExactness_ClusterEmbedded: the same with each host's bridge in its
+// own process (the gateway's --embed-bridge), so that the hosts share
+// nothing but Redis Cluster.
+func TestExactness_ClusterEmbedded(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 1)
+	d := deploy(t, c.URL, 0, exactRedisTimeout, exactConfig(true), exactConfig(false))
+	exactness(t, d, onCluster(t, c), "cluster-embedded")
+}
+
 func exactness(t *testing.T, d *deployment, at redisAt, topo string) {
 	for _, tc := range []struct {
 		rule  string

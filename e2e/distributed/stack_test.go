@@ -90,6 +90,22 @@ func (b *bridgeProc) start() {
 	b.mu.Unlock()
 }
 
+// embeddedBridge is a bridge on Redis for a host to serve in process,
+// until t ends.
+func embeddedBridge(t *testing.T, redisURL string, redisTimeout time.Duration) http.Handler {
+	t.Helper()
+	set := redisbridge.DefaultSettings()
+	set.Store, set.RedisURL, set.RedisTimeout = "redis", redisURL, redisTimeout
+	set.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	set.AuditLog = filepath.Join(t.TempDir(), "audit.log")
+	srv, err := redisbridge.New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv.Handler()
+}
+
 // stop stops the bridge at once, as a crash would for its clients.
 func (b *bridgeProc) stop() {
 	b.mu.Lock()
@@ -261,7 +277,9 @@ func (l *passLog) of(path, user string) []time.Time {
 }
 
 // deploy starts the bridges with the given Redis timeout and one host of
-// two worker VMs per plugin configuration.
+// two worker VMs per plugin configuration. With bridges 0, each host has a
+// bridge of its own in its process instead (wasmhost.Options.Handlers, as
+// the gateway's --embed-bridge), on the same Redis.
 func deploy(t *testing.T, redisURL string, bridges int, redisTimeout time.Duration, configs ...string) *deployment {
 	t.Helper()
 	return deployVMs(t, 2, redisURL, bridges, redisTimeout, configs...)
@@ -283,11 +301,16 @@ func deployVMs(t *testing.T, workers int, redisURL string, bridges int, redisTim
 		tr.MaxIdleConnsPerHost = 64
 		tr.DisableCompression = true
 		t.Cleanup(tr.CloseIdleConnections)
-		h, err := wasmhost.New(context.Background(), builtPlugin(t), wasmhost.Options{
+		opts := wasmhost.Options{
 			Workers: workers, PluginConfig: []byte(cfg), RootID: "sluice",
 			Clusters:   map[string]string{"sluice_bridge": "http://sluice-bridge"},
 			HTTPClient: &http.Client{Transport: &spread{addrs: addrs, base: tr}},
-		})
+		}
+		if bridges == 0 {
+			opts.Clusters, opts.HTTPClient = nil, nil
+			opts.Handlers = map[string]http.Handler{"sluice_bridge": embeddedBridge(t, redisURL, redisTimeout)}
+		}
+		h, err := wasmhost.New(context.Background(), builtPlugin(t), opts)
 		if err != nil {
 			t.Fatal(err)
 		}
