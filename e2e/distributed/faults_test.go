@@ -265,26 +265,40 @@ func checkNoLoss(t *testing.T, at redisAt, tag string, fr faultRun) {
 	}
 }
 
+// redisRestart: Redis stops for a second and comes back empty; every
+// request gets its host's failure mode meanwhile, within the timeout.
+func redisRestart(t *testing.T, d *deployment, rs *redistest.Server, at redisAt) {
+	fr := faultCase(t, d, "restart", func() {
+		rs.Stop()
+		time.Sleep(time.Second)
+		rs.Restart()
+	})
+	// Without persistence the restart loses every count: only the
+	// requests admitted after it are in Redis.
+	n := tally(t, at, "restart", fr)
+	if n > int64(fr.tallyAdmitted) {
+		t.Errorf("%d entries in Redis, more than the %d admitted", n, fr.tallyAdmitted)
+	}
+	d.exactAfter(t, "restart-small")
+}
+
+// TestFaults_SingleRedisEmbedded: Redis down under hosts that each embed
+// their bridge (the gateway's --embed-bridge) is answered as with bridges
+// of their own.
+func TestFaults_SingleRedisEmbedded(t *testing.T) {
+	rs := redistest.Start(t)
+	d := deploy(t, rs.URL, 0, faultRedisTimeout, faultConfig("fail_open"), faultConfig("fail_closed"))
+	d.waitDecided(t, 5*time.Second)
+	redisRestart(t, d, rs, single(rs))
+}
+
 func TestFaults_SingleRedis(t *testing.T) {
 	rs := redistest.Start(t)
 	d := deploy(t, rs.URL, bridgeCount, faultRedisTimeout, faultConfig("fail_open"), faultConfig("fail_closed"))
 	at := single(rs)
 	d.waitDecided(t, 5*time.Second)
 
-	t.Run("redis stopped and started", func(t *testing.T) {
-		fr := faultCase(t, d, "restart", func() {
-			rs.Stop()
-			time.Sleep(time.Second)
-			rs.Restart()
-		})
-		// Without persistence the restart loses every count: only the
-		// requests admitted after it are in Redis.
-		n := tally(t, at, "restart", fr)
-		if n > int64(fr.tallyAdmitted) {
-			t.Errorf("%d entries in Redis, more than the %d admitted", n, fr.tallyAdmitted)
-		}
-		d.exactAfter(t, "restart-small")
-	})
+	t.Run("redis stopped and started", func(t *testing.T) { redisRestart(t, d, rs, at) })
 
 	t.Run("redis slow", func(t *testing.T) {
 		fr := faultCase(t, d, "pause", func() {
