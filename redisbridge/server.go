@@ -218,7 +218,8 @@ func serverClosed(err error) error {
 // ListenAndServe listens on Settings.Listen, prints "listening on ADDR" to
 // stderr, and serves until Shutdown.
 func (s *Server) ListenAndServe() error {
-	ln, err := listen(s.set.Listen)
+	mode, _ := s.set.socketMode() // checked by Validate
+	ln, err := listen(s.set.Listen, mode)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
@@ -326,10 +327,11 @@ func loadRedisTLS(set *Settings, ro *store.RedisOptions) error {
 // listen listens on addr: "host:port", or "unix:///path" for a Unix socket,
 // for a proxy on the same machine (an Envoy cluster with a pipe address, or
 // the gateway's unix:// cluster) to reach without the TCP stack. The
-// socket's file takes the process's umask: a proxy running as another user
-// needs write permission on it. A socket file left by a bridge that did not
+// socket's file takes mode when it is not 0 (as an Envoy pipe address's
+// mode), else the process's umask: a proxy running as another user needs
+// write permission on it. A socket file left by a bridge that did not
 // stop cleanly is replaced; one another process still listens on is not.
-func listen(addr string) (net.Listener, error) {
+func listen(addr string, mode os.FileMode) (net.Listener, error) {
 	sock, ok := unixaddr.Path(addr)
 	if !ok {
 		return net.Listen("tcp", addr)
@@ -341,5 +343,13 @@ func listen(addr string) (net.Listener, error) {
 		}
 		os.Remove(sock) // stale: nothing answers
 	}
-	return net.Listen("unix", sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil || mode == 0 {
+		return ln, err
+	}
+	if err := os.Chmod(sock, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("--listen-mode: %w", err)
+	}
+	return ln, nil
 }

@@ -614,13 +614,16 @@ func TestServer_ListenUnix(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ln, err := listen(set.Listen)
+	ln, err := listen(set.Listen, 0o660)
 	if err != nil {
 		t.Fatalf("over a stale socket: %v", err)
 	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o660 {
+		t.Errorf("the socket's mode: %v %v, want 0660 (--listen-mode)", fi.Mode(), err)
+	}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()
-	if _, err := listen(set.Listen); err == nil || !strings.Contains(err.Error(), "another process listens on it") {
+	if _, err := listen(set.Listen, 0); err == nil || !strings.Contains(err.Error(), "another process listens on it") {
 		t.Errorf("a second bridge on the socket: %v", err)
 	}
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -644,9 +647,16 @@ func TestServer_ListenUnix(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("Serve: %v", err)
 	}
-	bad := testSettings()
-	bad.Listen = "unix://bridge.sock"
-	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "a Unix socket needs an absolute path") {
-		t.Errorf("a relative socket path: %v", err)
+	for _, tc := range []struct{ listen, mode, err string }{
+		{"unix://bridge.sock", "", "a Unix socket needs an absolute path"},
+		{":8081", "0660", "--listen-mode: only with --listen unix:///path"},
+		{"unix:///run/b.sock", "rw", `--listen-mode: "rw" is not a file mode from 0001 to 0777 in octal`},
+		{"unix:///run/b.sock", "01777", `--listen-mode: "01777" is not a file mode`},
+	} {
+		bad := testSettings()
+		bad.Listen, bad.ListenMode = tc.listen, tc.mode
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("--listen %s --listen-mode %q: %v, want %q", tc.listen, tc.mode, err, tc.err)
+		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 // SLUICE_* environment variables (docs/bridge.md); flags win.
 type Settings struct {
 	Listen           string        // address to listen on, default ":8081"
+	ListenMode       string        // octal permissions of a unix:// socket; "": the umask's
 	Store            string        // "memory" (default) or "redis"
 	RedisURL         string        // redis://, rediss://, redis+sentinel://, redis+cluster://
 	RedisPoolSize    int           // connections per Redis node (0: go-redis default)
@@ -109,6 +112,7 @@ func envName(flagName string) string {
 func flagSet(s *Settings) *flag.FlagSet {
 	fs := flag.NewFlagSet("redisbridge", flag.ContinueOnError)
 	fs.StringVar(&s.Listen, "listen", s.Listen, "address to listen on, or unix:///path for a Unix socket")
+	fs.StringVar(&s.ListenMode, "listen-mode", s.ListenMode, "permissions of the unix:// socket, octal (0660: the bridge's group may connect); default: the umask's")
 	fs.StringVar(&s.Store, "store", s.Store, "counter store: memory or redis")
 	fs.StringVar(&s.RedisURL, "redis-url", s.RedisURL, "Redis URL (redis://, rediss://, redis+sentinel://, redis+cluster://)")
 	fs.IntVar(&s.RedisPoolSize, "redis-pool-size", s.RedisPoolSize, "connections per Redis node")
@@ -150,6 +154,9 @@ func (s *Settings) Validate() error {
 	}
 	if err := unixaddr.Check(s.Listen); err != nil {
 		return fmt.Errorf("--listen %w", err)
+	}
+	if _, err := s.socketMode(); err != nil {
+		return err
 	}
 	if s.RedisTimeout <= 0 {
 		return errors.New("--redis-timeout: must be positive")
@@ -196,4 +203,19 @@ func parseLevel(s string) (slog.Level, error) {
 		return l, fmt.Errorf("--log-level: %q is not debug, info, warn or error", s)
 	}
 	return l, nil
+}
+
+// socketMode is ListenMode parsed: 0 when it is not set.
+func (s *Settings) socketMode() (os.FileMode, error) {
+	if s.ListenMode == "" {
+		return 0, nil
+	}
+	if _, unix := unixaddr.Path(s.Listen); !unix {
+		return 0, errors.New("--listen-mode: only with --listen unix:///path")
+	}
+	m, err := strconv.ParseUint(s.ListenMode, 8, 32)
+	if err != nil || m == 0 || m > 0o777 {
+		return 0, fmt.Errorf("--listen-mode: %q is not a file mode from 0001 to 0777 in octal", s.ListenMode)
+	}
+	return os.FileMode(m), nil
 }

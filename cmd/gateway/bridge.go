@@ -10,7 +10,7 @@ import (
 // notEmbedded are the bridge's settings about its own listener: an
 // embedded bridge has none (the plugin's call-outs reach it in process,
 // its API is on --admin-listen), so they are refused rather than ignored.
-var notEmbedded = []string{"SLUICE_LISTEN", "SLUICE_TLS_CERT", "SLUICE_TLS_KEY", "SLUICE_SHUTDOWN_GRACE", "SLUICE_DEBUG_LISTEN"}
+var notEmbedded = []string{"SLUICE_LISTEN", "SLUICE_LISTEN_MODE", "SLUICE_TLS_CERT", "SLUICE_TLS_KEY", "SLUICE_SHUTDOWN_GRACE", "SLUICE_DEBUG_LISTEN"}
 
 // embeddedBridge is the check service for --embed-bridge, in the
 // gateway's process, with the settings the bridge's SLUICE_* variables
