@@ -103,3 +103,46 @@ func ExampleHost_WritePrometheus() {
 	// test_hist_count 3
 	// test_requests 3
 }
+
+// A service the gateway embeds answers the plugin's call-outs in process:
+// the cluster's handler serves each call-out as a server would, without a
+// connection (cmd/gateway's --embed-bridge serves the bridge this way).
+// Here the test guest calls out to the cluster "backend" on every request
+// in its callout mode and hands the answer to the application in request
+// headers.
+func ExampleOptions_handlers() {
+	wasm, err := hosttest.Guest()
+	if err != nil {
+		log.Fatal(err)
+	}
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+		io.WriteString(w, "checked "+r.URL.Path)
+	})
+	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{
+		PluginConfig: []byte("configuration"),
+		Handlers:     map[string]http.Handler{"backend": backend},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer host.Close()
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s", r.Header.Get("X-Callout-Status"), r.Header.Get("X-Callout-Body"))
+	})
+	srv := httptest.NewServer(host.Middleware(app))
+	defer srv.Close()
+
+	req, _ := http.NewRequest("GET", srv.URL+"/api/items", nil)
+	req.Header.Set("X-Mode", "callout")
+	req.Header.Set("X-Callout-Path", "/check/1")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	fmt.Println(res.StatusCode, string(body))
+	// Output:
+	// 200 202 checked /check/1
+}
