@@ -23,11 +23,14 @@ wasm:
 # --from-oci-layout DIR:$(OCI_TAG) REF`, each digest printed to pin
 # (docs/deploy.md): build/oci/plugin for Istio's WasmPlugin (oci://), and
 # build/oci/redisbridge, the bridge linked statically on an empty base,
-# for deploy/kubernetes.
+# for deploy/kubernetes, and build/oci/gateway, the gateway and the plugin
+# likewise, for deploy/kubernetes/gateway.
 OCI_TAG ?= latest
 oci: wasm
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BUILD)/redisbridge-static ./cmd/redisbridge
-	$(GO) run ./internal/ociimage/cmd/ociimage -wasm $(WASM) -bridge $(BUILD)/redisbridge-static -out $(BUILD)/oci -tag $(OCI_TAG)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BUILD)/gateway-static ./cmd/gateway
+	$(GO) run ./internal/ociimage/cmd/ociimage -wasm $(WASM) -bridge $(BUILD)/redisbridge-static \
+	  -gateway $(BUILD)/gateway-static -out $(BUILD)/oci -tag $(OCI_TAG)
 
 bridge:
 	@mkdir -p $(BUILD)

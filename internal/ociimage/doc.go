@@ -6,5 +6,7 @@
 //   - Plugin: the proxy-wasm module, as Istio's WasmPlugin pulls it with an
 //     oci:// URL;
 //   - Bridge: the redisbridge binary on an empty base, as
-//     deploy/kubernetes runs it.
+//     deploy/kubernetes runs it;
+//   - Gateway: the gateway binary and the plugin on an empty base, as
+//     deploy/kubernetes/gateway runs it.
 package ociimage

@@ -141,8 +141,9 @@ func TestPlugin_RefusesNonWasm(t *testing.T) {
 	}
 }
 
-// Only a statically linked Linux executable makes a bridge image: the
-// image has no dynamic loader or C library.
+// Only a statically linked Linux executable makes a bridge or gateway
+// image: the image has no dynamic loader or C library; and only a module
+// makes the gateway's plugin.
 func TestBridge_Refuses(t *testing.T) {
 	dynamic, err := os.ReadFile("/bin/true") // Debian's is dynamically linked
 	if err != nil {
@@ -156,8 +157,14 @@ func TestBridge_Refuses(t *testing.T) {
 		{"dynamic", dynamic, "CGO_ENABLED=0"},
 		{"wasm", []byte("\x00asm\x01\x00\x00\x00"), "not a Linux executable"},
 	} {
-		if _, err := ociimage.Bridge(tc.b); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := ociimage.Bridge(tc.b); err == nil || !strings.Contains(err.Error(), "the bridge") || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.name, err, tc.want)
 		}
+		if _, err := ociimage.Gateway(tc.b, []byte("\x00asm\x01\x00\x00\x00")); err == nil || !strings.Contains(err.Error(), "the gateway") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("gateway, %s: err %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := ociimage.Gateway(dynamic, []byte("not wasm")); err == nil || !strings.Contains(err.Error(), "the plugin is not a WebAssembly module") {
+		t.Errorf("a gateway image with a plugin that is not wasm: %v", err)
 	}
 }

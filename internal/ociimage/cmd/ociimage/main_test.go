@@ -5,9 +5,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -29,7 +32,7 @@ func TestRun_LayoutReadBack(t *testing.T) {
 	}
 	out := filepath.Join(dir, "oci", "plugin")
 	for range 2 { // a second run replaces the first
-		if err := run(wasmPath, "", filepath.Dir(out), "v9.9.9"); err != nil {
+		if err := run(wasmPath, "", "", filepath.Dir(out), "v9.9.9"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -108,7 +111,7 @@ func TestRun_RefusesNonWasm(t *testing.T) {
 	if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(p, "", filepath.Join(dir, "oci"), "x"); err == nil {
+	if err := run(p, "", "", filepath.Join(dir, "oci"), "x"); err == nil {
 		t.Fatal("a shell script became an image")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "oci", "plugin")); !os.IsNotExist(err) {
@@ -137,64 +140,94 @@ func onlyImage(t *testing.T, dir string) (v1.Image, string) {
 	return img, im.Manifests[0].Annotations[ociimage.RefNameAnnotation]
 }
 
-// The bridge image `make oci` writes: the statically linked binary as its
-// one file, the entrypoint, a user that is not root, the bridge's port.
-// `make oci` builds the real bridge with CGO_ENABLED=0; here a small static
-// executable stands in for it.
-func TestRun_BridgeImage(t *testing.T) {
+// The bridge and gateway images `make oci` writes: the statically linked
+// binary, the entrypoint, with the plugin beside the gateway's; a user
+// that is not root; their ports; nothing else. `make oci` builds the real
+// binaries with CGO_ENABLED=0; here a small static executable stands in.
+func TestRun_StaticImages(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "redisbridge")
+	bin := filepath.Join(dir, "static")
 	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./testdata/static")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building a static executable: %v\n%s", err, out)
 	}
-	if err := run("", bin, filepath.Join(dir, "oci"), "v9.9.9"); err != nil {
-		t.Fatal(err)
-	}
-	want, err := os.ReadFile(bin)
+	exe, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, tag := onlyImage(t, filepath.Join(dir, "oci", "redisbridge"))
-	if tag != "v9.9.9" {
-		t.Errorf("tag %q", tag)
-	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
+	wasm := []byte("\x00asm\x01\x00\x00\x00")
+	wasmPath := filepath.Join(dir, "plugin.wasm")
+	if err := os.WriteFile(wasmPath, wasm, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c := cfg.Config
-	if len(c.Entrypoint) != 1 || c.Entrypoint[0] != ociimage.BridgePath || c.User != ociimage.BridgeUser || cfg.OS != "linux" {
-		t.Errorf("config %s/%s entrypoint %v user %q", cfg.OS, cfg.Architecture, c.Entrypoint, c.User)
-	}
-	if _, ok := c.ExposedPorts[ociimage.BridgePort]; !ok {
-		t.Errorf("exposed ports %v, want %s", c.ExposedPorts, ociimage.BridgePort)
-	}
-	layers, err := img.Layers()
-	if err != nil || len(layers) != 1 {
-		t.Fatalf("layers: %d, %v", len(layers), err)
-	}
-	if mt, _ := layers[0].MediaType(); mt != types.OCILayer {
-		t.Errorf("layer media type %s", mt)
-	}
-	r, err := layers[0].Uncompressed()
-	if err != nil {
+	if err := run(wasmPath, bin, bin, filepath.Join(dir, "oci"), "v9.9.9"); err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
-	tr := tar.NewReader(r)
-	h, err := tr.Next()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(tr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if "/"+h.Name != ociimage.BridgePath || h.Mode&0o111 == 0 || !bytes.Equal(got, want) {
-		t.Errorf("layer file %s mode %o, %d bytes: want the executable bridge at %s", h.Name, h.Mode, len(got), ociimage.BridgePath)
-	}
-	if _, err := tr.Next(); err != io.EOF {
-		t.Errorf("more than one file in the layer: %v", err)
+	for _, tc := range []struct {
+		dir   string
+		files map[string][]byte // by path in the image; the first in the layer is the entrypoint
+		entry string
+		env   []string
+		ports []string
+	}{
+		{"redisbridge", map[string][]byte{ociimage.BridgePath: exe}, ociimage.BridgePath, nil, []string{ociimage.BridgePort}},
+		{"gateway", map[string][]byte{ociimage.GatewayPath: exe, ociimage.GatewayPluginPath: wasm}, ociimage.GatewayPath,
+			[]string{"SLUICE_GATEWAY_PLUGIN=" + ociimage.GatewayPluginPath}, []string{ociimage.GatewayPort, ociimage.GatewayAdminPort}},
+	} {
+		t.Run(tc.dir, func(t *testing.T) {
+			img, tag := onlyImage(t, filepath.Join(dir, "oci", tc.dir))
+			if tag != "v9.9.9" {
+				t.Errorf("tag %q", tag)
+			}
+			cfg, err := img.ConfigFile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := cfg.Config
+			if !slices.Equal(c.Entrypoint, []string{tc.entry}) || c.User != ociimage.BridgeUser || cfg.OS != "linux" || !slices.Equal(c.Env, tc.env) {
+				t.Errorf("config %s/%s entrypoint %v user %q env %v", cfg.OS, cfg.Architecture, c.Entrypoint, c.User, c.Env)
+			}
+			var ports []string
+			for p := range c.ExposedPorts {
+				ports = append(ports, p)
+			}
+			slices.Sort(ports)
+			if want := slices.Sorted(slices.Values(tc.ports)); !slices.Equal(ports, want) {
+				t.Errorf("exposed ports %v, want %v", ports, want)
+			}
+			layers, err := img.Layers()
+			if err != nil || len(layers) != 1 {
+				t.Fatalf("layers: %d, %v", len(layers), err)
+			}
+			if mt, _ := layers[0].MediaType(); mt != types.OCILayer {
+				t.Errorf("layer media type %s", mt)
+			}
+			r, err := layers[0].Uncompressed()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			tr := tar.NewReader(r)
+			got := map[string][]byte{}
+			for first := true; ; first = false {
+				h, err := tr.Next()
+				if err == io.EOF {
+					break
+				} else if err != nil {
+					t.Fatal(err)
+				}
+				b, err := io.ReadAll(tr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got["/"+h.Name] = b
+				if exec := h.Mode&0o111 != 0; exec != first || first && "/"+h.Name != tc.entry {
+					t.Errorf("%s mode %o: want the entrypoint first and alone executable", h.Name, h.Mode)
+				}
+			}
+			if !reflect.DeepEqual(got, tc.files) {
+				t.Errorf("the layer holds %d files (%v), want %d", len(got), slices.Sorted(maps.Keys(got)), len(tc.files))
+			}
+		})
 	}
 }
