@@ -9,7 +9,9 @@
 //     alerts_test.yaml;
 //   - deploy/kubernetes: every document decodes into the Kubernetes API
 //     types, and what the bridge relies on (its flags, environment,
-//     secrets, probe paths and ports) agrees with the bridge's code.
+//     secrets, probe paths and ports) agrees with the bridge's code;
+//   - deploy/kubernetes/gateway: the gateway, built and laid out as its
+//     pod, accepts its Deployment (--validate) and serves its probes.
 //
 // The package has no code outside its tests.
 package deploycheck

@@ -33,7 +33,8 @@ const kubernetesDir = "../../deploy/kubernetes"
 // manifests are the decoded objects of deploy/kubernetes.
 type manifests struct {
 	namespaces  map[string]*corev1.Namespace
-	secrets     map[string]*corev1.Secret // by namespace/name
+	secrets     map[string]*corev1.Secret    // by namespace/name
+	configMaps  map[string]*corev1.ConfigMap // by namespace/name
 	services    []*corev1.Service
 	deployments []*appsv1.Deployment
 	pdbs        []*policyv1.PodDisruptionBudget
@@ -45,7 +46,7 @@ var docSeparator = regexp.MustCompile(`(?m)^---\s*$`)
 // API type its apiVersion and kind name, refusing unknown fields, as the
 // API server's strict field validation does.
 func decodeManifests(files ...string) (*manifests, error) {
-	m := &manifests{namespaces: map[string]*corev1.Namespace{}, secrets: map[string]*corev1.Secret{}}
+	m := &manifests{namespaces: map[string]*corev1.Namespace{}, secrets: map[string]*corev1.Secret{}, configMaps: map[string]*corev1.ConfigMap{}}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -69,6 +70,8 @@ func decodeManifests(files ...string) (*manifests, error) {
 				obj = &corev1.Namespace{}
 			case "v1 Secret":
 				obj = &corev1.Secret{}
+			case "v1 ConfigMap":
+				obj = &corev1.ConfigMap{}
 			case "v1 Service":
 				obj = &corev1.Service{}
 			case "apps/v1 Deployment":
@@ -93,6 +96,8 @@ func decodeManifests(files ...string) (*manifests, error) {
 				m.namespaces[o.Name] = o
 			case *corev1.Secret:
 				m.secrets[o.Namespace+"/"+o.Name] = o
+			case *corev1.ConfigMap:
+				m.configMaps[o.Namespace+"/"+o.Name] = o
 			case *corev1.Service:
 				m.services = append(m.services, o)
 			case *appsv1.Deployment:
