@@ -43,20 +43,7 @@ func TestRun_EmbeddedBridge(t *testing.T) {
 
 	t.Setenv("SLUICE_CHECK_TOKEN", "")
 	stop = startRun(t, admin, args...)
-	var got []string
-	for range 3 {
-		req, _ := http.NewRequest("GET", "http://"+listen+"/api/items", nil)
-		req.Header.Set("X-User-Id", "alice")
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-		got = append(got, res.Status+" remaining "+res.Header.Get("X-RateLimit-Remaining"))
-	}
-	if want := []string{"200 OK remaining 1", "200 OK remaining 0", "429 Too Many Requests remaining 0"}; !reflect.DeepEqual(got, want) {
-		t.Errorf("got %q, want %q", got, want)
-	}
+	checkTwoAllowed(t, listen)
 	code, body, err := get("http://" + admin + "/metrics")
 	if err != nil || code != 200 || !strings.Contains(body, "\nsluice_bridge_checks_total{result=\"allowed\"} 2\n") ||
 		!strings.Contains(body, "\nsluice_bridge_checks_total{result=\"denied\"} 1\n") {
@@ -73,24 +60,49 @@ func TestRun_EmbeddedBridge(t *testing.T) {
 	}
 }
 
-// limitFiles writes the plugin and a configuration that allows each
-// X-User-Id limit requests under /api/ (refusing them when the bridge
-// cannot decide) into dir, and serves an upstream until t ends.
+// limitConfig is a plugin configuration that allows each X-User-Id limit
+// requests under /api/, and refuses them when the bridge cannot decide.
+func limitConfig(limit int) string {
+	return fmt.Sprintf(`{"bridge": {"cluster": "sluice_bridge", "timeout": "1s"}, "failure_mode": "fail_closed",
+	  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": %d, "window": "1h", "algorithm": "fixed_window"}]}`, limit)
+}
+
+// limitFiles writes the plugin and limitConfig(limit) into dir, and serves
+// an upstream until t ends.
 func limitFiles(t *testing.T, dir string, limit int) (plugin, config, upstream string) {
 	t.Helper()
 	plugin, config = filepath.Join(dir, "plugin.wasm"), filepath.Join(dir, "config.json")
-	cfg := fmt.Sprintf(`{"bridge": {"cluster": "sluice_bridge", "timeout": "1s"}, "failure_mode": "fail_closed",
-	  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
-	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": %d, "window": "1h", "algorithm": "fixed_window"}]}`, limit)
 	if err := os.WriteFile(plugin, e2etest.Plugin(t), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(config, []byte(cfg), 0o600); err != nil {
+	if err := os.WriteFile(config, []byte(limitConfig(limit)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "upstream") }))
 	t.Cleanup(up.Close)
 	return plugin, config, up.URL
+}
+
+// checkTwoAllowed sends three requests as alice through the gateway at
+// addr, whose plugin has limitConfig(2): the bridge lets two through and
+// refuses the third, each answer with what remains.
+func checkTwoAllowed(t *testing.T, addr string) {
+	t.Helper()
+	var got []string
+	for range 3 {
+		req, _ := http.NewRequest("GET", "http://"+addr+"/api/items", nil)
+		req.Header.Set("X-User-Id", "alice")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		got = append(got, res.Status+" remaining "+res.Header.Get("X-RateLimit-Remaining"))
+	}
+	if want := []string{"200 OK remaining 1", "200 OK remaining 0", "429 Too Many Requests remaining 0"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
 }
 
 // Gateways whose embedded bridges share one Redis share each quota
