@@ -234,36 +234,41 @@ func unixClusters(t testing.TB, h http.Handler) map[string]string {
 
 func testCallouts(t *testing.T, h *Host) {
 	for _, tt := range hosttest.Callouts {
-		t.Run(tt.Name, func(t *testing.T) {
-			r, err := run(t, h, append([]string{"x-mode", "callout"}, tt.Headers...)...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tt.Local == 0 {
-				if r.Local != nil {
-					t.Fatalf("local = %+v (%s)", r.Local, r.Local.Body)
-				}
-				if got := mustGet(t, r, "x-callout-body"); got != tt.Body {
-					t.Errorf("x-callout-body = %q, want %q", got, tt.Body)
-				}
-				if got := mustGet(t, r, "x-callout-status"); got != tt.Status {
-					t.Errorf("x-callout-status = %q, want %q", got, tt.Status)
-				}
-				return
-			}
-			if r.Local == nil || r.Local.Status != tt.Local || string(r.Local.Body) != tt.Body {
-				t.Fatalf("local = %+v, want %d %q", r.Local, tt.Local, tt.Body)
-			}
-			if tt.Status != "" {
-				if got, _ := (Result{Headers: r.Local.Headers}).Get("x-callout-failure"); got != tt.Status {
-					t.Errorf("proxy_get_status = %q, want %q", got, tt.Status)
-				}
-			}
-		})
+		t.Run(tt.Name, func(t *testing.T) { checkCallout(t, h, tt) })
 	}
 	r, _ := run(t, h, "x-mode", "callout", "x-callout-path", "/check/2")
 	if got := mustGet(t, r, "x-callout-upstream"); got != "yes" {
 		t.Errorf("call-out response header x-upstream (sent as X-Upstream) = %q", got)
+	}
+}
+
+// checkCallout runs call-out tt through h and checks what the plugin got,
+// as hosttest.Callout says.
+func checkCallout(t *testing.T, h *Host, tt hosttest.Callout) {
+	t.Helper()
+	r, err := run(t, h, append([]string{"x-mode", "callout"}, tt.Headers...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tt.Local == 0 {
+		if r.Local != nil {
+			t.Fatalf("local = %+v (%s)", r.Local, r.Local.Body)
+		}
+		if got := mustGet(t, r, "x-callout-body"); got != tt.Body {
+			t.Errorf("x-callout-body = %q, want %q", got, tt.Body)
+		}
+		if got := mustGet(t, r, "x-callout-status"); got != tt.Status {
+			t.Errorf("x-callout-status = %q, want %q", got, tt.Status)
+		}
+		return
+	}
+	if r.Local == nil || r.Local.Status != tt.Local || string(r.Local.Body) != tt.Body {
+		t.Fatalf("local = %+v, want %d %q", r.Local, tt.Local, tt.Body)
+	}
+	if tt.Status != "" {
+		if got, _ := (Result{Headers: r.Local.Headers}).Get("x-callout-failure"); got != tt.Status {
+			t.Errorf("proxy_get_status = %q, want %q", got, tt.Status)
+		}
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/hosttest"
 )
 
 // TestHost_InProcessCluster covers what an in-process cluster answers that
@@ -31,44 +33,21 @@ func TestHost_InProcessCluster(t *testing.T) {
 				io.WriteString(w, strings.Repeat("x", 81))
 			}
 		})}})
+	callout := func(path string) []string { return []string{"x-callout-path", path} }
 	for _, tt := range []struct {
-		path       string
-		local      int
-		body       string
-		status     string // x-callout-status, or x-callout-failure on a local reply
+		hosttest.Callout
 		logsAPanic bool
 	}{
-		{path: "/request?q=1", body: "POST /request?q=1 backend.local /request?q=1 in-process payload", status: "200"},
-		{path: "/panic-first", body: terminatedBody, status: "503", logsAPanic: true},
-		{path: "/panic-midway", local: 503, body: "call-out failed", status: "11 reset", logsAPanic: true},
-		{path: "/big", local: 503, body: "call-out failed", status: "11 reset"},
+		{Callout: hosttest.Callout{Name: "request", Headers: callout("/request?q=1"), Body: "POST /request?q=1 backend.local /request?q=1 in-process payload", Status: "200"}},
+		{Callout: hosttest.Callout{Name: "panic first", Headers: callout("/panic-first"), Body: terminatedBody, Status: "503"}, logsAPanic: true},
+		{Callout: hosttest.Callout{Name: "panic midway", Headers: callout("/panic-midway"), Local: 503, Body: "call-out failed", Status: "11 reset"}, logsAPanic: true},
+		{Callout: hosttest.Callout{Name: "big", Headers: callout("/big"), Local: 503, Body: "call-out failed", Status: "11 reset"}},
 	} {
-		t.Run(tt.path, func(t *testing.T) {
+		t.Run(tt.Name, func(t *testing.T) {
 			logs.Reset()
-			r, err := run(t, h, "x-mode", "callout", "x-callout-path", tt.path)
-			if err != nil {
-				t.Fatal(err)
-			}
+			checkCallout(t, h, tt.Callout)
 			if got := strings.Contains(logs.String(), "panicked"); got != tt.logsAPanic {
 				t.Errorf("panic logged = %v, want %v: %s", got, tt.logsAPanic, logs.String())
-			}
-			if tt.local != 0 {
-				if r.Local == nil || r.Local.Status != tt.local || string(r.Local.Body) != tt.body {
-					t.Fatalf("local = %+v, want %d %q", r.Local, tt.local, tt.body)
-				}
-				if got, _ := (Result{Headers: r.Local.Headers}).Get("x-callout-failure"); got != tt.status {
-					t.Errorf("proxy_get_status = %q, want %q", got, tt.status)
-				}
-				return
-			}
-			if r.Local != nil {
-				t.Fatalf("local = %+v (%s)", r.Local, r.Local.Body)
-			}
-			if got := mustGet(t, r, "x-callout-body"); got != tt.body {
-				t.Errorf("x-callout-body = %q, want %q", got, tt.body)
-			}
-			if got := mustGet(t, r, "x-callout-status"); got != tt.status {
-				t.Errorf("x-callout-status = %q, want %q", got, tt.status)
 			}
 		})
 	}
