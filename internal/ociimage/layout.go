@@ -7,6 +7,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // RefNameAnnotation tags an image inside an OCI layout's index, for
@@ -27,4 +29,21 @@ func WriteLayout(dir string, img v1.Image, tag string) (v1.Hash, error) {
 		return v1.Hash{}, fmt.Errorf("ociimage: %s: %w", dir, err)
 	}
 	return img.Digest()
+}
+
+// configured is img with its configuration changed by set, as an OCI
+// manifest with an OCI image configuration: what Istio's own tests push,
+// and what every registry stores. Every image of the package ends here.
+func configured(img v1.Image, set func(*v1.ConfigFile)) (v1.Image, error) {
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("ociimage: %w", err)
+	}
+	cfg = cfg.DeepCopy()
+	set(cfg)
+	if img, err = mutate.ConfigFile(img, cfg); err != nil {
+		return nil, fmt.Errorf("ociimage: %w", err)
+	}
+	img = mutate.MediaType(img, types.OCIManifestSchema1)
+	return mutate.ConfigMediaType(img, types.OCIConfigJSON), nil
 }

@@ -50,17 +50,7 @@ func Plugin(wasm []byte) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ociimage: %w", err)
 	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
-		return nil, fmt.Errorf("ociimage: %w", err)
-	}
-	cfg = cfg.DeepCopy()
-	cfg.OS, cfg.Architecture = "wasip1", "wasm" // GOOS and GOARCH of the build
-	if img, err = mutate.ConfigFile(img, cfg); err != nil {
-		return nil, fmt.Errorf("ociimage: %w", err)
-	}
-	// An OCI manifest with an OCI image configuration: what Istio's own
-	// tests push, and what every registry stores.
-	img = mutate.MediaType(img, types.OCIManifestSchema1)
-	return mutate.ConfigMediaType(img, types.OCIConfigJSON), nil
+	return configured(img, func(cfg *v1.ConfigFile) {
+		cfg.OS, cfg.Architecture = "wasip1", "wasm" // GOOS and GOARCH of the build
+	})
 }

@@ -71,22 +71,14 @@ func staticImage(what string, files []file, env []string, ports ...string) (v1.I
 	if err != nil {
 		return nil, fmt.Errorf("ociimage: %w", err)
 	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
-		return nil, fmt.Errorf("ociimage: %w", err)
-	}
-	cfg = cfg.DeepCopy()
-	cfg.OS, cfg.Architecture = "linux", goarch
-	cfg.Config.Entrypoint = []string{files[0].path}
-	cfg.Config.User = BridgeUser
-	cfg.Config.Env = env
-	cfg.Config.ExposedPorts = map[string]struct{}{}
-	for _, p := range ports {
-		cfg.Config.ExposedPorts[p] = struct{}{}
-	}
-	if img, err = mutate.ConfigFile(img, cfg); err != nil {
-		return nil, fmt.Errorf("ociimage: %w", err)
-	}
-	img = mutate.MediaType(img, types.OCIManifestSchema1)
-	return mutate.ConfigMediaType(img, types.OCIConfigJSON), nil
+	return configured(img, func(cfg *v1.ConfigFile) {
+		cfg.OS, cfg.Architecture = "linux", goarch
+		cfg.Config.Entrypoint = []string{files[0].path}
+		cfg.Config.User = BridgeUser
+		cfg.Config.Env = env
+		cfg.Config.ExposedPorts = map[string]struct{}{}
+		for _, p := range ports {
+			cfg.Config.ExposedPorts[p] = struct{}{}
+		}
+	})
 }
