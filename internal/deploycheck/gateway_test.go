@@ -31,14 +31,7 @@ func gatewayManifests(t *testing.T) *manifests {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests in %s: %v", gatewayDir, err)
 	}
-	m, err := decodeManifests(append([]string{filepath.Join(kubernetesDir, "00-namespace.yaml"), filepath.Join(kubernetesDir, "10-secrets.yaml")}, files...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(m.deployments) != 1 || len(m.services) != 1 || len(m.pdbs) != 1 {
-		t.Fatalf("want one Deployment, Service and PodDisruptionBudget, got %d, %d, %d", len(m.deployments), len(m.services), len(m.pdbs))
-	}
-	return m
+	return oneOfEach(t, append([]string{filepath.Join(kubernetesDir, "00-namespace.yaml"), filepath.Join(kubernetesDir, "10-secrets.yaml")}, files...)...)
 }
 
 // gatewayPod is the gateway's container laid out on this machine as the
@@ -138,20 +131,8 @@ func port(t *testing.T, addr string) int {
 // at what it serves.
 func TestKubernetes_Gateway(t *testing.T) {
 	m := gatewayManifests(t)
-	d := m.deployments[0]
-	ns := d.Namespace
-	if _, ok := m.namespaces[ns]; !ok {
-		t.Errorf("Deployment namespace %q is not created by the manifests", ns)
-	}
+	d, c, env := theContainer(t, m)
 	pod := d.Spec.Template
-	if len(pod.Spec.Containers) != 1 {
-		t.Fatalf("want one container, got %d", len(pod.Spec.Containers))
-	}
-	c := pod.Spec.Containers[0]
-	env, problems := containerEnv(m, ns, c)
-	for _, p := range problems {
-		t.Error(p)
-	}
 	for _, name := range []string{"SLUICE_REDIS_URL", "SLUICE_ADMIN_KEY"} {
 		if !fromSecret(c, name) {
 			t.Errorf("env %s: take it from a Secret", name)
@@ -163,7 +144,7 @@ func TestKubernetes_Gateway(t *testing.T) {
 	if argValue(c.Args, "plugin") != "" {
 		t.Errorf("--plugin %s: the image's plugin (SLUICE_GATEWAY_PLUGIN=%s) is the one built with the gateway", argValue(c.Args, "plugin"), ociimage.GatewayPluginPath)
 	}
-	gw := layOut(t, m, ns, pod.Spec, c, env)
+	gw := layOut(t, m, d.Namespace, pod.Spec, c, env)
 
 	// As the kubelet would start it, checked and not served.
 	validate := exec.Command(gw.bin, append(gw.args, "--validate")...)

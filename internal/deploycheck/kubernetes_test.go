@@ -116,6 +116,13 @@ func kubernetesManifests(t *testing.T) *manifests {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests in %s: %v", kubernetesDir, err)
 	}
+	return oneOfEach(t, files...)
+}
+
+// oneOfEach decodes files, which must hold one Deployment, one Service
+// and one PodDisruptionBudget.
+func oneOfEach(t *testing.T, files ...string) *manifests {
+	t.Helper()
 	m, err := decodeManifests(files...)
 	if err != nil {
 		t.Fatal(err)
@@ -124,6 +131,26 @@ func kubernetesManifests(t *testing.T) *manifests {
 		t.Fatalf("want one Deployment, Service and PodDisruptionBudget, got %d, %d, %d", len(m.deployments), len(m.services), len(m.pdbs))
 	}
 	return m
+}
+
+// theContainer is the one container of m's Deployment, with the
+// environment the kubelet would give it; a namespace, Secret or key the
+// manifests lack is an error of t.
+func theContainer(t *testing.T, m *manifests) (d *appsv1.Deployment, c corev1.Container, env map[string]string) {
+	t.Helper()
+	d = m.deployments[0]
+	if _, ok := m.namespaces[d.Namespace]; !ok {
+		t.Errorf("Deployment namespace %q is not created by the manifests", d.Namespace)
+	}
+	if n := len(d.Spec.Template.Spec.Containers); n != 1 {
+		t.Fatalf("want one container, got %d", n)
+	}
+	c = d.Spec.Template.Spec.Containers[0]
+	env, problems := containerEnv(m, d.Namespace, c)
+	for _, p := range problems {
+		t.Error(p)
+	}
+	return d, c, env
 }
 
 // bridgeEnv is every environment variable the bridge reads: SLUICE_ and
@@ -180,21 +207,8 @@ func containerEnv(m *manifests, ns string, c corev1.Container) (map[string]strin
 // exists, and the probes and ports point at what the bridge serves.
 func TestKubernetes_Bridge(t *testing.T) {
 	m := kubernetesManifests(t)
-	d := m.deployments[0]
-	ns := d.Namespace
-	if _, ok := m.namespaces[ns]; !ok {
-		t.Errorf("Deployment namespace %q is not created by the manifests", ns)
-	}
+	d, c, env := theContainer(t, m)
 	pod := d.Spec.Template
-	if len(pod.Spec.Containers) != 1 {
-		t.Fatalf("want one container, got %d", len(pod.Spec.Containers))
-	}
-	c := pod.Spec.Containers[0]
-
-	env, problems := containerEnv(m, ns, c)
-	for _, p := range problems {
-		t.Error(p)
-	}
 	known := bridgeEnv(t)
 	for name := range env {
 		if !known[name] {
