@@ -302,7 +302,7 @@ func (h *Host) fetch(c *callout) *calloutResponse {
 	inflight := &c.cluster.inflight
 	if inflight.Add(1) > maxClusterRequests {
 		inflight.Add(-1)
-		r := localCalloutReply(http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: overflow")
+		r := localCalloutReply(http.StatusServiceUnavailable, resetBefore+"overflow")
 		r.headers.Add("x-envoy-overloaded", "true")
 		return r
 	}
@@ -350,8 +350,8 @@ func (h *Host) fetchH1(c *callout) *calloutResponse {
 		r.deadline = time.Now().Add(c.timeout)
 	}
 	if !r.valid {
-		// What net/http refuses to send fails as a connection would.
-		return failedBeforeResponse(errors.New("wasmhost: invalid call-out request"), false)
+		// What net/http refuses to send fails as a refused connection would.
+		return failedBeforeResponse(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false)
 	}
 	res, started, err := h.h1.do(r, h.opts.MaxCalloutBody)
 	switch {
@@ -365,18 +365,10 @@ func (h *Host) fetchH1(c *callout) *calloutResponse {
 }
 
 // failedBeforeResponse is what Envoy's router answers when a call-out gets
-// no response: 504 after the timeout, 503 for a connection that failed.
+// no response (UpstreamFailure).
 func failedBeforeResponse(err error, timeout bool) *calloutResponse {
-	if timeout {
-		return localCalloutReply(http.StatusGatewayTimeout, "upstream request timeout")
-	}
-	errno := int(syscall.ECONNREFUSED)
-	var se syscall.Errno
-	if errors.As(err, &se) {
-		errno = int(se)
-	}
-	return localCalloutReply(http.StatusServiceUnavailable,
-		"upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: "+strconv.Itoa(errno))
+	l, _ := UpstreamFailure(err, timeout)
+	return localCalloutReply(l.Status, string(l.Body))
 }
 
 // localCalloutReply is a reply of Envoy's router in place of the upstream's.

@@ -30,6 +30,8 @@
 // Middleware, and read what the plugin did with Metric and Logs. A service
 // the gateway embeds as well (cmd/gateway's bridge) can answer the
 // plugin's call-outs in process (Options.Handlers), with the same outcomes
-// as over a connection. The plugin
+// as over a connection. When the gateway's own upstream fails,
+// UpstreamFailure and WriteLocalResponse answer its client as Envoy's
+// router would. The plugin
 // is a c-shared wasip1 module (`make wasm`).
 package wasmhost

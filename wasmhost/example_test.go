@@ -7,6 +7,8 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 
 	"github.com/sluicehq/sluice/internal/hosttest"
@@ -145,4 +147,32 @@ func ExampleOptions_handlers() {
 	fmt.Println(res.StatusCode, string(body))
 	// Output:
 	// 200 202 checked /check/1
+}
+
+// A Go gateway answers its clients as Envoy's router does when its own
+// upstream fails: here the upstream's port is closed, so the client gets
+// Envoy's 503, and the access log would show the flag UF.
+func ExampleUpstreamFailure() {
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close() // nothing listens there now
+	up, _ := url.Parse(gone.URL)
+	proxy := httputil.NewSingleHostReverseProxy(up)
+	proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		reply, flag := wasmhost.UpstreamFailure(err, false)
+		fmt.Println("flag:", flag)
+		wasmhost.WriteLocalResponse(w, r, &reply)
+	}
+	srv := httptest.NewServer(proxy)
+	defer srv.Close()
+
+	res, err := http.Get(srv.URL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	fmt.Println(res.StatusCode, string(body))
+	// Output:
+	// flag: UF
+	// 503 upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: 111
 }

@@ -869,7 +869,7 @@ func TestWriteLocal_GRPC(t *testing.T) {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("POST", "/pkg.Svc/Call", nil)
 		req.Header.Set("Content-Type", "application/grpc")
-		writeLocal(rec, req, &LocalResponse{Status: tc.status, GrpcStatus: tc.grpcStatus, Body: []byte(tc.body),
+		WriteLocalResponse(rec, req, &LocalResponse{Status: tc.status, GrpcStatus: tc.grpcStatus, Body: []byte(tc.body),
 			Headers: [][2]string{{"content-length", "5"}}})
 		got := rec.Header().Get("Grpc-Status") + "|" + rec.Header().Get("Grpc-Message")
 		if got != tc.want || rec.Code != 200 || rec.Body.Len() != 0 || rec.Header().Get("Content-Length") != "" {

@@ -69,11 +69,6 @@ func (h *Host) serveInProcess(cl *cluster, req *http.Request) (res *calloutRespo
 	return &calloutResponse{headers: hm, body: a.body.Bytes()}
 }
 
-// terminatedBody is Envoy's router's answer when the upstream closed the
-// connection before the answer's headers (reset reason
-// ConnectionTermination).
-const terminatedBody = "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
-
 // answer is the response writer of an in-process call-out. It keeps a
 // byte past max, for serveInProcess to see the body is over the limit,
 // and refuses what comes after it.

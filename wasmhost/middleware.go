@@ -66,7 +66,7 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 			http.Error(w, "plugin unavailable", http.StatusServiceUnavailable)
 			return
 		case res.Local != nil:
-			writeLocal(w, r, res.Local)
+			WriteLocalResponse(w, r, res.Local)
 			return
 		}
 		if res.Modified {
@@ -140,43 +140,6 @@ func applyRequest(r *http.Request, hdrs [][2]string, path string) {
 	r.Header = nh
 }
 
-// writeLocal writes the answer the plugin (or a failed VM) gave r
-// instead of the upstream's. To a gRPC request the answer is gRPC's, as
-// Envoy's local replies (Utility::sendLocalReply): 200 with no body, the
-// status in grpc-status (the plugin's, or mapped from the HTTP status)
-// and the body, percent-encoded, in grpc-message; a gRPC client would make
-// nothing of a 429 with a JSON body.
-func writeLocal(w http.ResponseWriter, r *http.Request, l *LocalResponse) {
-	for _, kv := range l.Headers {
-		if !strings.HasPrefix(kv[0], ":") {
-			w.Header().Add(kv[0], kv[1])
-		}
-	}
-	if isGRPC(r) {
-		h := w.Header()
-		h["Content-Type"] = []string{"application/grpc"}
-		if h.Get("Grpc-Status") == "" {
-			code := l.GrpcStatus
-			if code < 0 || code > grpcMaxStatus {
-				code = grpcStatusOf(l.Status)
-			}
-			h["Grpc-Status"] = []string{strconv.Itoa(int(code))}
-		}
-		if len(l.Body) > 0 && r.Method != http.MethodHead {
-			h["Grpc-Message"] = []string{grpcMessage(l.Body)}
-		}
-		h.Del("Content-Length")
-		w.WriteHeader(http.StatusOK) // trailers only: the headers end the stream
-		return
-	}
-	if w.Header().Get("Content-Type") == "" && len(l.Body) > 0 {
-		w.Header().Set("Content-Type", "text/plain")
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(l.Body)))
-	w.WriteHeader(l.Status)
-	_, _ = w.Write(l.Body)
-}
-
 // responseHeadersOf is ResponseHeaders with the headers of a
 // ResponseWriter, put in the stream's map as they are read.
 func (s *Stream) responseHeadersOf(ctx context.Context, status int, hdr http.Header) (Result, error) {
@@ -220,7 +183,7 @@ func (rw *responseWriter) WriteHeader(code int) {
 	case res.Local != nil:
 		rw.discard = true
 		clear(rw.Header())
-		writeLocal(rw.ResponseWriter, rw.r, res.Local)
+		WriteLocalResponse(rw.ResponseWriter, rw.r, res.Local)
 		return
 	}
 	if !res.Modified {
@@ -265,61 +228,4 @@ func slogLevel(l LogLevel) slog.Level {
 		return slog.LevelWarn
 	}
 	return slog.LevelError
-}
-
-// isGRPC is Envoy's Grpc::Common::hasGrpcContentType: the content type is
-// application/grpc, alone or with a "+" suffix (application/grpc-web is
-// not gRPC).
-func isGRPC(r *http.Request) bool {
-	const grpc = "application/grpc"
-	v := r.Header["Content-Type"]
-	if len(v) == 0 || !strings.HasPrefix(v[0], grpc) {
-		return false
-	}
-	return len(v[0]) == len(grpc) || v[0][len(grpc)] == '+'
-}
-
-// gRPC status codes the host gives or maps to.
-const (
-	grpcUnknown          = 2
-	grpcPermissionDenied = 7
-	grpcUnimplemented    = 12
-	grpcInternal         = 13
-	grpcUnavailable      = 14
-	grpcUnauthenticated  = 16
-	grpcMaxStatus        = 16
-)
-
-// grpcStatusOf is Envoy's Grpc::Utility::httpToGrpcStatus, gRPC's
-// mapping of HTTP statuses (doc/http-grpc-status-mapping.md).
-func grpcStatusOf(status int) int32 {
-	switch status {
-	case 400:
-		return grpcInternal
-	case 401:
-		return grpcUnauthenticated
-	case 403:
-		return grpcPermissionDenied
-	case 404:
-		return grpcUnimplemented
-	case 429, 502, 503, 504:
-		return grpcUnavailable
-	}
-	return grpcUnknown
-}
-
-// grpcMessage percent-encodes b for grpc-message as Envoy's
-// PercentEncoding::encode does: every byte below ' ', from '~' up, and
-// '%', in upper-case hex.
-func grpcMessage(b []byte) string {
-	const hexUpper = "0123456789ABCDEF"
-	out := make([]byte, 0, len(b))
-	for _, c := range b {
-		if c < ' ' || c >= '~' || c == '%' {
-			out = append(out, '%', hexUpper[c>>4], hexUpper[c&0xf])
-			continue
-		}
-		out = append(out, c)
-	}
-	return string(out)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -281,19 +280,4 @@ func appendOrDash(b []byte, s string) []byte {
 		return append(b, '-')
 	}
 	return append(b, s...)
-}
-
-// upstreamFlag is Envoy's response flag for a failed exchange with the
-// upstream.
-func upstreamFlag(r *http.Request, err error) string {
-	var op *net.OpError
-	switch {
-	case isTimeout(err) && r.Context().Err() == nil:
-		return "UT"
-	case errors.As(err, &op) && op.Op == "dial":
-		return "UF"
-	case r.Context().Err() != nil:
-		return "DC"
-	}
-	return "UC"
 }

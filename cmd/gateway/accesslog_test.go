@@ -88,7 +88,7 @@ func TestAccessLog(t *testing.T) {
 		{gw, "GET", "/slow", "", "", http.DefaultClient,
 			`"GET /slow HTTP/1.1" 504 UT 0 %d 0 - "127.0.0.1" "test-agent" "req-4" "` + gw + `" "` + upHost + `"`},
 		{gwRefused, "GET", "/", "", "", http.DefaultClient,
-			`"GET / HTTP/1.1" 502 UF 0 %d 0 - "127.0.0.1" "test-agent" "req-5" "` + gwRefused + `" "` + refused + `"`},
+			`"GET / HTTP/1.1" 503 UF 0 %d 0 - "127.0.0.1" "test-agent" "req-5" "` + gwRefused + `" "` + refused + `"`},
 	} {
 		req, _ := http.NewRequest(tc.method, "http://"+tc.addr+tc.target, strings.NewReader(tc.body))
 		req.Header.Set("User-Agent", "test-agent")

@@ -528,17 +528,23 @@ func newProxy(up *url.URL, transport http.RoundTripper, logger *slog.Logger, s s
 	// What the proxy logs itself (an answer cut midway) goes to the
 	// gateway's log, not to the standard logger's stderr lines.
 	proxy.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
+	// A failed exchange gets Envoy's router's answer and response flag;
+	// a client gone meanwhile is DC, as in Envoy's access log.
 	proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		gone := r.Context().Err() != nil
+		reply, flag := wasmhost.UpstreamFailure(err, isTimeout(err) && !gone)
+		if gone {
+			flag = "DC"
+		}
 		if e := accessEntryOf(w); e != nil {
-			e.flags = upstreamFlag(r, err)
+			e.flags = flag
 		}
-		if isTimeout(err) && r.Context().Err() == nil {
+		if flag == "UT" {
 			logger.Warn("upstream timeout", "timeout", s.upstreamTimeout.String(), "path", r.URL.Path)
-			http.Error(w, "upstream request timeout", http.StatusGatewayTimeout) // Envoy's answer
-			return
+		} else {
+			logger.Warn("upstream error", "err", err, "flag", flag, "path", r.URL.Path)
 		}
-		logger.Warn("upstream error", "err", err, "path", r.URL.Path)
-		http.Error(w, "upstream unavailable", http.StatusBadGateway)
+		wasmhost.WriteLocalResponse(w, r, &reply)
 	}
 	return proxy
 }

@@ -538,7 +538,7 @@ func TestRun_UpstreamTLSCA(t *testing.T) {
 		body string
 	}{
 		{"the private CA", []string{"--upstream-tls-ca", certFile}, 200, "call-out status 202"},
-		{"the system's roots", nil, 502, "upstream unavailable\n"},
+		{"the system's roots", nil, 503, "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: TLS_error:|268435581:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED:TLS_error_end"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			listen, admin := freeAddr(t), freeAddr(t)

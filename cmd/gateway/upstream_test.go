@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -347,7 +349,7 @@ func TestGateway_UpstreamTimeout(t *testing.T) {
 		if code, b, err := post("/fast"); code != 200 || b != "ok" || err != nil {
 			t.Errorf("body %q, in time: %d %q %v", body, code, b, err)
 		}
-		if code, b, err := post("/slow"); code != http.StatusGatewayTimeout || b != "upstream request timeout\n" || err != nil {
+		if code, b, err := post("/slow"); code != http.StatusGatewayTimeout || b != "upstream request timeout" || err != nil {
 			t.Errorf("body %q, too slow: %d %q %v; want 504", body, code, b, err)
 		}
 		// The gateway had not sent the head yet, so the client sees its
@@ -585,3 +587,72 @@ func TestServiceTimed_Allocations(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A failed exchange with the upstream gets Envoy's router's answer (503
+// when the connection ended before the answer, 502 when the answer was
+// not HTTP; wasmhost.UpstreamFailure), as gRPC's to a gRPC request, and
+// its response flag in the access log.
+func TestNewHandler_UpstreamFailures(t *testing.T) {
+	u := startRawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request, _ []byte) bool {
+		switch req.URL.Path {
+		case "/malformed":
+			io.WriteString(c, "HTTP/1.1 two hundred\r\n\r\n")
+		case "/switch": // a protocol switch nobody asked for
+			io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n")
+		}
+		return false // and /close gets nothing
+	})
+	path := filepath.Join(t.TempDir(), "access.log")
+	format, err := accessFormatFrom("%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS%\n", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	alog, err := openAccessLog(path, format, discardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, served := whenServed(newHandler(mustURL(t, "http://"+u.addr), nil, alog, discardLogger(), settings{}))
+	addr := serveGateway(t, h)
+	const reset = "upstream connect error or disconnect/reset before headers. reset reason: "
+	var wantLog []string
+	for _, tc := range []struct {
+		path, flag string
+		status     int
+		body       string
+	}{
+		{"/close", "UC", 503, reset + "connection termination"},
+		{"/malformed", "UPE", 502, reset + "protocol error"},
+		{"/switch", "UPE", 502, reset + "protocol error"},
+	} {
+		for _, grpc := range []bool{false, true} {
+			req, _ := http.NewRequest("GET", "http://"+addr+tc.path, nil)
+			want := fmt.Sprintf("%d text/plain grpc-status= grpc-message= body=%s", tc.status, tc.body)
+			if grpc {
+				req.Method = "POST"
+				req.Body = io.NopCloser(strings.NewReader("\x00\x00\x00\x00\x00"))
+				req.Header.Set("Content-Type", "application/grpc")
+				want = "200 application/grpc grpc-status=14 grpc-message=" + strings.ReplaceAll(tc.body, "%", "%25") + " body="
+			}
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			<-served
+			got := fmt.Sprintf("%d %s grpc-status=%s grpc-message=%s body=%s", res.StatusCode, res.Header.Get("Content-Type"),
+				res.Header.Get("Grpc-Status"), res.Header.Get("Grpc-Message"), b)
+			if got != want {
+				t.Errorf("%s (gRPC %v):\n got %s\nwant %s", tc.path, grpc, got, want)
+			}
+			wantLog = append(wantLog, fmt.Sprintf("%s %d %s", tc.path, res.StatusCode, tc.flag))
+		}
+	}
+	if err := alog.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(path)
+	if got := strings.TrimSuffix(string(data), "\n"); got != strings.Join(wantLog, "\n") {
+		t.Errorf("access log:\n%s\nwant:\n%s", got, strings.Join(wantLog, "\n"))
+	}
+}

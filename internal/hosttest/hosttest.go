@@ -33,7 +33,8 @@ func Guest() ([]byte, error) {
 }
 
 // Backend is an upstream for the guest's call-outs. /slow waits; /deny
-// answers "deny"; /reset drops the connection mid-body; /seen describes
+// answers "deny"; /reset drops the connection mid-body, /close before
+// answering; /seen describes
 // the request it got; every other path is echoed, with status 202.
 func Backend(t testing.TB) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -58,6 +59,10 @@ func Backend(t testing.TB) *httptest.Server {
 			w.WriteHeader(200)
 			io.WriteString(w, "partial")
 			w.(http.Flusher).Flush()
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
+			return
+		case "/close":
 			conn, _, _ := w.(http.Hijacker).Hijack()
 			conn.Close()
 			return
@@ -94,6 +99,10 @@ type Callout struct {
 // RefusedBody is what Envoy's router answers when it cannot connect.
 const RefusedBody = "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: 111"
 
+// TerminatedBody is what Envoy's router answers when the upstream closes
+// the connection before its answer.
+const TerminatedBody = "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
+
 // Callouts are the call-out cases every host must answer as Envoy does.
 var Callouts = []Callout{
 	{"continue", []string{"x-callout-path", "/check/1"}, 0, "/check/1", "202"},
@@ -101,6 +110,7 @@ var Callouts = []Callout{
 	{"deny body", []string{"x-callout-path", "/deny"}, 403, "deny", ""},
 	{"timeout", []string{"x-callout-path", "/slow", "x-timeout", "50"}, 0, "upstream request timeout", "504"},
 	{"connection refused", []string{"x-cluster", "down"}, 0, RefusedBody, "503"},
+	{"closed before headers", []string{"x-callout-path", "/close"}, 0, TerminatedBody, "503"},
 	{"reset after headers", []string{"x-callout-path", "/reset"}, 503, "call-out failed", "11 reset"},
 	// Envoy's async client hands a redirect to the plugin; it follows none.
 	{"redirect", []string{"x-callout-path", "/redirect"}, 0, "", "302"},

@@ -1,0 +1,83 @@
+package wasmhost
+
+import (
+	"bufio"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestUpstreamFailure: what Envoy's router answers for each way an
+// exchange fails before the answer, from the errors a real exchange gives.
+func TestUpstreamFailure(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	plain := httptest.NewServer(ok)
+	defer plain.Close()
+	secure := httptest.NewUnstartedServer(ok)
+	secure.Config.ErrorLog = log.New(io.Discard, "", 0) // the client's refusal of its certificate
+	secure.StartTLS()
+	defer secure.Close()
+	closed := httptest.NewServer(ok)
+	closedURL := closed.URL
+	closed.Close()
+	// raw answers each request with what its path asks for: nothing (the
+	// connection closed) or a head that is not HTTP.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err == nil && req.URL.Path == "/malformed" {
+					c.Write([]byte("HTTP/1.1 two hundred OK\r\n\r\n"))
+				}
+			}()
+		}
+	}()
+	raw := "http://" + ln.Addr().String()
+
+	const reset = "upstream connect error or disconnect/reset before headers. reset reason: "
+	for _, tt := range []struct {
+		name, url string
+		timedOut  bool
+		status    int
+		body      string
+		flag      string
+	}{
+		{"refused", closedURL, false, 503, reset + "remote connection failure, transport failure reason: delayed connect error: 111", "UF"},
+		{"certificate not trusted", secure.URL, false, 503, reset + "remote connection failure, transport failure reason: TLS_error:|268435581:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED:TLS_error_end", "UF"},
+		{"TLS to a plain server", strings.Replace(plain.URL, "http:", "https:", 1), false, 503, reset + "remote connection failure, transport failure reason: TLS_error:|268435703:SSL routines:OPENSSL_internal:WRONG_VERSION_NUMBER:TLS_error_end", "UF"},
+		{"closed before the answer", raw + "/close", false, 503, reset + "connection termination", "UC"},
+		{"not HTTP", raw + "/malformed", false, 502, reset + "protocol error", "UPE"},
+		{"timed out", closedURL, true, 504, "upstream request timeout", "UT"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+			res, err := client.Get(tt.url)
+			if err == nil {
+				res.Body.Close()
+				t.Fatalf("GET %s: %s, want an error", tt.url, res.Status)
+			}
+			reply, flag := UpstreamFailure(err, tt.timedOut)
+			want := LocalResponse{Status: tt.status, Headers: [][2]string{{"content-type", "text/plain"}}, Body: []byte(tt.body), GrpcStatus: -1}
+			if !reflect.DeepEqual(reply, want) || flag != tt.flag {
+				t.Errorf("error %v:\n got %d %q %v %s\nwant %d %q %v %s", err,
+					reply.Status, reply.Body, reply.Headers, flag, want.Status, want.Body, want.Headers, tt.flag)
+			}
+		})
+	}
+}
