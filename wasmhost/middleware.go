@@ -31,13 +31,7 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 		if r.TLS != nil {
 			scheme = "https"
 		}
-		// :path is the request target as it came, as Envoy passes it on
-		// (without path normalization), rather than the URL re-escaped;
-		// an absolute-form or asterisk target is its URL's path.
-		path := r.RequestURI
-		if !strings.HasPrefix(path, "/") {
-			path = r.URL.RequestURI()
-		}
+		path := RequestPath(r)
 		s := pooledStream()
 		s.start(h, RequestInfo{
 			Method: r.Method, Path: path, Host: r.Host, Scheme: scheme,
@@ -99,6 +93,17 @@ var (
 	requestIDPrefix = rand.Uint64()
 	requestIDSeq    atomic.Uint64
 )
+
+// RequestPath is r's :path: the request target as it came, as Envoy
+// passes it on (without path normalization), rather than the URL
+// re-escaped; an absolute-form or asterisk target is its URL's path.
+// After Middleware's plugin has run, it is the :path the plugin left.
+func RequestPath(r *http.Request) string {
+	if strings.HasPrefix(r.RequestURI, "/") {
+		return r.RequestURI
+	}
+	return r.URL.RequestURI()
+}
 
 // ProtocolName is the request's protocol as Envoy names it, in the
 // property request.protocol and in access logs

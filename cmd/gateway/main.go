@@ -162,6 +162,7 @@ type repeatableFlag interface{ repeatable() }
 type settings struct {
 	listen, plugin, config, upstream string
 	clusters                         clusterFlag
+	routes                           routeFlag
 	strip                            listFlag
 	env                              envFlag
 	workers                          int
@@ -198,7 +199,8 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.listen, "listen", ":8080", "address to serve on")
 	fs.StringVar(&s.plugin, "plugin", "build/plugin.wasm", "the plugin .wasm")
 	fs.StringVar(&s.config, "config", "examples/config.json", "the plugin's JSON configuration")
-	fs.StringVar(&s.upstream, "upstream", "", "the upstream base URL, e.g. http://127.0.0.1:9000")
+	fs.StringVar(&s.upstream, "upstream", "", "the upstream base URL, e.g. http://127.0.0.1:9000; with --route, where the requests no route matches go")
+	fs.Var(&s.routes, "route", "[HOST]PATH=URL (repeatable): requests whose path (and :authority, when HOST is given) match go to URL; the first match in the order given wins. HOST and PATH are patterns as in the plugin's configuration, e.g. /api/**=http://127.0.0.1:9001 or admin.example.com/**=http://127.0.0.1:9002")
 	fs.Var(s.clusters, "cluster", "a call-out cluster NAME=URL (repeatable), e.g. sluice_bridge=http://127.0.0.1:8081, or sluice_bridge=unix:///run/sluice/bridge.sock for a bridge on a Unix socket")
 	fs.IntVar(&s.workers, "workers", defaultWorkers(), "plugin VMs (default: the CPUs the gateway may use)")
 	fs.Var(&s.failure, "failure-policy", "what requests get from a plugin VM that has failed (trapped), as Envoy's failure_policy: fail_reload (503, and a new VM at most once a second), fail_closed (503 until restart) or fail_open (pass unlimited)")
@@ -272,11 +274,11 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	if err != nil {
 		return s, err
 	}
-	if s.upstream == "" && !s.validate {
-		return s, errors.New("--upstream is required")
+	if s.upstream == "" && len(s.routes) == 0 && !s.validate {
+		return s, errNoUpstream
 	}
-	if u, err := url.Parse(s.upstream); s.upstream != "" && (err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https")) {
-		return s, fmt.Errorf("--upstream %q is not an http(s) URL", s.upstream)
+	if _, err := upstreamURL(s.upstream); s.upstream != "" && err != nil {
+		return s, fmt.Errorf("--upstream %w", err)
 	}
 	if s.workers < 1 || s.workers > maxWorkers {
 		return s, fmt.Errorf("--workers %d: must be from 1 to %d", s.workers, maxWorkers)
@@ -405,7 +407,10 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		logger.Info("admin listening", "addr", aln.Addr().String())
 	}
 
-	up, _ := url.Parse(s.upstream)
+	var up *url.URL // none: every request goes by --route
+	if s.upstream != "" {
+		up, _ = url.Parse(s.upstream)
+	}
 	srv := newServer(newHandler(up, host, alog, logger, s), s)
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
@@ -417,7 +422,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
 		logger.Info("serving HTTPS", "cert", s.tlsCert, "not_after", cert.notAfter())
 	}
-	logger.Info("gateway listening", "addr", ln.Addr().String(), "upstream", s.upstream, "workers", s.workers)
+	logger.Info("gateway listening", "addr", ln.Addr().String(), "upstream", s.upstream, "routes", s.routes.String(), "workers", s.workers)
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
@@ -479,23 +484,48 @@ func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, config 
 // newHandler is the gateway: the access log (when alog is not nil), the
 // stripped identity headers (s.strip), X-Forwarded-For, X-Forwarded-Proto
 // and X-Request-Id (connectionManager, with s.appendXFF), the plugin (when
-// host is not nil), and a reverse proxy to up in s.upstreamProtocol, with
-// s.upstreamTimeout.
+// host is not nil), and a reverse proxy in s.upstreamProtocol, with
+// s.upstreamTimeout: to the upstream of the first of s.routes that
+// matches, else to up (nil: none, and 404).
 func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.Logger, s settings) http.Handler {
-	proxy := func(http2 bool) http.Handler {
-		return newProxy(up, newUpstreamTransport(s.upstreamTimeout, http2, s.rootCAs), logger, s)
+	// One pool of connections for each protocol, whatever the upstream.
+	var transports [2]http.RoundTripper
+	transport := func(http2 bool) http.RoundTripper {
+		i := 0
+		if http2 {
+			i = 1
+		}
+		if transports[i] == nil {
+			transports[i] = newUpstreamTransport(s.upstreamTimeout, http2, s.rootCAs)
+		}
+		return transports[i]
+	}
+	to := func(u *url.URL) http.Handler {
+		proxy := func(http2 bool) http.Handler { return newProxy(u, transport(http2), logger, s) }
+		var handler http.Handler
+		switch s.upstreamProtocol {
+		case upstreamHTTP2:
+			handler = proxy(true)
+		case upstreamDownstream:
+			handler = byProtocol{h1: proxy(false), h2: proxy(true)}
+		default:
+			handler = proxy(false)
+		}
+		if alog != nil {
+			handler = markUpstream(handler, u.Host)
+		}
+		return handler
 	}
 	var handler http.Handler
-	switch s.upstreamProtocol {
-	case upstreamHTTP2:
-		handler = proxy(true)
-	case upstreamDownstream:
-		handler = byProtocol{h1: proxy(false), h2: proxy(true)}
-	default:
-		handler = proxy(false)
+	if up != nil {
+		handler = to(up)
 	}
-	if alog != nil {
-		handler = markUpstream(handler, up.Host)
+	if len(s.routes) > 0 {
+		rt := &router{routes: s.routes, fallback: handler}
+		for _, r := range s.routes {
+			rt.handlers = append(rt.handlers, to(r.to))
+		}
+		handler = rt
 	}
 	if host != nil {
 		handler = host.Middleware(handler)

@@ -46,7 +46,13 @@ func TestParseFlags(t *testing.T) {
 		err  string
 	}{
 		{[]string{"--upstream", "http://127.0.0.1:9000", "--cluster", "b=http://127.0.0.1:8081", "--strip-header", "x-user-id"}, ""},
-		{[]string{}, "--upstream is required"},
+		{[]string{}, "--upstream or --route is required"},
+		{[]string{"--route", "/api/**"}, `"/api/**": want [HOST]PATH=URL`},
+		{[]string{"--route", "/api/**=ftp://x"}, `"/api/**=ftp://x": "ftp://x" is not an http(s) URL`},
+		{[]string{"--route", "api=http://x"}, `"api=http://x": path: path pattern is empty`},
+		{[]string{"--route", "/a/**x=http://x"}, `"/a/**x=http://x": path: "**" must be a whole segment`},
+		{[]string{"--route", "api.example.com:8080/=http://x"}, `"api.example.com:8080/=http://x": host: host pattern must not carry a port`},
+		{[]string{"--route", "a.*.com/=http://x"}, `host: host pattern may use "*" only as a whole first label`},
 		{[]string{"--validate", "--upstream", "x"}, `--upstream "x" is not an http(s) URL`},
 		{[]string{"--upstream", "ftp://x"}, "not an http(s) URL"},
 		{[]string{"--upstream", "http://x", "--cluster", "nameonly"}, "NAME=URL"},
@@ -97,6 +103,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout", "SLUICE_GATEWAY_UPSTREAM_PROTOCOL": "downstream", "SLUICE_GATEWAY_VALIDATE": "true",
 		"SLUICE_GATEWAY_SHUTDOWN_GRACE": "35s", "SLUICE_GATEWAY_EMBED_BRIDGE": "sluice_bridge",
 		"SLUICE_GATEWAY_PRESERVE_EXTERNAL_REQUEST_ID": "true", "SLUICE_GATEWAY_UPSTREAM_TLS_CA": "/etc/gw/ca.pem", "SLUICE_GATEWAY_ACCESS_LOG_FORMAT": "%RESPONSE_CODE%", "SLUICE_GATEWAY_ACCESS_LOG_JSON": `{"s":"%RESPONSE_CODE%"}`,
+		"SLUICE_GATEWAY_ROUTE": "/api/**=http://127.0.0.1:9001, Admin.example.com/**=http://127.0.0.1:9002",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)
@@ -110,6 +117,11 @@ func TestParseFlags_Environment(t *testing.T) {
 		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout", upstreamProtocol: "downstream", validate: true, shutdownGrace: 35 * time.Second,
 		embedBridge: "sluice_bridge", preserveRequestID: true, upstreamCA: "/etc/gw/ca.pem", accessLogFormat: "%RESPONSE_CODE%", accessLogJSON: `{"s":"%RESPONSE_CODE%"}`,
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
+	}
+	for _, r := range []string{"/api/**=http://127.0.0.1:9001", "Admin.example.com/**=http://127.0.0.1:9002"} {
+		if err := want.routes.Set(r); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("from the environment:\n got %+v\nwant %+v", s, want)
@@ -356,11 +368,20 @@ func BenchmarkHandler(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer jsonLog.Close()
+	// Eight routes, the request's the last: the most a route table costs.
+	rt := &router{}
+	for _, r := range []string{"/api/**", "admin.example.com/**", "/v1/*/items", "prefix:/static", "*.example.com/**", "/login", "/a/**/b", "/health"} {
+		if err := (*routeFlag)(&rt.routes).Set(r + "=http://127.0.0.1:1"); err != nil {
+			b.Fatal(err)
+		}
+		rt.handlers = append(rt.handlers, upstream)
+	}
 	for _, c := range []struct {
 		name string
 		h    http.Handler
 	}{
 		{"no-plugin", connectionManager(upstream, true, false)},
+		{"no-plugin, 8 routes", connectionManager(rt, true, false)},
 		{"no-match", connectionManager(host.Middleware(upstream), true, false)},
 		{"no-plugin, access log", alog.handler(connectionManager(upstream, true, false))},
 		{"no-plugin, JSON access log", jsonLog.handler(connectionManager(upstream, true, false))},

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSplitRouteMatch(t *testing.T) {
+	for _, tt := range []struct{ in, host, path string }{
+		{"/api/**", "", "/api/**"},
+		{"prefix:/v", "", "prefix:/v"},
+		{"api.example.com/v2/**", "api.example.com", "/v2/**"},
+		{"*.example.com/", "*.example.com", "/"},
+		{"api.example.comprefix:/v", "api.example.com", "prefix:/v"},
+		{"[2001:db8::1]/x", "[2001:db8::1]", "/x"},
+		{"api.example.com", "api.example.com", ""},
+		{"/a/prefix:/b", "", "/a/prefix:/b"},
+	} {
+		if host, path := splitRouteMatch(tt.in); host != tt.host || path != tt.path {
+			t.Errorf("%q: %q %q, want %q %q", tt.in, host, path, tt.host, tt.path)
+		}
+	}
+}
+
+// Requests go to the upstream of the first route that matches their
+// authority and path, in the order given, else to --upstream; with no
+// --upstream, Envoy's 404 (flag NR, gRPC's UNIMPLEMENTED to a gRPC
+// client).
+func TestNewHandler_Routes(t *testing.T) {
+	upstream := func(name string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "%s %s", name, r.URL.RequestURI())
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	a, b, c, d := upstream("a"), upstream("b"), upstream("c"), upstream("d")
+	var routes routeFlag
+	for _, r := range []string{"/api/**=" + a, "admin.example.com/**=" + b, "prefix:/static=" + b, "*.example.com/v2/*/items=" + c} {
+		if err := routes.Set(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		host, path string
+		want       string // the answer: upstream and path, or "404"
+	}{
+		{"gw", "/api/x?q=1", "a /api/x?q=1"},
+		{"gw", "/api", "a /api"},
+		{"admin.example.com:8080", "/api/x", "a /api/x"}, // the first route that matches
+		{"admin.example.com", "/other", "b /other"},
+		{"ADMIN.example.com.", "/other", "b /other"},
+		{"gw", "/static.css", "b /static.css"},
+		{"x.example.com", "/v2/7/items", "c /v2/7/items"},
+		{"example.com", "/v2/7/items", "404"}, // *.example.com is its subdomains
+		{"gw", "/apix", "404"},                // /api/** ends at a segment
+		{"x.example.com", "/v2/7/8/items", "404"},
+	}
+	for _, fallback := range []string{"", d} {
+		t.Run("fallback "+fallback, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "access.log")
+			format, _ := accessFormatFrom("%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %UPSTREAM_HOST%\n", "")
+			alog, err := openAccessLog(path, format, discardLogger())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var up *url.URL
+			if fallback != "" {
+				up = mustURL(t, fallback)
+			}
+			h, served := whenServed(newHandler(up, nil, alog, discardLogger(), settings{routes: routes}))
+			gw := serveGateway(t, h)
+			var wantLog []string
+			for _, tc := range cases {
+				req, _ := http.NewRequest("GET", "http://"+gw+tc.path, nil)
+				req.Host = tc.host
+				res, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(res.Body)
+				res.Body.Close()
+				<-served
+				want, status, flag := tc.want, 200, "-"
+				if want == "404" && fallback == "" {
+					want, status, flag = "", 404, "NR"
+				} else if want == "404" {
+					want = "d " + tc.path
+				}
+				to := "-" // the upstream host in the log
+				if want != "" {
+					to = strings.TrimPrefix(map[byte]string{'a': a, 'b': b, 'c': c, 'd': d}[want[0]], "http://")
+				}
+				if res.StatusCode != status || string(body) != want {
+					t.Errorf("%s %s: %d %q, want %d %q", tc.host, tc.path, res.StatusCode, body, status, want)
+				}
+				wantLog = append(wantLog, fmt.Sprintf("%s %d %s %s", tc.path, status, flag, to))
+			}
+			// A gRPC client gets gRPC's answer to a path no route has.
+			req, _ := http.NewRequest("POST", "http://"+gw+"/pkg.Svc/Call", strings.NewReader("\x00\x00\x00\x00\x00"))
+			req.Header.Set("Content-Type", "application/grpc")
+			if res, err := http.DefaultClient.Do(req); err != nil {
+				t.Fatal(err)
+			} else if res.Body.Close(); fallback == "" && (res.StatusCode != 200 || res.Header.Get("Grpc-Status") != "12") {
+				t.Errorf("gRPC with no route: %d grpc-status %q, want 200 and 12 (UNIMPLEMENTED)", res.StatusCode, res.Header.Get("Grpc-Status"))
+			}
+			<-served
+			if err := alog.Close(); err != nil {
+				t.Fatal(err)
+			}
+			data, _ := os.ReadFile(path)
+			lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+			if got := strings.Join(lines[:len(lines)-1], "\n"); got != strings.Join(wantLog, "\n") {
+				t.Errorf("access log:\n%s\nwant:\n%s", got, strings.Join(wantLog, "\n"))
+			}
+		})
+	}
+}
+
+// The route is chosen by the :path the plugin left, as Envoy chooses it
+// after a filter changed the request's headers.
+func TestRouter_PathThePluginLeft(t *testing.T) {
+	var routes routeFlag
+	if err := routes.Set("/new/**=http://127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	rt := &router{routes: routes, handlers: []http.Handler{http.HandlerFunc(func(http.ResponseWriter, *http.Request) { got = "routed" })}}
+	r := httptest.NewRequest("GET", "/old/x", nil)
+	r.RequestURI = "/new/x" // as wasmhost.Middleware sets it when the plugin replaced :path
+	rec := httptest.NewRecorder()
+	rt.ServeHTTP(rec, r)
+	if got != "routed" {
+		t.Errorf("answered %d, want the /new/** route", rec.Code)
+	}
+}
