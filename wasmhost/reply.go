@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/sluicehq/sluice/internal/grpcwire"
 )
 
 // resetBefore opens the body of Envoy's router's answer to an exchange
@@ -136,7 +138,7 @@ func WriteLocalResponse(w http.ResponseWriter, r *http.Request, l *LocalResponse
 			h["Grpc-Status"] = []string{strconv.Itoa(int(code))}
 		}
 		if len(l.Body) > 0 && r.Method != http.MethodHead {
-			h["Grpc-Message"] = []string{grpcMessage(l.Body)}
+			h["Grpc-Message"] = []string{grpcwire.Message(l.Body)}
 		}
 		h.Del("Content-Length")
 		w.WriteHeader(http.StatusOK) // trailers only: the headers end the stream
@@ -189,20 +191,4 @@ func grpcStatusOf(status int) int32 {
 		return grpcUnavailable
 	}
 	return grpcUnknown
-}
-
-// grpcMessage percent-encodes b for grpc-message as Envoy's
-// PercentEncoding::encode does: every byte below ' ', from '~' up, and
-// '%', in upper-case hex.
-func grpcMessage(b []byte) string {
-	const hexUpper = "0123456789ABCDEF"
-	out := make([]byte, 0, len(b))
-	for _, c := range b {
-		if c < ' ' || c >= '~' || c == '%' {
-			out = append(out, '%', hexUpper[c>>4], hexUpper[c&0xf])
-			continue
-		}
-		out = append(out, c)
-	}
-	return string(out)
 }
