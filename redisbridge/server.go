@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/redisbridge/internal/h2fast"
 	"github.com/sluicehq/sluice/redisbridge/internal/overrides"
 	"github.com/sluicehq/sluice/redisbridge/internal/policy"
+	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -34,6 +35,7 @@ type Server struct {
 	store     store.Store
 	overrides *overrides.Set
 	policy    *policy.Store // nil without --policy-store
+	rls       *rls.Config   // nil without --rls-config
 	log       *slog.Logger
 	audit     *slog.Logger
 	auditOut  io.Closer
@@ -59,6 +61,13 @@ func New(set Settings) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{set: set, m: newMetrics(), idem: newIdemCache(10_000, 5*time.Minute)}
+	if set.RLSConfig != "" {
+		cfg, err := rls.Load(set.RLSConfig)
+		if err != nil {
+			return nil, fmt.Errorf("--rls-config: %w", err)
+		}
+		s.rls = cfg
+	}
 	s.log = set.Logger
 	if s.log == nil {
 		lvl, _ := parseLevel(set.LogLevel)
@@ -126,6 +135,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("PUT /v1/rate-limit/config", s.admin("config.put", s.handlePutConfig))
 	mux.HandleFunc("GET /v1/rate-limit/config/{user_id}/{endpoint...}", s.admin("config.get", s.handleGetConfig))
 	mux.HandleFunc("POST /v1/rate-limit/reset", s.admin("reset", s.handleReset))
+	mux.HandleFunc("POST "+rlsPath, s.handleRLS) // the token is checked in handleRLS
 	s.policyRoutes(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {

@@ -47,6 +47,10 @@ type Settings struct {
 	// trail are kept there ("": overrides in the counter store's backend,
 	// no rules API).
 	PolicyStore string
+	// RLSConfig is a YAML file, or a directory of them, in
+	// envoyproxy/ratelimit's format: with it the bridge serves Envoy's
+	// rate limit service (gRPC, envoy.service.ratelimit.v3).
+	RLSConfig string
 
 	// Not settable from flags: tests and embedders.
 	Logger *slog.Logger // default: JSON to stderr at LogLevel
@@ -135,6 +139,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
 	fs.StringVar(&s.DebugListen, "debug-listen", s.DebugListen, "address for /debug/pprof/ (empty: off)")
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
+	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
 	return fs
 }
 

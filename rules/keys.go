@@ -63,7 +63,7 @@ func AppendKey(dst []byte, name string, s Scope, id *Identity, anon AnonymousMod
 	case s.Has(ScopeUser):
 		tagged = ScopeUser
 		if id.User != "" {
-			dst = appendID(append(dst, "u:"...), id.User)
+			dst = AppendID(append(dst, "u:"...), id.User)
 		} else {
 			dst = appendAnonymous(dst, id, anon)
 		}
@@ -77,7 +77,7 @@ func AppendKey(dst []byte, name string, s Scope, id *Identity, anon AnonymousMod
 	case s.Has(ScopeTenant):
 		tagged = ScopeTenant
 		if id.Tenant != "" {
-			dst = appendID(append(dst, "t:"...), id.Tenant)
+			dst = AppendID(append(dst, "t:"...), id.Tenant)
 		} else {
 			dst = appendAnonymous(dst, id, anon)
 		}
@@ -86,10 +86,10 @@ func AppendKey(dst []byte, name string, s Scope, id *Identity, anon AnonymousMod
 		dst = appendIP(append(dst, "ip:"...), id.IP)
 	case s.Has(ScopeEndpoint):
 		tagged = ScopeEndpoint
-		dst = appendID(append(dst, "e:"...), path)
+		dst = AppendID(append(dst, "e:"...), path)
 	case s.Has(ScopeMethod):
 		tagged = ScopeMethod
-		dst = appendID(append(dst, "m:"...), method)
+		dst = AppendID(append(dst, "m:"...), method)
 	default:
 		dst = append(dst, 'g')
 	}
@@ -100,16 +100,16 @@ func AppendKey(dst []byte, name string, s Scope, id *Identity, anon AnonymousMod
 		dst = appendHashedID(append(dst, ":k:"...), id.APIKey)
 	}
 	if s.Has(ScopeTenant) && tagged != ScopeTenant {
-		dst = appendID(append(dst, ":t:"...), id.Tenant)
+		dst = AppendID(append(dst, ":t:"...), id.Tenant)
 	}
 	if s.Has(ScopeIP) && tagged != ScopeIP {
 		dst = appendIP(append(dst, ":ip:"...), id.IP)
 	}
 	if s.Has(ScopeEndpoint) && tagged != ScopeEndpoint {
-		dst = appendID(append(dst, ":e:"...), path)
+		dst = AppendID(append(dst, ":e:"...), path)
 	}
 	if s.Has(ScopeMethod) && tagged != ScopeMethod {
-		dst = appendID(append(dst, ":m:"...), method)
+		dst = AppendID(append(dst, ":m:"...), method)
 	}
 	return dst
 }
@@ -151,7 +151,10 @@ func appendIP(dst []byte, ip netip.Addr) []byte {
 	return ip.AppendTo(dst)
 }
 
-func appendID(dst []byte, id string) []byte {
+// AppendID appends id to a counter key as AppendKey writes the
+// identifiers clients give: verbatim when short and made of safe bytes,
+// else "~" and a hash; never ":", "{" or "}". Empty is "-".
+func AppendID(dst []byte, id string) []byte {
 	if len(id) == 0 {
 		return append(dst, '-')
 	}

@@ -7,10 +7,11 @@ import (
 	"github.com/sluicehq/sluice/redisbridge"
 )
 
-// notEmbedded are the bridge's settings about its own listener: an
+// notEmbedded are the bridge's settings about its own listener, and its
+// rate limit service for Envoy, which Envoy reaches there over HTTP/2: an
 // embedded bridge has none (the plugin's call-outs reach it in process,
 // its API is on --admin-listen), so they are refused rather than ignored.
-var notEmbedded = []string{"SLUICE_LISTEN", "SLUICE_LISTEN_MODE", "SLUICE_TLS_CERT", "SLUICE_TLS_KEY", "SLUICE_SHUTDOWN_GRACE", "SLUICE_DEBUG_LISTEN"}
+var notEmbedded = []string{"SLUICE_LISTEN", "SLUICE_LISTEN_MODE", "SLUICE_TLS_CERT", "SLUICE_TLS_KEY", "SLUICE_SHUTDOWN_GRACE", "SLUICE_DEBUG_LISTEN", "SLUICE_RLS_CONFIG"}
 
 // embeddedBridge is the check service for --embed-bridge, in the
 // gateway's process, with the settings the bridge's SLUICE_* variables

@@ -10,6 +10,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	jwtauthnv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	wasmfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -65,7 +66,7 @@ func (c *checker) crossCheck(b *bootstrapv3.Bootstrap) {
 		}
 	}
 	if plugins == 0 {
-		c.addf("static_resources.listeners", "no Sluice filter: no HTTP connection manager has an envoy.filters.http.wasm filter")
+		c.addf("static_resources.listeners", "no Sluice filter: no HTTP connection manager has an envoy.filters.http.wasm filter, or an envoy.filters.http.ratelimit filter calling the bridge")
 	}
 }
 
@@ -109,7 +110,44 @@ func (c *checker) checkHCM(path string, hcm *hcmv3.HttpConnectionManager, cluste
 		}
 		c.checkPlugin(join(p, "typed_config.config"), w, hcm, path, filters[:i], clusters)
 	}
+	for i, f := range filters {
+		rl := &ratelimitv3.RateLimit{}
+		if !unpack(f.GetTypedConfig(), rl) {
+			continue
+		}
+		plugins++
+		c.checkRateLimit(join(fpath(i), "typed_config"), rl, hcm, clusters)
+	}
 	return plugins
+}
+
+// checkRateLimit checks Envoy's rate limit filter with the bridge as its
+// rate limit service: the service's cluster exists and speaks HTTP/2, as
+// gRPC needs, and some route or virtual host makes descriptors for it to
+// send (without rate_limits actions the filter never calls).
+func (c *checker) checkRateLimit(path string, rl *ratelimitv3.RateLimit, hcm *hcmv3.HttpConnectionManager, clusters map[string]clusterRef) {
+	gp := join(path, "rate_limit_service.grpc_service")
+	if name := rl.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName(); name != "" {
+		if c.clusterExists(join(gp, "envoy_grpc.cluster_name"), name, clusters) && !speaksHTTP2(clusters[name].cluster) {
+			c.addf(clusters[name].path, "the rate limit service speaks gRPC: the cluster needs HTTP/2 (explicit_http_config.http2_protocol_options)")
+		}
+	}
+	stage := rl.GetStage()
+	for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
+		for _, r := range vh.GetRateLimits() {
+			if r.GetStage().GetValue() == stage {
+				return
+			}
+		}
+		for _, route := range vh.GetRoutes() {
+			for _, r := range route.GetRoute().GetRateLimits() {
+				if r.GetStage().GetValue() == stage {
+					return
+				}
+			}
+		}
+	}
+	c.addf(path, "no virtual host or route has rate_limits of stage %d: the filter makes no descriptors and never calls the bridge", stage)
 }
 
 func (c *checker) checkRoutes(path string, rc *routev3.RouteConfiguration, clusters map[string]clusterRef) {

@@ -23,7 +23,13 @@ func readFile(t testing.TB, path string) []byte {
 // envoyDoc is envoy.yaml as generic JSON values, for tests to break.
 func envoyDoc(t testing.TB) map[string]any {
 	t.Helper()
-	js, err := yaml.YAMLToJSON(readFile(t, "../../envoy.yaml"))
+	return yamlDoc(t, "../../envoy.yaml")
+}
+
+// yamlDoc is the YAML file at path as generic JSON values.
+func yamlDoc(t testing.TB, path string) map[string]any {
+	t.Helper()
+	js, err := yaml.YAMLToJSON(readFile(t, path))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,5 +488,46 @@ func TestCheck_DeployDocBridgePipe(t *testing.T) {
 	in, _ := json.Marshal(doc)
 	if err := Check(in); err != nil {
 		t.Errorf("docs/deploy.md's pipe address: %v", err)
+	}
+}
+
+// examples/rls/envoy.yaml, Envoy's own rate limit filter calling the
+// bridge as its rate limit service, passes; each of its parts the filter
+// needs to reach the bridge, removed or broken, is named.
+func TestCheck_RateLimitExample(t *testing.T) {
+	const file = "../../examples/rls/envoy.yaml"
+	if err := Check(readFile(t, file)); err != nil {
+		t.Fatalf("%s refused:\n%v", file, err)
+	}
+	for _, tt := range []struct {
+		name   string
+		break_ func(t *testing.T, doc map[string]any)
+		want   string
+	}{
+		{"the bridge over HTTP/1.1", func(t *testing.T, doc map[string]any) {
+			delete(cluster(t, doc, "sluice_bridge"), "typed_extension_protocol_options")
+		}, "static_resources.clusters[0](sluice_bridge): the rate limit service speaks gRPC: the cluster needs HTTP/2"},
+		{"an unknown cluster", func(t *testing.T, doc map[string]any) {
+			obj(t, hcm(t, doc), "http_filters", 0, "typed_config", "rate_limit_service", "grpc_service", "envoy_grpc")["cluster_name"] = "nope"
+		}, `rate_limit_service.grpc_service.envoy_grpc.cluster_name: cluster "nope" is not in static_resources.clusters`},
+		{"no descriptors", func(t *testing.T, doc map[string]any) {
+			vh := obj(t, hcm(t, doc), "route_config", "virtual_hosts", 0)
+			delete(vh, "rate_limits")
+			for _, r := range vh["routes"].([]any) {
+				delete(r.(map[string]any)["route"].(map[string]any), "rate_limits")
+			}
+		}, "http_filters[0](envoy.filters.http.ratelimit).typed_config: no virtual host or route has rate_limits of stage 0"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			doc := yamlDoc(t, file)
+			tt.break_(t, doc)
+			in, err := json.Marshal(doc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := Check(in); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %v, want %q", err, tt.want)
+			}
+		})
 	}
 }

@@ -1,0 +1,375 @@
+// Package rls is the configuration of the bridge's Envoy rate limit
+// service (envoy.service.ratelimit.v3): the descriptor trees of
+// envoyproxy/ratelimit's YAML files, read as that service reads them, and
+// the limit each request descriptor matches there.
+package rls
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluicehq/sluice/rules"
+)
+
+// Unit is a rate limit's unit, numbered as the service's protocol numbers
+// them (RateLimitResponse.RateLimit.Unit).
+type Unit int32
+
+// The units, in seconds as envoyproxy/ratelimit counts them (a month is
+// 30 days, a year 365).
+var units = []struct {
+	name    string
+	unit    Unit
+	seconds int64
+}{
+	{"second", 1, 1}, {"minute", 2, 60}, {"hour", 3, 3600}, {"day", 4, 86400},
+	{"month", 5, 30 * 86400}, {"year", 6, 365 * 86400}, {"week", 7, 7 * 86400},
+}
+
+// WindowMS is the unit's length in milliseconds; 0 for an unknown unit.
+func (u Unit) WindowMS() int64 {
+	for _, x := range units {
+		if x.unit == u {
+			return x.seconds * 1000
+		}
+	}
+	return 0
+}
+
+// String is the unit's name as the configuration writes it.
+func (u Unit) String() string {
+	for _, x := range units {
+		if x.unit == u {
+			return x.name
+		}
+	}
+	return fmt.Sprintf("unit(%d)", int32(u))
+}
+
+// Limit is a descriptor's rate limit.
+type Limit struct {
+	// Name is the limit's name: its rate_limit.name, else its place in
+	// the tree ("domain.key_value.key"); metrics carry it.
+	Name            string
+	RequestsPerUnit int64
+	Unit            Unit
+	Unlimited       bool
+	ShadowMode      bool     // counted and reported, never refusing
+	Replaces        []string // names of the limits this one replaces when both apply
+}
+
+// node is a descriptor of the tree: its limit (nil: none) and the
+// descriptors under it, by "key_value", or "key" for any value.
+type node struct {
+	limit     *Limit
+	children  map[string]*node
+	wildcards []wildcard // children whose value ends in "*", in file order
+}
+
+// wildcard is a descriptor whose value ends in "*": it takes the values
+// that begin with prefix.
+type wildcard struct {
+	key, prefix string
+	child       *node
+}
+
+// Config is the domains' descriptor trees.
+type Config struct {
+	domains map[string]*node
+}
+
+// Domains are the configured domains, sorted.
+func (c *Config) Domains() []string {
+	var out []string
+	for d := range c.domains {
+		out = append(out, d)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Load reads path, a YAML file or a directory of them (*.yaml, *.yml), as
+// envoyproxy/ratelimit reads its configuration directory. Two files may
+// not configure the same domain.
+func Load(path string) (*Config, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	files := []string{path}
+	if fi.IsDir() {
+		files = nil
+		entries, err := os.ReadDir(path)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
+				files = append(files, filepath.Join(path, e.Name()))
+			}
+		}
+		if len(files) == 0 {
+			return nil, fmt.Errorf("%s: no .yaml or .yml file", path)
+		}
+	}
+	docs := map[string][]byte{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		docs[f] = b
+	}
+	return Parse(docs)
+}
+
+// Parse reads configuration files by name. An error names the file and
+// the field at fault, and nothing is kept of a configuration refused.
+func Parse(files map[string][]byte) (*Config, error) {
+	c := &Config{domains: map[string]*node{}}
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	owner := map[string]string{}
+	for _, name := range names {
+		domain, root, err := parseFile(files[name])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		if prev, dup := owner[domain]; dup {
+			return nil, fmt.Errorf("%s: domain %q is configured in %s too", name, domain, prev)
+		}
+		owner[domain] = name
+		c.domains[domain] = root
+	}
+	return c, nil
+}
+
+// parseFile reads one file: its domain and its tree.
+func parseFile(data []byte) (string, *node, error) {
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return "", nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.UseNumber()
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		return "", nil, err
+	}
+	top, ok := doc.(map[string]any)
+	if !ok {
+		return "", nil, errors.New("want a mapping with domain and descriptors")
+	}
+	if err := known(top, "", "domain", "descriptors"); err != nil {
+		return "", nil, err
+	}
+	domain, err := str(top, "", "domain")
+	if err != nil {
+		return "", nil, err
+	}
+	if domain == "" {
+		return "", nil, errors.New("domain: required")
+	}
+	root := &node{children: map[string]*node{}}
+	if err := root.load(top["descriptors"], "descriptors", domain); err != nil {
+		return "", nil, err
+	}
+	return domain, root, nil
+}
+
+// load adds the descriptors of list (at field path at) under n; parent is
+// the name of n's place in the tree.
+func (n *node) load(list any, at, parent string) error {
+	if list == nil {
+		return nil
+	}
+	items, ok := list.([]any)
+	if !ok {
+		return fmt.Errorf("%s: want a list", at)
+	}
+	for i, item := range items {
+		path := fmt.Sprintf("%s[%d]", at, i)
+		d, ok := item.(map[string]any)
+		if !ok {
+			return fmt.Errorf("%s: want a mapping", path)
+		}
+		if err := known(d, path, "key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric"); err != nil {
+			return err
+		}
+		key, err := str(d, path, "key")
+		if err != nil {
+			return err
+		}
+		if key == "" {
+			return fmt.Errorf("%s.key: required", path)
+		}
+		value, err := str(d, path, "value")
+		if err != nil {
+			return err
+		}
+		name := key
+		if value != "" {
+			name += "_" + value
+		}
+		if _, dup := n.children[name]; dup {
+			return fmt.Errorf("%s: descriptor %s.%s is configured twice", path, parent, name)
+		}
+		shadow, err := boolean(d, path, "shadow_mode")
+		if err != nil {
+			return err
+		}
+		if _, err := boolean(d, path, "detailed_metric"); err != nil { // metrics are per limit name here
+			return err
+		}
+		child := &node{children: map[string]*node{}}
+		if rl, ok := d["rate_limit"]; ok {
+			if child.limit, err = parseLimit(rl, path+".rate_limit", parent+"."+name, shadow); err != nil {
+				return err
+			}
+		}
+		if err := child.load(d["descriptors"], path+".descriptors", parent+"."+name); err != nil {
+			return err
+		}
+		n.children[name] = child
+		if prefix, ok := strings.CutSuffix(value, "*"); ok {
+			n.wildcards = append(n.wildcards, wildcard{key, prefix, child})
+		}
+	}
+	return nil
+}
+
+// parseLimit reads a rate_limit.
+func parseLimit(v any, path, place string, shadow bool) (*Limit, error) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: want a mapping", path)
+	}
+	if err := known(m, path, "unit", "requests_per_unit", "unlimited", "name", "replaces"); err != nil {
+		return nil, err
+	}
+	l := &Limit{Name: place, ShadowMode: shadow}
+	var err error
+	if l.Unlimited, err = boolean(m, path, "unlimited"); err != nil {
+		return nil, err
+	}
+	if name, err := str(m, path, "name"); err != nil {
+		return nil, err
+	} else if name != "" {
+		l.Name = name
+	}
+	unit, err := str(m, path, "unit")
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range units {
+		if strings.EqualFold(unit, u.name) {
+			l.Unit = u.unit
+		}
+	}
+	switch {
+	case l.Unlimited && unit != "":
+		return nil, fmt.Errorf("%s.unit: must not be given with unlimited", path)
+	case !l.Unlimited && l.Unit == 0:
+		return nil, fmt.Errorf("%s.unit: %q is not second, minute, hour, day, week, month or year", path, unit)
+	}
+	if n, ok := m["requests_per_unit"]; ok {
+		num, ok := n.(json.Number)
+		i, err := num.Int64()
+		if !ok || err != nil || i < 1 || i > rules.MaxLimitValue {
+			// 0, which refuses every request in envoyproxy/ratelimit, is
+			// refused here rather than decided without a count.
+			return nil, fmt.Errorf("%s.requests_per_unit: must be an integer from 1 to %d", path, int64(rules.MaxLimitValue))
+		}
+		l.RequestsPerUnit = i
+	} else if !l.Unlimited {
+		return nil, fmt.Errorf("%s.requests_per_unit: required", path)
+	}
+	if r, ok := m["replaces"]; ok {
+		list, ok := r.([]any)
+		if !ok {
+			return nil, fmt.Errorf("%s.replaces: want a list", path)
+		}
+		for i, e := range list {
+			ep := fmt.Sprintf("%s.replaces[%d]", path, i)
+			rm, ok := e.(map[string]any)
+			if !ok {
+				return nil, fmt.Errorf("%s: want a mapping with name", ep)
+			}
+			if err := known(rm, ep, "name"); err != nil {
+				return nil, err
+			}
+			name, err := str(rm, ep, "name")
+			if err != nil {
+				return nil, err
+			}
+			switch name {
+			case "":
+				return nil, fmt.Errorf("%s.name: required", ep)
+			case l.Name:
+				return nil, fmt.Errorf("%s.name: a limit cannot replace itself", ep)
+			}
+			l.Replaces = append(l.Replaces, name)
+		}
+	}
+	return l, nil
+}
+
+// known refuses a field envoyproxy/ratelimit's files do not have here.
+func known(m map[string]any, path string, fields ...string) error {
+	for k := range m {
+		found := false
+		for _, f := range fields {
+			found = found || k == f
+		}
+		if !found {
+			return fmt.Errorf("%s: unknown field (want %s)", join(path, k), strings.Join(fields, ", "))
+		}
+	}
+	return nil
+}
+
+func str(m map[string]any, path, field string) (string, error) {
+	v, ok := m[field]
+	if !ok || v == nil {
+		return "", nil
+	}
+	switch v := v.(type) {
+	case string:
+		return v, nil
+	case json.Number: // a value written as a number: 200, as YAML reads it
+		return v.String(), nil
+	case bool:
+		return fmt.Sprint(v), nil
+	}
+	return "", fmt.Errorf("%s: want a string", join(path, field))
+}
+
+func boolean(m map[string]any, path, field string) (bool, error) {
+	v, ok := m[field]
+	if !ok || v == nil {
+		return false, nil
+	}
+	b, ok := v.(bool)
+	if !ok {
+		return false, fmt.Errorf("%s: want true or false", join(path, field))
+	}
+	return b, nil
+}
+
+func join(path, field string) string {
+	if path == "" {
+		return field
+	}
+	return path + "." + field
+}

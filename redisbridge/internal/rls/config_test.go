@@ -1,0 +1,178 @@
+package rls
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// The examples of envoyproxy/ratelimit's README, in one domain each.
+const exampleConfig = `
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+  - key: destination_cluster
+    value: mongo_cps
+    rate_limit: {unit: minute, requests_per_unit: 100, name: mongo}
+  - key: source_cluster
+    value: proxy
+    descriptors:
+      - key: destination_cluster
+        value: bar
+        rate_limit: {unit: hour, requests_per_unit: 200}
+      - key: destination_cluster
+        rate_limit: {unit: day, requests_per_unit: 5}
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 3}
+  - key: path
+    value: /api/*
+    shadow_mode: true
+    rate_limit: {unit: week, requests_per_unit: 7}
+  - key: path
+    value: /api/v2/*
+    rate_limit: {unit: month, requests_per_unit: 8}
+  - key: path
+    value: /health
+    rate_limit: {unlimited: true}
+  - key: tier
+    value: 200
+    rate_limit: {unit: YEAR, requests_per_unit: 9, replaces: [{name: mongo}]}
+`
+
+func TestConfig_Match(t *testing.T) {
+	c, err := Parse(map[string][]byte{"edge.yaml": []byte(exampleConfig)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := func(kv ...string) []Entry {
+		var out []Entry
+		for i := 0; i < len(kv); i += 2 {
+			out = append(out, Entry{kv[i], kv[i+1]})
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		name    string
+		domain  string
+		entries []Entry
+		want    *Limit
+	}{
+		{"any value", "edge", e("remote_address", "10.0.0.1"), &Limit{Name: "edge.remote_address", RequestsPerUnit: 10, Unit: 1}},
+		{"key and value, named", "edge", e("destination_cluster", "mongo_cps"), &Limit{Name: "mongo", RequestsPerUnit: 100, Unit: 2}},
+		{"a value not configured", "edge", e("destination_cluster", "other"), nil},
+		{"nested, value", "edge", e("source_cluster", "proxy", "destination_cluster", "bar"), &Limit{Name: "edge.source_cluster_proxy.destination_cluster_bar", RequestsPerUnit: 200, Unit: 3}},
+		{"nested, any value", "edge", e("source_cluster", "proxy", "destination_cluster", "baz"), &Limit{Name: "edge.source_cluster_proxy.destination_cluster", RequestsPerUnit: 5, Unit: 4}},
+		{"a parent with no limit", "edge", e("source_cluster", "proxy"), nil},
+		{"more entries than the tree", "edge", e("remote_address", "a", "x", "y"), nil},
+		{"fewer entries than the tree", "edge", e("key1", "value1"), nil},
+		{"nested key only", "edge", e("key1", "value1", "subkey1", "anything"), &Limit{Name: "edge.key1_value1.subkey1", RequestsPerUnit: 3, Unit: 1}},
+		{"wildcard value", "edge", e("path", "/api/x"), &Limit{Name: "edge.path_/api/*", RequestsPerUnit: 7, Unit: 7, ShadowMode: true}},
+		{"the first wildcard that matches", "edge", e("path", "/api/v2/x"), &Limit{Name: "edge.path_/api/*", RequestsPerUnit: 7, Unit: 7, ShadowMode: true}},
+		{"exact before wildcard", "edge", e("path", "/health"), &Limit{Name: "edge.path_/health", Unlimited: true}},
+		{"a number as value", "edge", e("tier", "200"), &Limit{Name: "edge.tier_200", RequestsPerUnit: 9, Unit: 6, Replaces: []string{"mongo"}}},
+		{"a wildcard is per key", "edge", e("other", "/api/x"), nil},
+		{"unknown domain", "nope", e("remote_address", "a"), nil},
+		{"no entries", "edge", nil, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := c.Match(tt.domain, tt.entries); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParse_Errors(t *testing.T) {
+	for _, tt := range []struct{ yaml, want string }{
+		{"descriptors: []", "f.yaml: domain: required"},
+		{"domain: d\ndescriptor: []", "f.yaml: descriptor: unknown field (want domain, descriptors)"},
+		{"domain: d\ndescriptors:\n  - value: x", "f.yaml: descriptors[0].key: required"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}",
+			`f.yaml: descriptors[0].rate_limit.unit: "fortnight" is not second, minute, hour, day, week, month or year`},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}", "f.yaml: descriptors[0].rate_limit.requests_per_unit: required"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}",
+			"f.yaml: descriptors[0].rate_limit.requests_per_unit: must be an integer from 1 to 1099511627776"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1.5}",
+			"f.yaml: descriptors[0].rate_limit.requests_per_unit: must be an integer"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}", "f.yaml: descriptors[0].rate_limit.unit: must not be given with unlimited"},
+		{"domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: a\n        rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 2}",
+			"f.yaml: descriptors[0].descriptors[0].rate_limit.unit_multiplier: unknown field"},
+		{"domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v", "f.yaml: descriptors[1]: descriptor d.k_v is configured twice"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: n, replaces: [{name: n}]}",
+			"f.yaml: descriptors[0].rate_limit.replaces[0].name: a limit cannot replace itself"},
+		{"domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes please", "f.yaml: descriptors[0].shadow_mode: want true or false"},
+		{"domain: d\ndescriptors: {key: k}", "f.yaml: descriptors: want a list"},
+		{"domain: [d", "f.yaml: yaml: line 1"},
+	} {
+		_, err := Parse(map[string][]byte{"f.yaml": []byte(tt.yaml)})
+		if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("%q: error %v, want %q", tt.yaml, err, tt.want)
+		}
+	}
+}
+
+// A directory's files each configure a domain; two may not configure one.
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "domain: a\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]")
+	write("b.yml", "domain: b\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 2}}]")
+	write("notes.txt", "not configuration")
+	c, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Domains(); !reflect.DeepEqual(got, []string{"a", "b"}) {
+		t.Errorf("domains %v", got)
+	}
+	if l := c.Match("b", []Entry{{"k", "v"}}); l == nil || l.RequestsPerUnit != 2 || l.Unit.WindowMS() != 60_000 {
+		t.Errorf("b's limit: %+v", l)
+	}
+	write("c.yaml", "domain: a\ndescriptors: []")
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), `c.yaml: domain "a" is configured in `+filepath.Join(dir, "a.yaml")+" too") {
+		t.Errorf("a domain twice: %v", err)
+	}
+	if _, err := Load(filepath.Join(dir, "none")); err == nil {
+		t.Error("a missing path loaded")
+	}
+}
+
+// examples/rls/ratelimit.yaml has a limit for each descriptor
+// examples/rls/envoy.yaml's actions send.
+func TestLoad_Example(t *testing.T) {
+	c, err := Load("../../../examples/rls/ratelimit.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		entries []Entry
+		name    string
+		per     int64
+		unit    Unit
+	}{
+		{[]Entry{{"remote_address", "203.0.113.7"}}, "edge.remote_address", 100, 2},
+		{[]Entry{{"remote_address", "203.0.113.7"}, {"path", "login"}}, "edge.remote_address.path_login", 5, 2},
+		{[]Entry{{"tier", "premium"}}, "edge.tier_premium", 50, 1},
+		{[]Entry{{"tier", "gold"}}, "edge.tier", 5, 1},
+	} {
+		l := c.Match("edge", tt.entries)
+		if l == nil || l.Name != tt.name || l.RequestsPerUnit != tt.per || l.Unit != tt.unit || l.Unlimited {
+			t.Errorf("%v: %+v, want %s %d per %v", tt.entries, l, tt.name, tt.per, tt.unit)
+		}
+	}
+	if l := c.Match("edge", []Entry{{"tier", "internal"}}); l == nil || !l.Unlimited {
+		t.Errorf("the internal tier: %+v, want unlimited", l)
+	}
+}

@@ -1,0 +1,241 @@
+package rls
+
+import (
+	"encoding/binary"
+	"errors"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// The service's messages (envoy/service/ratelimit/v3/rls.proto and
+// envoy/extensions/common/ratelimit/v3/ratelimit.proto) are read and
+// written here field by field: the generated types would bring Envoy's
+// whole proto graph into the bridge (18 MB more binary) for five small
+// messages. The tests hold this code to the generated types.
+
+// Request is a ShouldRateLimit request (RateLimitRequest).
+type Request struct {
+	Domain      string
+	Descriptors []Descriptor
+	HitsAddend  uint32 // 0: 1
+}
+
+// Descriptor is one of a request's descriptors (RateLimitDescriptor).
+type Descriptor struct {
+	Entries []Entry
+	// Override is the limit the caller gives (limit), nil when none.
+	Override *Override
+	// HitsAddend is the descriptor's own hits_addend, when HasHitsAddend.
+	HitsAddend    uint64
+	HasHitsAddend bool
+	NegativeHits  bool // is_negative_hits
+}
+
+// Override is a descriptor's RateLimitOverride.
+type Override struct {
+	RequestsPerUnit uint32
+	Unit            Unit
+}
+
+var (
+	errTruncated = errors.New("truncated or malformed protobuf")
+	errUTF8      = errors.New("a string field is not valid UTF-8")
+)
+
+// DecodeRequest reads a RateLimitRequest as protobuf's rules read it:
+// fields in any order, unknown ones skipped, the last of a scalar field
+// winning, a message field given twice merged.
+func DecodeRequest(b []byte, r *Request) error {
+	*r = Request{}
+	return fields(b, func(num protowire.Number, typ protowire.Type, v []byte, n uint64) error {
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			return utf8String(v, &r.Domain)
+		case num == 2 && typ == protowire.BytesType:
+			var d Descriptor
+			if err := decodeDescriptor(v, &d); err != nil {
+				return err
+			}
+			r.Descriptors = append(r.Descriptors, d)
+		case num == 3 && typ == protowire.VarintType:
+			r.HitsAddend = uint32(n)
+		}
+		return nil
+	})
+}
+
+func decodeDescriptor(b []byte, d *Descriptor) error {
+	return fields(b, func(num protowire.Number, typ protowire.Type, v []byte, n uint64) error {
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			var e Entry
+			if err := fields(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+				switch {
+				case num == 1 && typ == protowire.BytesType:
+					return utf8String(v, &e.Key)
+				case num == 2 && typ == protowire.BytesType:
+					return utf8String(v, &e.Value)
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			d.Entries = append(d.Entries, e)
+		case num == 2 && typ == protowire.BytesType:
+			if d.Override == nil {
+				d.Override = &Override{}
+			}
+			o := d.Override
+			return fields(v, func(num protowire.Number, typ protowire.Type, _ []byte, n uint64) error {
+				switch {
+				case num == 1 && typ == protowire.VarintType:
+					o.RequestsPerUnit = uint32(n)
+				case num == 2 && typ == protowire.VarintType:
+					o.Unit = Unit(int32(n))
+				}
+				return nil
+			})
+		case num == 3 && typ == protowire.BytesType: // google.protobuf.UInt64Value
+			d.HasHitsAddend = true
+			return fields(v, func(num protowire.Number, typ protowire.Type, _ []byte, n uint64) error {
+				if num == 1 && typ == protowire.VarintType {
+					d.HitsAddend = n
+				}
+				return nil
+			})
+		case num == 4 && typ == protowire.VarintType:
+			d.NegativeHits = n != 0
+		}
+		return nil
+	})
+}
+
+// fields calls f with each field of the message b: its number, its wire
+// type, and its bytes (length-delimited) or value (varint, fixed). A
+// field of a known number with another wire type is skipped, as protobuf
+// skips what it cannot place.
+func fields(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte, n uint64) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || !num.IsValid() {
+			return errTruncated
+		}
+		b = b[n:]
+		var (
+			v   []byte
+			val uint64
+		)
+		switch typ {
+		case protowire.VarintType:
+			val, n = protowire.ConsumeVarint(b)
+		case protowire.BytesType:
+			v, n = protowire.ConsumeBytes(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return errTruncated
+		}
+		b = b[n:]
+		if typ != protowire.VarintType && typ != protowire.BytesType {
+			continue
+		}
+		if err := f(num, typ, v, val); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func utf8String(v []byte, dst *string) error {
+	if !utf8.Valid(v) {
+		return errUTF8
+	}
+	*dst = string(v)
+	return nil
+}
+
+// Code is a RateLimitResponse.Code.
+type Code int32
+
+// The codes.
+const (
+	CodeOK        Code = 1
+	CodeOverLimit Code = 2
+)
+
+// Status is a descriptor's answer (RateLimitResponse.DescriptorStatus).
+type Status struct {
+	Code Code
+	// Limit is the descriptor's limit (current_limit); nil when it has
+	// none, and then nothing below is written.
+	Limit      *Limit
+	Remaining  uint32
+	UntilReset time.Duration
+}
+
+// AppendResponse appends the RateLimitResponse of overall and statuses.
+func AppendResponse(b []byte, overall Code, statuses []Status) []byte {
+	b = protowire.AppendTag(b, 1, protowire.VarintType)
+	b = protowire.AppendVarint(b, uint64(overall))
+	for i := range statuses {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = appendMessage(b, func(b []byte) []byte { return appendStatus(b, &statuses[i]) })
+	}
+	return b
+}
+
+func appendStatus(b []byte, s *Status) []byte {
+	b = protowire.AppendTag(b, 1, protowire.VarintType)
+	b = protowire.AppendVarint(b, uint64(s.Code))
+	if s.Limit == nil {
+		return b
+	}
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = appendMessage(b, func(b []byte) []byte {
+		if rpu := uint32(min(s.Limit.RequestsPerUnit, 1<<32-1)); rpu != 0 {
+			b = protowire.AppendTag(b, 1, protowire.VarintType)
+			b = protowire.AppendVarint(b, uint64(rpu))
+		}
+		b = protowire.AppendTag(b, 2, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(s.Limit.Unit))
+		if s.Limit.Name != "" {
+			b = protowire.AppendTag(b, 3, protowire.BytesType)
+			b = protowire.AppendString(b, s.Limit.Name)
+		}
+		return b
+	})
+	if s.Remaining != 0 {
+		b = protowire.AppendTag(b, 3, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(s.Remaining))
+	}
+	b = protowire.AppendTag(b, 4, protowire.BytesType) // google.protobuf.Duration
+	return appendMessage(b, func(b []byte) []byte {
+		if sec := int64(s.UntilReset / time.Second); sec != 0 {
+			b = protowire.AppendTag(b, 1, protowire.VarintType)
+			b = protowire.AppendVarint(b, uint64(sec))
+		}
+		if nanos := int32(s.UntilReset % time.Second); nanos != 0 {
+			b = protowire.AppendTag(b, 2, protowire.VarintType)
+			b = protowire.AppendVarint(b, uint64(int64(nanos)))
+		}
+		return b
+	})
+}
+
+// appendMessage appends the length-delimited message body writes.
+func appendMessage(b []byte, body func([]byte) []byte) []byte {
+	start := len(b)
+	b = body(b)
+	size := len(b) - start
+	// The length goes before the body, which is written first: make room
+	// for the length, move the body after it, and put the length in.
+	var tmp [binary.MaxVarintLen64]byte
+	lb := protowire.AppendVarint(tmp[:0], uint64(size))
+	b = append(b, lb...)
+	copy(b[start+len(lb):], b[start:start+size])
+	copy(b[start:], lb)
+	return b
+}

@@ -1,0 +1,268 @@
+package redisbridge
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/grpcwire"
+	"github.com/sluicehq/sluice/redisbridge/internal/rls"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// This file is Envoy's rate limit service (envoy.service.ratelimit.v3),
+// which Envoy's own rate limit filter (envoy.filters.http.ratelimit), and
+// the gateways built on it, call with a request's descriptors. Each
+// descriptor finds its limit in the --rls-config files, as in
+// envoyproxy/ratelimit; the limits of one call are then decided by the
+// check core, together and all-or-nothing, as a fixed window per unit.
+
+// rlsPath is the gRPC method's path.
+const rlsPath = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+// gRPC status codes the service answers with.
+const (
+	grpcInvalidArgument = 3
+	grpcUnimplemented   = 12
+	grpcUnavailable     = 14
+	grpcUnauthenticated = 16
+)
+
+// maxRLSMessage bounds a request message; Envoy's are a few hundred bytes.
+const maxRLSMessage = 1 << 20
+
+// rlsError is a call's failure: a gRPC status and its message.
+type rlsError struct {
+	code int
+	msg  string
+}
+
+func (s *Server) handleRLS(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	reply, e := s.shouldRateLimit(r, start)
+	h := w.Header()
+	h.Set("Content-Type", "application/grpc")
+	if e != nil {
+		// Trailers only: the status ends the stream.
+		h.Set("Grpc-Status", strconv.Itoa(e.code))
+		h.Set("Grpc-Message", grpcwire.Message([]byte(e.msg)))
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	// One gRPC message: uncompressed, its length, the response.
+	frame := make([]byte, 5, 64+48*len(reply.statuses))
+	frame = rls.AppendResponse(frame, reply.overall, reply.statuses)
+	binary.BigEndian.PutUint32(frame[1:5], uint32(len(frame)-5))
+	w.WriteHeader(http.StatusOK)
+	w.Write(frame)
+	h.Set(http.TrailerPrefix+"Grpc-Status", "0")
+	s.m.checkDur.Observe(time.Since(start).Seconds())
+}
+
+// rlsReply is a call's answer.
+type rlsReply struct {
+	overall  rls.Code
+	statuses []rls.Status
+}
+
+// shouldRateLimit reads the call's request, decides it and makes its
+// answer.
+func (s *Server) shouldRateLimit(r *http.Request, start time.Time) (*rlsReply, *rlsError) {
+	if r.ProtoMajor != 2 {
+		return nil, &rlsError{grpcUnimplemented, "gRPC needs HTTP/2"}
+	}
+	if e := s.authorizeCheck(headerBytes(r, "Authorization")); e != nil {
+		return nil, &rlsError{grpcUnauthenticated, e.reason}
+	}
+	var req rls.Request
+	if e := readGRPCRequest(r, &req); e != nil {
+		s.m.checkInvalid.Inc()
+		return nil, e
+	}
+	deadline := start.Add(s.set.RedisTimeout)
+	if d, ok := grpcTimeout(r.Header.Get("Grpc-Timeout")); ok && start.Add(d).Before(deadline) {
+		deadline = start.Add(d)
+	}
+	plan, e := s.rlsPlan(&req)
+	if e != nil {
+		s.m.checkInvalid.Inc()
+		return nil, e
+	}
+	reply := &rlsReply{overall: rls.CodeOK, statuses: make([]rls.Status, len(req.Descriptors))}
+	for i := range reply.statuses {
+		reply.statuses[i].Code = rls.CodeOK
+	}
+	if len(plan.check.Limits) == 0 {
+		return reply, nil
+	}
+	var resp rules.CheckResponse
+	if err := s.decide(r.Context(), deadline, &plan.check, &resp); err != nil {
+		return nil, &rlsError{grpcUnavailable, storeError(err).reason}
+	}
+	if !resp.Allowed {
+		reply.overall = rls.CodeOverLimit
+	}
+	for i, d := range resp.Decisions {
+		l := plan.limits[i]
+		st := &reply.statuses[plan.descriptor[i]]
+		st.Limit = l
+		remaining := d.Remaining
+		if d.Allowed && !resp.Allowed {
+			// What the limit has left: the call was refused, so it took
+			// nothing from this one (the decision says what a call let
+			// through would have left).
+			remaining += plan.check.Limits[i].Spec.Cost
+		}
+		st.Remaining = uint32(min(max(remaining, 0), l.RequestsPerUnit, 1<<32-1))
+		// A fixed window ends on a multiple of its length (from the epoch).
+		window := l.Unit.WindowMS()
+		st.UntilReset = time.Duration(window-resp.NowMS%window) * time.Millisecond
+		if !d.Allowed && !l.ShadowMode {
+			st.Code = rls.CodeOverLimit
+		}
+	}
+	return reply, nil
+}
+
+// rlsPlanned is a call's check: the limits its descriptors have, and for
+// each, the descriptor it is of.
+type rlsPlanned struct {
+	check      rules.CheckRequest
+	limits     []*rls.Limit
+	descriptor []int
+}
+
+// rlsPlan finds the limit of each of req's descriptors and makes the
+// check of those that count: not unlimited, not replaced by another
+// limit of the call (a limit's replaces).
+func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
+	cfg := s.rls
+	if cfg == nil {
+		return nil, &rlsError{grpcUnimplemented, "no rate limit service configuration (--rls-config)"}
+	}
+	if len(req.Descriptors) > rules.MaxLimitsPerCheck {
+		return nil, &rlsError{grpcInvalidArgument, fmt.Sprintf("more than %d descriptors", rules.MaxLimitsPerCheck)}
+	}
+	hits := int64(max(req.HitsAddend, 1))
+	p := &rlsPlanned{}
+	for i := range req.Descriptors {
+		d := &req.Descriptors[i]
+		if d.NegativeHits {
+			return nil, &rlsError{grpcInvalidArgument, fmt.Sprintf("descriptors[%d]: is_negative_hits is not supported", i)}
+		}
+		var l *rls.Limit
+		if o := d.Override; o != nil && cfg.HasDomain(req.Domain) {
+			// The limit the caller gives (Envoy's limit override), as
+			// envoyproxy/ratelimit takes it for a configured domain.
+			if o.Unit.WindowMS() == 0 || o.RequestsPerUnit == 0 {
+				return nil, &rlsError{grpcInvalidArgument, fmt.Sprintf("descriptors[%d].limit: requests_per_unit and unit are required", i)}
+			}
+			l = &rls.Limit{Name: req.Domain + ".override", RequestsPerUnit: int64(o.RequestsPerUnit), Unit: o.Unit}
+		} else {
+			l = cfg.Match(req.Domain, d.Entries)
+		}
+		if l == nil || l.Unlimited {
+			continue
+		}
+		cost := hits
+		if d.HasHitsAddend {
+			cost = int64(min(max(d.HitsAddend, 1), rules.MaxLimitValue))
+		}
+		key := rlsKey(req.Domain, d.Entries, l.Unit)
+		if len(key) > rules.MaxKeyLen {
+			return nil, &rlsError{grpcInvalidArgument, fmt.Sprintf("descriptors[%d]: its entries make a key longer than %d bytes", i, rules.MaxKeyLen)}
+		}
+		p.limits = append(p.limits, l)
+		p.descriptor = append(p.descriptor, i)
+		p.check.Limits = append(p.check.Limits, rules.LimitRequest{
+			Key: key, Rule: l.Name, LogOnly: l.ShadowMode,
+			Spec: rules.LimitSpec{Algorithm: rules.FixedWindow, Limit: l.RequestsPerUnit, WindowMS: l.Unit.WindowMS(), Burst: l.RequestsPerUnit, Cost: cost},
+		})
+	}
+	p.dropReplaced()
+	p.check.RequestID = newRequestID()
+	return p, nil
+}
+
+// dropReplaced takes out the limits that another limit of the call
+// replaces.
+func (p *rlsPlanned) dropReplaced() {
+	replaced := map[string]bool{}
+	for _, l := range p.limits {
+		for _, name := range l.Replaces {
+			replaced[name] = true
+		}
+	}
+	if len(replaced) == 0 {
+		return
+	}
+	keep := 0
+	for i, l := range p.limits {
+		if replaced[l.Name] {
+			continue
+		}
+		p.limits[keep], p.descriptor[keep], p.check.Limits[keep] = l, p.descriptor[i], p.check.Limits[i]
+		keep++
+	}
+	p.limits, p.descriptor, p.check.Limits = p.limits[:keep], p.descriptor[:keep], p.check.Limits[:keep]
+}
+
+// rlsKey is a descriptor's counter key: the domain and the entries, each
+// written as the plugin's keys write identifiers (verbatim when short
+// and safe, else hashed), so no entry can reach into another's part; the
+// hash tag is the whole descriptor, and the unit follows, so a limit
+// whose unit changed starts a counter of its own.
+func rlsKey(domain string, entries []rls.Entry, unit rls.Unit) string {
+	b := append(make([]byte, 0, 64), "rls:{"...)
+	b = rules.AppendID(b, domain)
+	for _, e := range entries {
+		b = rules.AppendID(append(b, ':'), e.Key)
+		b = rules.AppendID(append(b, ':'), e.Value)
+	}
+	b = append(b, "}:"...)
+	return string(append(b, unit.String()...))
+}
+
+// readGRPCRequest reads r's body, one uncompressed gRPC message, into req.
+func readGRPCRequest(r *http.Request, req *rls.Request) *rlsError {
+	if ct := r.Header.Get("Content-Type"); ct != "application/grpc" && !strings.HasPrefix(ct, "application/grpc+proto") {
+		return &rlsError{grpcInvalidArgument, fmt.Sprintf("content type %q is not application/grpc", ct)}
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxRLSMessage+6))
+	if err != nil {
+		return &rlsError{grpcInvalidArgument, "reading the request: " + err.Error()}
+	}
+	if len(body) < 5 || int(binary.BigEndian.Uint32(body[1:5])) != len(body)-5 {
+		return &rlsError{grpcInvalidArgument, "the request is not one gRPC message"}
+	}
+	if len(body)-5 > maxRLSMessage {
+		return &rlsError{grpcInvalidArgument, fmt.Sprintf("the request is larger than %d bytes", maxRLSMessage)}
+	}
+	if body[0] != 0 {
+		return &rlsError{grpcUnimplemented, "compressed messages are not supported"}
+	}
+	if err := rls.DecodeRequest(body[5:], req); err != nil {
+		return &rlsError{grpcInvalidArgument, "the request message: " + err.Error()}
+	}
+	return nil
+}
+
+// grpcTimeout reads a grpc-timeout header: up to 8 digits and a unit.
+func grpcTimeout(v string) (time.Duration, bool) {
+	if len(v) < 2 || len(v) > 9 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v[:len(v)-1], 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	unit := map[byte]time.Duration{'H': time.Hour, 'M': time.Minute, 'S': time.Second, 'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond}[v[len(v)-1]]
+	if unit == 0 {
+		return 0, false
+	}
+	return time.Duration(n) * unit, true
+}

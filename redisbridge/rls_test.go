@@ -1,0 +1,274 @@
+package redisbridge
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/redisbridge/redistest"
+)
+
+const rlsTestConfig = `
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /login
+    rate_limit: {unit: hour, requests_per_unit: 3, name: login}
+  - key: path
+    value: /shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: path
+    value: /health
+    rate_limit: {unlimited: true}
+  - key: plan
+    value: free
+    rate_limit: {unit: minute, requests_per_unit: 5, replaces: [{name: login}]}
+`
+
+// rlsConfig writes config to a file and returns its path.
+func rlsConfig(t testing.TB, config string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ratelimit.yaml")
+	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// rlsClient is a gRPC client (grpc-go, as Envoy's gRPC clients speak it:
+// HTTP/2 with prior knowledge) of the bridge at addr.
+func rlsClient(t testing.TB, addr string) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
+// descriptor is a request descriptor of key, value pairs.
+func descriptor(kv ...string) *ratelimitv3.RateLimitDescriptor {
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for i := 0; i < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+// TestRLS_ShouldRateLimit: calls of Envoy's rate limit filter, in order,
+// and the whole answers, on the memory store at a fixed time: each
+// descriptor's limit found as envoyproxy/ratelimit finds it, and the
+// limits of a call decided together, so a call refused consumes nothing.
+func TestRLS_ShouldRateLimit(t *testing.T) {
+	const now = 1_800_000_030_000 // 30 s into a minute
+	addr := startBridge(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
+		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
+		RLSConfig: rlsConfig(t, rlsTestConfig), Now: func() int64 { return now }})
+	client := rlsClient(t, addr)
+	const (
+		ok   = rlsv3.RateLimitResponse_OK
+		over = rlsv3.RateLimitResponse_OVER_LIMIT
+	)
+	untilMinute := durationpb.New(time.Duration(60_000-now%60_000) * time.Millisecond)
+	untilHour := durationpb.New(time.Duration(3_600_000-now%3_600_000) * time.Millisecond)
+	perAddress := func(code rlsv3.RateLimitResponse_Code, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: untilMinute,
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "edge.remote_address", RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+	}
+	login := func(remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, LimitRemaining: remaining, DurationUntilReset: untilHour,
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "login", RequestsPerUnit: 3, Unit: rlsv3.RateLimitResponse_RateLimit_HOUR}}
+	}
+	none := &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok}
+	for _, tt := range []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want *rlsv3.RateLimitResponse
+	}{
+		{"first", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.1")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 1)}}},
+		{"second", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.1")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 0)}}},
+		{"over", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.1")}},
+			&rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(over, 0)}}},
+		{"another address, and a path", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			descriptor("remote_address", "10.0.0.2"), descriptor("path", "/login")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 1), login(2)}}},
+		{"refused by one descriptor: the other consumes nothing", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			descriptor("remote_address", "10.0.0.1"), descriptor("path", "/login")}},
+			&rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(over, 0), login(2)}}},
+		{"the path alone", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("path", "/login")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{login(1)}}},
+		{"no limit, unlimited, unknown", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			descriptor("path", "/other"), descriptor("path", "/health"), descriptor("nope", "x")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none, none, none}}},
+		{"an unknown domain", &rlsv3.RateLimitRequest{Domain: "other", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.1")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none}}},
+		{"shadow mode, within", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("path", "/shadow")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: ok, LimitRemaining: 0, DurationUntilReset: untilMinute,
+				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "edge.path_/shadow", RequestsPerUnit: 1, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+		{"shadow mode, over: reported, not refused", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("path", "/shadow")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: ok, LimitRemaining: 0, DurationUntilReset: untilMinute,
+				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "edge.path_/shadow", RequestsPerUnit: 1, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+		{"hits_addend", &rlsv3.RateLimitRequest{Domain: "edge", HitsAddend: 2, Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.3")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 0)}}},
+		{"a descriptor's own hits_addend", &rlsv3.RateLimitRequest{Domain: "edge", HitsAddend: 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: descriptor("remote_address", "10.0.0.4").Entries, HitsAddend: wrapperspb.UInt64(3)}}},
+			&rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(over, 2)}}},
+		{"a limit the caller gives", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: descriptor("user", "u1").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 7, Unit: 4}}}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: ok, LimitRemaining: 6,
+				DurationUntilReset: durationpb.New(time.Duration(86_400_000-now%86_400_000) * time.Millisecond),
+				CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{Name: "edge.override", RequestsPerUnit: 7, Unit: rlsv3.RateLimitResponse_RateLimit_DAY}}}}},
+		{"a limit that replaces another", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			descriptor("path", "/login"), descriptor("plan", "free")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none, {Code: ok, LimitRemaining: 4, DurationUntilReset: untilMinute,
+				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "edge.plan_free", RequestsPerUnit: 5, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+	} {
+		got, err := client.ShouldRateLimit(context.Background(), tt.req)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if !proto.Equal(got, tt.want) {
+			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// What a call gets when it cannot be decided: gRPC's errors, which
+// Envoy's filter answers with its failure_mode_deny.
+func TestRLS_Errors(t *testing.T) {
+	set := DefaultSettings()
+	set.Listen, set.LogLevel, set.RLSConfig, set.CheckToken = "127.0.0.1:0", "error", rlsConfig(t, rlsTestConfig), "secret"
+	client := rlsClient(t, startBridge(t, set))
+	authorized := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer secret")
+	many := &rlsv3.RateLimitRequest{Domain: "edge"}
+	for range 65 {
+		many.Descriptors = append(many.Descriptors, descriptor("remote_address", "a"))
+	}
+	set.RLSConfig, set.CheckToken = "", ""
+	unconfigured := rlsClient(t, startBridge(t, set))
+	for _, tt := range []struct {
+		name   string
+		client rlsv3.RateLimitServiceClient
+		ctx    context.Context
+		req    *rlsv3.RateLimitRequest
+		code   codes.Code
+		msg    string
+	}{
+		{"no token", client, context.Background(), &rlsv3.RateLimitRequest{Domain: "edge"}, codes.Unauthenticated, "missing bearer token"},
+		{"wrong token", client, metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer nope"),
+			&rlsv3.RateLimitRequest{Domain: "edge"}, codes.Unauthenticated, "wrong bearer token"},
+		{"too many descriptors", client, authorized, many, codes.InvalidArgument, "more than 64 descriptors"},
+		{"negative hits", client, authorized, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: descriptor("remote_address", "a").Entries, IsNegativeHits: true}}}, codes.InvalidArgument, "descriptors[0]: is_negative_hits is not supported"},
+		{"an override without a unit", client, authorized, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: descriptor("user", "a").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}}}},
+			codes.InvalidArgument, "descriptors[0].limit: requests_per_unit and unit are required"},
+		{"no configuration", unconfigured, context.Background(), &rlsv3.RateLimitRequest{Domain: "edge"}, codes.Unimplemented,
+			"no rate limit service configuration (--rls-config)"},
+	} {
+		_, err := tt.client.ShouldRateLimit(tt.ctx, tt.req)
+		if st, _ := status.FromError(err); st.Code() != tt.code || st.Message() != tt.msg {
+			t.Errorf("%s: %v, want %v %q", tt.name, err, tt.code, tt.msg)
+		}
+	}
+	set = DefaultSettings()
+	set.RLSConfig = rlsConfig(t, "domain: d\ndescriptors: [{key: k, rate_limit: {unit: fortnight}}]")
+	if _, err := New(set); err == nil ||
+		err.Error() != "--rls-config: "+set.RLSConfig+`: descriptors[0].rate_limit.unit: "fortnight" is not second, minute, hour, day, week, month or year` {
+		t.Errorf("a configuration refused: %v", err)
+	}
+}
+
+// Bridges that share Redis admit exactly the limit of concurrent calls
+// for one descriptor, and when Redis is gone a call fails within the
+// timeout with UNAVAILABLE.
+func TestRLS_ExactOnRedis(t *testing.T) {
+	rs := redistest.Start(t)
+	config := rlsConfig(t, "domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 25}}]")
+	var clients []rlsv3.RateLimitServiceClient
+	for range 3 {
+		set := DefaultSettings()
+		set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", rs.URL, config
+		clients = append(clients, rlsClient(t, startBridge(t, set)))
+	}
+	var mu sync.Mutex
+	admitted := 0
+	var wg sync.WaitGroup
+	for i := range 90 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := clients[i%3].ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d",
+				Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("k", "shared")}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if res.OverallCode == rlsv3.RateLimitResponse_OK {
+				mu.Lock()
+				admitted++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted != 25 {
+		t.Errorf("%d of 90 concurrent calls admitted through 3 bridges, want 25", admitted)
+	}
+	rs.Stop()
+	start := time.Now()
+	_, err := clients[0].ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d",
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("k", "other")}})
+	if st, _ := status.FromError(err); st.Code() != codes.Unavailable || st.Message() != "counter store unavailable" {
+		t.Errorf("Redis gone: %v, want UNAVAILABLE", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Redis gone: the answer took %v", took)
+	}
+}
+
+// BenchmarkRLS_ShouldRateLimit: calls of two descriptors each, 16 users,
+// from a grpc-go client in this process to a bridge on its memory store
+// (client and bridge share the CPUs and the allocation figures).
+func BenchmarkRLS_ShouldRateLimit(b *testing.B) {
+	set := DefaultSettings()
+	set.Listen, set.LogLevel, set.RLSConfig = "127.0.0.1:0", "error", rlsConfig(b, rlsTestConfig)
+	client := rlsClient(b, startBridge(b, set))
+	var reqs []*rlsv3.RateLimitRequest
+	for i := range 16 {
+		reqs = append(reqs, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			descriptor("remote_address", "10.0.0."+string(rune('a'+i))), descriptor("plan", "free")}})
+	}
+	b.ReportAllocs()
+	b.SetParallelism(8)
+	var n atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := client.ShouldRateLimit(context.Background(), reqs[n.Add(1)%16]); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
