@@ -100,7 +100,7 @@ func (s *Server) admin(action string, h adminHandler) http.HandlerFunc {
 		switch {
 		case s.set.AdminKey == "":
 			reason, result = "disabled", "disabled"
-			e = &apiError{http.StatusForbidden, codeForbidden, "", "admin API disabled: start the bridge with --admin-key"}
+			e = &apiError{http.StatusForbidden, codeForbidden, "", "admin API disabled: start the bridge with --admin-key (SLUICE_ADMIN_KEY)"}
 		case len(key) == 0:
 			reason, result = "missing_key", "unauthorized"
 			e = &apiError{http.StatusUnauthorized, codeUnauthorized, "Authorization", "missing admin key (Authorization: Bearer or X-Admin-Key)"}

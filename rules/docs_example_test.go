@@ -2,9 +2,11 @@ package rules
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -232,5 +234,40 @@ func TestDocs_Bounds(t *testing.T) {
 	}
 	if want := fmt.Sprintf("| `limits` | array | 1 to %d limits", MaxLimitsPerCheck); !strings.Contains(string(protocol), want) {
 		t.Errorf("docs/protocol.md does not say %q", want)
+	}
+}
+
+// The document's complete example is examples/config.json, as it says.
+func TestDocs_CompleteExampleIsTheFile(t *testing.T) {
+	const intro = "This is `examples/config.json`"
+	doc, err := os.ReadFile(configDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := strings.Index(string(doc), intro)
+	if at < 0 {
+		t.Fatalf("docs/config.md no longer says %q", intro)
+	}
+	line := strings.Count(string(doc[:at]), "\n") + 1
+	var block string
+	for _, f := range readFences(t, configDoc) {
+		if f.line > line && f.info == "json" {
+			block = f.body
+			break
+		}
+	}
+	file, err := os.ReadFile("../examples/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inDoc, inFile any
+	if err := json.Unmarshal([]byte(block), &inDoc); err != nil {
+		t.Fatalf("docs/config.md, the complete example: %v", err)
+	}
+	if err := json.Unmarshal(file, &inFile); err != nil {
+		t.Fatalf("examples/config.json: %v", err)
+	}
+	if !reflect.DeepEqual(inDoc, inFile) {
+		t.Error("docs/config.md's complete example differs from examples/config.json")
 	}
 }

@@ -38,6 +38,9 @@ import (
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) { // -h: the usage is printed, and asked for
+			return
+		}
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		os.Exit(1)
 	}
