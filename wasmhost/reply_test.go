@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/nettest"
 )
 
 // TestUpstreamFailure: what Envoy's router answers for each way an
@@ -28,27 +30,13 @@ func TestUpstreamFailure(t *testing.T) {
 	closed.Close()
 	// raw answers each request with what its path asks for: nothing (the
 	// connection closed) or a head that is not HTTP.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err == nil && req.URL.Path == "/malformed" {
-					c.Write([]byte("HTTP/1.1 two hundred OK\r\n\r\n"))
-				}
-			}()
+	addr, _ := nettest.Raw(t, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err == nil && req.URL.Path == "/malformed" {
+			c.Write([]byte("HTTP/1.1 two hundred OK\r\n\r\n"))
 		}
-	}()
-	raw := "http://" + ln.Addr().String()
+	})
+	raw := "http://" + addr
 
 	const reset = "upstream connect error or disconnect/reset before headers. reset reason: "
 	for _, tt := range []struct {
