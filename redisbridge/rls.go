@@ -41,6 +41,9 @@ type rlsError struct {
 	msg  string
 }
 
+// handleRLS serves ShouldRateLimit: a gRPC unary call on net/http (h2c on
+// the bridge's port, or h2 over its TLS), its answer one message and the
+// status in the trailers, or a trailers-only answer for an error.
 func (s *Server) handleRLS(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	reply, e := s.shouldRateLimit(r, start)

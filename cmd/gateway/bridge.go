@@ -19,7 +19,7 @@ var notEmbedded = []string{"SLUICE_LISTEN", "SLUICE_LISTEN_MODE", "SLUICE_TLS_CE
 func embeddedBridge(getenv func(string) string, logger *slog.Logger) (*redisbridge.Server, error) {
 	for _, name := range notEmbedded {
 		if getenv(name) != "" {
-			return nil, fmt.Errorf("--embed-bridge: %s does not apply to an embedded bridge: it has no listener of its own (its API is on --admin-listen)", name)
+			return nil, fmt.Errorf("--embed-bridge: %s does not apply to an embedded bridge: it has no listener of its own (its API is on --admin-listen; Envoy's rate limit service needs a bridge process)", name)
 		}
 	}
 	set, err := redisbridge.ParseSettings(nil, getenv)
