@@ -66,6 +66,25 @@ func (s *Server) handleRLS(w http.ResponseWriter, r *http.Request) {
 	s.m.checkDur.Observe(time.Since(start).Seconds())
 }
 
+// ReloadRLS reads --rls-config again (cmd/redisbridge calls it on
+// SIGHUP). Calls decided meanwhile use the configuration they started
+// with; a configuration refused leaves the running one in place, and the
+// error says why. Counters are kept: a limit whose number changed goes on
+// from its count, one whose unit changed starts a counter of its own.
+func (s *Server) ReloadRLS() error {
+	if s.set.RLSConfig == "" {
+		return nil
+	}
+	cfg, err := rls.Load(s.set.RLSConfig)
+	if err != nil {
+		s.log.Error("rate limit service configuration refused; the running one stays", "err", err)
+		return fmt.Errorf("--rls-config: %w", err)
+	}
+	s.rls.Store(cfg)
+	s.log.Info("rate limit service configuration reloaded", "file", s.set.RLSConfig, "domains", cfg.Domains())
+	return nil
+}
+
 // rlsReply is a call's answer.
 type rlsReply struct {
 	overall  rls.Code
@@ -143,7 +162,7 @@ type rlsPlanned struct {
 // check of those that count: not unlimited, not replaced by another
 // limit of the call (a limit's replaces).
 func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
-	cfg := s.rls
+	cfg := s.rls.Load()
 	if cfg == nil {
 		return nil, &rlsError{grpcUnimplemented, "no rate limit service configuration (--rls-config)"}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -271,4 +272,44 @@ func BenchmarkRLS_ShouldRateLimit(b *testing.B) {
 			}
 		}
 	})
+}
+
+// ReloadRLS puts a new configuration in force, counters kept, and leaves
+// the running one when the new one is refused.
+func TestServer_ReloadRLS(t *testing.T) {
+	set := DefaultSettings()
+	set.Listen, set.LogLevel = "127.0.0.1:0", "error"
+	set.RLSConfig = rlsConfig(t, "domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 1}}]")
+	srv := startServer(t, set)
+	client := rlsClient(t, strings.TrimPrefix(srv.URL, "http://"))
+	call := func() rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		res, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("k", "v")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.OverallCode
+	}
+	if a, b := call(), call(); a != rlsv3.RateLimitResponse_OK || b != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("1 an hour: %v then %v", a, b)
+	}
+	if err := os.WriteFile(set.RLSConfig, []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 2}}]"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.ReloadRLS(); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := call(), call(); a != rlsv3.RateLimitResponse_OK || b != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("2 an hour, 1 counted before: %v then %v", a, b)
+	}
+	if err := os.WriteFile(set.RLSConfig, []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour}}]"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.ReloadRLS(); err == nil || !strings.Contains(err.Error(), "descriptors[0].rate_limit.requests_per_unit: required") {
+		t.Errorf("a refused configuration: %v", err)
+	}
+	if c := call(); c != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("after a refused reload: %v, want the running limit's OVER_LIMIT", c)
+	}
 }

@@ -34,8 +34,8 @@ type Server struct {
 	set       Settings
 	store     store.Store
 	overrides *overrides.Set
-	policy    *policy.Store // nil without --policy-store
-	rls       *rls.Config   // nil without --rls-config
+	policy    *policy.Store              // nil without --policy-store
+	rls       atomic.Pointer[rls.Config] // nil without --rls-config; ReloadRLS replaces it
 	log       *slog.Logger
 	audit     *slog.Logger
 	auditOut  io.Closer
@@ -66,7 +66,7 @@ func New(set Settings) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--rls-config: %w", err)
 		}
-		s.rls = cfg
+		s.rls.Store(cfg)
 	}
 	s.log = set.Logger
 	if s.log == nil {

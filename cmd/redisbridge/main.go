@@ -42,12 +42,21 @@ func run() error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP) // reread --rls-config; the server logs how that went
+	defer signal.Stop(hup)
 	done := make(chan error, 1)
 	go func() { done <- srv.ListenAndServe() }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
+wait:
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-hup:
+			_ = srv.ReloadRLS()
+		case <-ctx.Done():
+			break wait
+		}
 	}
 	grace, cancel := context.WithTimeout(context.Background(), set.ShutdownGrace)
 	defer cancel()
