@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 )
 
@@ -201,51 +202,85 @@ func TestRLS_Errors(t *testing.T) {
 	}
 }
 
-// Bridges that share Redis admit exactly the limit of concurrent calls
-// for one descriptor, and when Redis is gone a call fails within the
-// timeout with UNAVAILABLE.
+// Bridges that share Redis, single or Cluster, admit exactly the limit of
+// concurrent calls, and a call refused by one descriptor consumes nothing
+// of the other, whose counter is in another slot; when Redis is gone a
+// call fails within the timeout with UNAVAILABLE.
 func TestRLS_ExactOnRedis(t *testing.T) {
-	rs := redistest.Start(t)
-	config := rlsConfig(t, "domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 25}}]")
-	var clients []rlsv3.RateLimitServiceClient
-	for range 3 {
-		set := DefaultSettings()
-		set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", rs.URL, config
-		clients = append(clients, rlsClient(t, startBridge(t, set)))
+	config := rlsConfig(t, `domain: d
+descriptors:
+  - {key: k, rate_limit: {unit: hour, requests_per_unit: 25}}
+  - {key: j, rate_limit: {unit: hour, requests_per_unit: 1000}}`)
+	call := func(client rlsv3.RateLimitServiceClient, kv ...string) (*rlsv3.RateLimitResponse, error) {
+		req := &rlsv3.RateLimitRequest{Domain: "d"}
+		for i := 0; i < len(kv); i += 2 {
+			req.Descriptors = append(req.Descriptors, descriptor(kv[i], kv[i+1]))
+		}
+		return client.ShouldRateLimit(context.Background(), req)
 	}
-	var mu sync.Mutex
-	admitted := 0
-	var wg sync.WaitGroup
-	for i := range 90 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res, err := clients[i%3].ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d",
-				Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("k", "shared")}})
+	for _, topology := range []string{"single", "cluster"} {
+		t.Run(topology, func(t *testing.T) {
+			var url string
+			var stop func()
+			if topology == "single" {
+				rs := redistest.Start(t)
+				url, stop = rs.URL, rs.Stop
+			} else {
+				c := redistest.StartCluster(t, 3, 0)
+				if a, _ := c.Slot(rlsKey("d", []rls.Entry{{Key: "k", Value: "shared"}}, 3)); a < 0 {
+					t.Fatal("no slot")
+				} else if b, _ := c.Slot(rlsKey("d", []rls.Entry{{Key: "j", Value: "other"}}, 3)); a == b {
+					t.Fatalf("both descriptors in slot %d: the test needs two", a)
+				}
+				url, stop = c.URL, nil
+			}
+			var clients []rlsv3.RateLimitServiceClient
+			for range 3 {
+				set := DefaultSettings()
+				set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", url, config
+				clients = append(clients, rlsClient(t, startBridge(t, set)))
+			}
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for i := range 90 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res, err := call(clients[i%3], "k", "shared", "j", "other")
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if res.OverallCode == rlsv3.RateLimitResponse_OK {
+						admitted.Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			if n := admitted.Load(); n != 25 {
+				t.Errorf("%d of 90 concurrent calls admitted through 3 bridges, want 25", n)
+			}
+			// j counted the 25 admitted calls and none of the 65 refused.
+			res, err := call(clients[0], "j", "other")
 			if err != nil {
-				t.Error(err)
+				t.Fatal(err)
+			}
+			if got := res.Statuses[0].LimitRemaining; got != 1000-25-1 {
+				t.Errorf("j has %d left, want %d: refused calls consumed it", got, 1000-25-1)
+			}
+			if stop == nil {
 				return
 			}
-			if res.OverallCode == rlsv3.RateLimitResponse_OK {
-				mu.Lock()
-				admitted++
-				mu.Unlock()
+			stop()
+			start := time.Now()
+			_, err = call(clients[0], "k", "gone")
+			if st, _ := status.FromError(err); st.Code() != codes.Unavailable || st.Message() != "counter store unavailable" {
+				t.Errorf("Redis gone: %v, want UNAVAILABLE", err)
 			}
-		}()
-	}
-	wg.Wait()
-	if admitted != 25 {
-		t.Errorf("%d of 90 concurrent calls admitted through 3 bridges, want 25", admitted)
-	}
-	rs.Stop()
-	start := time.Now()
-	_, err := clients[0].ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d",
-		Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("k", "other")}})
-	if st, _ := status.FromError(err); st.Code() != codes.Unavailable || st.Message() != "counter store unavailable" {
-		t.Errorf("Redis gone: %v, want UNAVAILABLE", err)
-	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Errorf("Redis gone: the answer took %v", took)
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("Redis gone: the answer took %v", took)
+			}
+		})
 	}
 }
 
