@@ -46,53 +46,19 @@ type gatewayPod struct {
 
 func layOut(t *testing.T, m *manifests, ns string, pod corev1.PodSpec, c corev1.Container, env map[string]string) gatewayPod {
 	t.Helper()
-	root := t.TempDir()
-	volumes := map[string]corev1.Volume{}
-	for _, v := range pod.Volumes {
-		volumes[v.Name] = v
-	}
-	var mounts []string
-	for _, vm := range c.VolumeMounts {
-		v, ok := volumes[vm.Name]
-		if !ok {
-			t.Fatalf("volumeMount %s: no such volume", vm.Name)
-		}
-		dir := filepath.Join(root, vm.MountPath)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		switch {
-		case v.ConfigMap != nil:
-			cm, ok := m.configMaps[ns+"/"+v.ConfigMap.Name]
-			if !ok {
-				t.Fatalf("volume %s: ConfigMap %s is not in the manifests", v.Name, v.ConfigMap.Name)
-			}
-			for k, data := range cm.Data {
-				if err := os.WriteFile(filepath.Join(dir, k), []byte(data), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-		case v.EmptyDir != nil:
-		default:
-			t.Fatalf("volume %s: only ConfigMaps and emptyDirs are laid out", v.Name)
-		}
-		mounts = append(mounts, vm.MountPath)
-	}
-	p := gatewayPod{bin: filepath.Join(root, ociimage.GatewayPath)}
+	vol := mountVolumes(t, m, ns, pod, c)
+	p := gatewayPod{bin: filepath.Join(vol.root, ociimage.GatewayPath)}
 	build := exec.Command("go", "build", "-o", p.bin, "github.com/sluicehq/sluice/cmd/gateway")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the gateway: %v\n%s", err, out)
 	}
-	plugin := filepath.Join(root, ociimage.GatewayPluginPath)
+	plugin := filepath.Join(vol.root, ociimage.GatewayPluginPath)
 	if err := os.WriteFile(plugin, e2etest.Plugin(t), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range c.Args {
-		name, value, ok := strings.Cut(a, "=")
-		for _, mp := range mounts {
-			if ok && strings.HasPrefix(value, mp) {
-				a = name + "=" + filepath.Join(root, value)
-			}
+		if name, value, ok := strings.Cut(a, "="); ok {
+			a = name + "=" + vol.path(value)
 		}
 		p.args = append(p.args, a)
 	}
@@ -100,6 +66,61 @@ func layOut(t *testing.T, m *manifests, ns string, pod corev1.PodSpec, c corev1.
 	p.env = []string{"SLUICE_GATEWAY_PLUGIN=" + plugin}
 	for k, v := range env {
 		p.env = append(p.env, k+"="+v)
+	}
+	return p
+}
+
+// podVolumes are a container's volume mounts laid out under root.
+type podVolumes struct {
+	root   string
+	mounts []string // mount paths in the container
+}
+
+// mountVolumes lays out c's volume mounts under a directory, as the
+// kubelet mounts them: a ConfigMap's keys as files, an emptyDir empty.
+func mountVolumes(t *testing.T, m *manifests, ns string, pod corev1.PodSpec, c corev1.Container) podVolumes {
+	t.Helper()
+	v := podVolumes{root: t.TempDir()}
+	volumes := map[string]corev1.Volume{}
+	for _, vol := range pod.Volumes {
+		volumes[vol.Name] = vol
+	}
+	for _, vm := range c.VolumeMounts {
+		vol, ok := volumes[vm.Name]
+		if !ok {
+			t.Fatalf("volumeMount %s: no such volume", vm.Name)
+		}
+		dir := filepath.Join(v.root, vm.MountPath)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case vol.ConfigMap != nil:
+			cm, ok := m.configMaps[ns+"/"+vol.ConfigMap.Name]
+			if !ok {
+				t.Fatalf("volume %s: ConfigMap %s is not in the manifests", vol.Name, vol.ConfigMap.Name)
+			}
+			for k, data := range cm.Data {
+				if err := os.WriteFile(filepath.Join(dir, k), []byte(data), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case vol.EmptyDir != nil:
+		default:
+			t.Fatalf("volume %s: only ConfigMaps and emptyDirs are laid out", vol.Name)
+		}
+		v.mounts = append(v.mounts, vm.MountPath)
+	}
+	return v
+}
+
+// path is where the container's path p is laid out: under the root when
+// it is under a mount, else p.
+func (v podVolumes) path(p string) string {
+	for _, mp := range v.mounts {
+		if strings.HasPrefix(p, mp) {
+			return filepath.Join(v.root, p)
+		}
 	}
 	return p
 }

@@ -253,6 +253,12 @@ func TestKubernetes_Bridge(t *testing.T) {
 		t.Errorf("terminationGracePeriodSeconds %v: want more than --shutdown-grace %v, or the kubelet kills checks in flight", grace, set.ShutdownGrace)
 	}
 
+	// Envoy's rate limit service: the ConfigMap's file, where the pod
+	// mounts it, is a configuration the bridge loads (New below).
+	if set.RLSConfig == "" {
+		t.Error("SLUICE_RLS_CONFIG: unset, so the bridge serves no rate limit service for deploy/istio/envoy-ratelimit")
+	}
+	set.RLSConfig = mountVolumes(t, m, d.Namespace, pod.Spec, c).path(set.RLSConfig)
 	// The probes, against the bridge's real routes. The store does not
 	// change the routes; memory answers /readyz without a Redis.
 	set.Store, set.RedisURL = "memory", ""

@@ -8,6 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluicehq/sluice/rules"
@@ -29,9 +33,15 @@ var docSeparator = regexp.MustCompile(`(?m)^---\s*$`)
 // istioObjects reads every manifest in deploy/istio, keyed by kind.
 func istioObjects(t *testing.T) map[string][]k8sObject {
 	t.Helper()
-	files, err := filepath.Glob("../../deploy/istio/*.yaml")
+	return manifestsIn(t, "../../deploy/istio")
+}
+
+// manifestsIn reads every manifest in dir, keyed by kind.
+func manifestsIn(t *testing.T, dir string) map[string][]k8sObject {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil || len(files) == 0 {
-		t.Fatalf("no manifests in deploy/istio: %v", err)
+		t.Fatalf("no manifests in %s: %v", dir, err)
 	}
 	objs := map[string][]k8sObject{}
 	for _, f := range files {
@@ -178,4 +188,148 @@ func TestIstio_WasmPlugin(t *testing.T) {
 	if cfg.Tiers.Header != "" {
 		t.Errorf("tiers.header %q is client-settable at an Istio gateway; use tiers.claim", cfg.Tiers.Header)
 	}
+}
+
+// The rate limit filter's EnvoyFilter, each patch decoded as the Envoy
+// message Istio makes of it and validated: the filter calls the bridge
+// Service's outbound cluster with the check token, for the domain the
+// bridge's rate limit ConfigMap configures, and the virtual hosts get
+// descriptors to send.
+func TestIstio_EnvoyRateLimit(t *testing.T) {
+	ef := manifestsIn(t, "../../deploy/istio/envoy-ratelimit")["EnvoyFilter"]
+	if len(ef) != 1 || ef[0].APIVersion != "networking.istio.io/v1alpha3" {
+		t.Fatalf("want one networking.istio.io/v1alpha3 EnvoyFilter, got %+v", ef)
+	}
+	var spec struct {
+		WorkloadSelector struct {
+			Labels map[string]string `json:"labels"`
+		} `json:"workloadSelector"`
+		ConfigPatches []struct {
+			ApplyTo string `json:"applyTo"`
+			Match   struct {
+				Context  string `json:"context"`
+				Listener struct {
+					FilterChain struct {
+						Filter struct {
+							SubFilter struct {
+								Name string `json:"name"`
+							} `json:"subFilter"`
+						} `json:"filter"`
+					} `json:"filterChain"`
+				} `json:"listener"`
+			} `json:"match"`
+			Patch struct {
+				Operation string          `json:"operation"`
+				Value     json.RawMessage `json:"value"`
+			} `json:"patch"`
+		} `json:"configPatches"`
+	}
+	if err := json.Unmarshal(ef[0].Spec, &spec); err != nil {
+		t.Fatal(err)
+	}
+	if len(spec.WorkloadSelector.Labels) == 0 {
+		t.Error("no workloadSelector: the filter would apply to every proxy in its namespace")
+	}
+	svc := only(t, istioObjects(t), "Service")
+	var svcSpec struct {
+		Ports []struct {
+			Port int `json:"port"`
+		} `json:"ports"`
+	}
+	if err := json.Unmarshal(svc.Spec, &svcSpec); err != nil || len(svcSpec.Ports) != 1 {
+		t.Fatalf("bridge Service ports: %v", err)
+	}
+	wantCluster := fmt.Sprintf("outbound|%d||%s.%s.svc.cluster.local", svcSpec.Ports[0].Port, svc.Metadata.Name, svc.Metadata.Namespace)
+	var filters, vhosts int
+	for i, p := range spec.ConfigPatches {
+		at := fmt.Sprintf("configPatches[%d]", i)
+		if p.Match.Context != "GATEWAY" {
+			t.Errorf("%s: context %q, want GATEWAY", at, p.Match.Context)
+		}
+		switch p.ApplyTo {
+		case "HTTP_FILTER":
+			filters++
+			if p.Patch.Operation != "INSERT_BEFORE" || p.Match.Listener.FilterChain.Filter.SubFilter.Name != "envoy.filters.http.router" {
+				t.Errorf("%s: %s relative to %q, want INSERT_BEFORE the router", at, p.Patch.Operation, p.Match.Listener.FilterChain.Filter.SubFilter.Name)
+			}
+			var f hcmv3.HttpFilter
+			var rl ratelimitv3.RateLimit
+			if err := protojson.Unmarshal(p.Patch.Value, &f); err != nil {
+				t.Fatalf("%s: not an HttpFilter: %v", at, err)
+			}
+			if err := f.ValidateAll(); err != nil {
+				t.Errorf("%s: %v", at, err)
+			}
+			if !unpack(f.GetTypedConfig(), &rl) {
+				t.Fatalf("%s: typed_config is not a RateLimit", at)
+			}
+			if err := rl.ValidateAll(); err != nil {
+				t.Errorf("%s: %v", at, err)
+			}
+			gs := rl.GetRateLimitService().GetGrpcService()
+			if got := gs.GetEnvoyGrpc().GetClusterName(); got != wantCluster {
+				t.Errorf("%s: cluster %q, Istio names the bridge Service's %q", at, got, wantCluster)
+			}
+			token := false
+			for _, md := range gs.GetInitialMetadata() {
+				token = token || (md.GetKey() == "authorization" && strings.HasPrefix(md.GetValue(), "Bearer "))
+			}
+			if !token {
+				t.Errorf("%s: no authorization metadata: the bridge in deploy/kubernetes requires its check token", at)
+			}
+			if d := rl.GetDomain(); d != bridgeRateLimitDomain(t) {
+				t.Errorf("%s: domain %q, the bridge's ConfigMap configures %q", at, d, bridgeRateLimitDomain(t))
+			}
+		case "VIRTUAL_HOST":
+			vhosts++
+			var vh routev3.VirtualHost
+			if err := protojson.Unmarshal(p.Patch.Value, &vh); err != nil {
+				t.Fatalf("%s: not a VirtualHost: %v", at, err)
+			}
+			if len(vh.GetRateLimits()) == 0 {
+				t.Errorf("%s: no rate_limits: the filter would send no descriptors", at)
+			}
+			for j, r := range vh.GetRateLimits() {
+				if err := r.ValidateAll(); err != nil {
+					t.Errorf("%s.rate_limits[%d]: %v", at, j, err)
+				}
+			}
+		default:
+			t.Errorf("%s: applyTo %s", at, p.ApplyTo)
+		}
+	}
+	if filters != 1 || vhosts == 0 {
+		t.Errorf("%d HTTP_FILTER and %d VIRTUAL_HOST patches, want one and some", filters, vhosts)
+	}
+}
+
+// bridgeRateLimitDomain is the domain of the bridge's rate limit
+// ConfigMap in deploy/kubernetes.
+func bridgeRateLimitDomain(t *testing.T) string {
+	t.Helper()
+	cms := manifestsIn(t, "../../deploy/kubernetes")["ConfigMap"]
+	if len(cms) != 1 {
+		t.Fatalf("want the one ConfigMap sluice-ratelimit in deploy/kubernetes, got %d", len(cms))
+	}
+	js, err := yaml.YAMLToJSON(readFile(t, "../../deploy/kubernetes/15-ratelimit.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	if err := json.Unmarshal(js, &cm); err != nil {
+		t.Fatal(err)
+	}
+	js, err = yaml.YAMLToJSON([]byte(cm.Data["ratelimit.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Domain string `json:"domain"`
+	}
+	if err := json.Unmarshal(js, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg.Domain
 }
