@@ -2,18 +2,24 @@ package redisbridge
 
 import (
 	"context"
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/internal/benchtable"
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/rules"
@@ -30,6 +36,7 @@ type tableRow struct {
 	hot    bool   // one key for every check (else 10,000 users)
 	bridge string // "" for redis-benchmark, else "h1" or "h2c"
 	batch1 bool   // the bridge with --redis-batch 1
+	rls    bool   // Envoy's rate limit service's calls (gRPC), not the plugin's checks
 }
 
 // tableFigures is what one run of a row measured.
@@ -64,10 +71,12 @@ func BenchmarkBridgeTable(b *testing.B) {
 	// A generous Redis timeout: throughput is measured, on a machine the
 	// load generator shares, not failure handling.
 	flags := strings.Fields(*bridgeFlags) // -bridge.flags, for both bridges
-	addr, pid := startBridgeProcess(b, rs.URL, append([]string{"--redis-timeout", "1s"}, flags...)...)
+	rlsConfig := rlsConfig(b, "domain: bench\ndescriptors: [{key: user, rate_limit: {unit: minute, requests_per_unit: 1073741824}}]")
+	addr, pid := startBridgeProcess(b, rs.URL, append([]string{"--redis-timeout", "1s", "--rls-config", rlsConfig}, flags...)...)
 	addr1, pid1 := startBridgeProcess(b, rs.URL, append([]string{"--redis-timeout", "1s", "--redis-batch", "1"}, flags...)...)
 	users := benchBodies(rules.TokenBucket)
 	hotKey := [][]byte{users[0]}
+	rlsUsers := rlsBodies(b)
 	const (
 		group    = "Bridge: 50 checks in flight, 10,000 users, one token bucket limit, all allowed"
 		hotGroup = "Bridge: 50 checks in flight, one hot key"
@@ -78,6 +87,7 @@ func BenchmarkBridgeTable(b *testing.B) {
 		{name: "bridge, HTTP/1.1", bridge: "h1"},
 		{name: "bridge, h2c", bridge: "h2c", note: h2cNote},
 		{name: "bridge, h2c, --redis-batch 1 (a script call per check)", bridge: "h2c", batch1: true},
+		{name: "bridge, h2c, Envoy's rate limit service (gRPC ShouldRateLimit, a descriptor per user, fixed window)", bridge: "h2c", rls: true},
 		{name: "redis-benchmark, one key", base: true, hot: true},
 		{name: "bridge, h2c, one key", bridge: "h2c", hot: true},
 		{name: "bridge, h2c, one key, --redis-batch 1", bridge: "h2c", hot: true, batch1: true},
@@ -90,11 +100,14 @@ func BenchmarkBridgeTable(b *testing.B) {
 			if r.hot {
 				bodies = hotKey
 			}
+			if r.rls {
+				bodies = rlsUsers
+			}
 			if r.batch1 {
 				a, p = addr1, pid1
 			}
 			if round == 0 && r.bridge != "" {
-				loadBridge(b, a, r.bridge, bodies, benchUsers) // connections, keys
+				loadBridge(b, a, r, bodies, benchUsers) // connections, keys
 			}
 			runs[i] = append(runs[i], measureRow(b, rc, r, a, p, bodies, n))
 		}
@@ -141,12 +154,15 @@ func BenchmarkBridgeTable(b *testing.B) {
 	}
 }
 
-// loadBridge sends n checks to the bridge at addr and returns what the
-// load generator measured.
-func loadBridge(b *testing.B, addr, proto string, bodies [][]byte, n int) loadgen.Result {
+// loadBridge sends n of row r's checks (or calls) to the bridge at addr
+// and returns what the load generator measured.
+func loadBridge(b *testing.B, addr string, r tableRow, bodies [][]byte, n int) loadgen.Result {
 	o := loadgen.Options{Addr: addr, Path: "/v1/rate-limit/check", Bodies: bodies, Conns: benchClients, N: n, Check: allowedAnswer}
-	if proto == "h2c" {
+	if r.bridge == "h2c" {
 		o.H2C, o.Conns, o.Streams = true, benchH2Conns, benchClients/benchH2Conns
+	}
+	if r.rls {
+		o.Path, o.ContentType, o.Check = rlsPath, "application/grpc", rlsAllowed
 	}
 	res, err := loadgen.Run(context.Background(), o)
 	if err != nil {
@@ -164,7 +180,7 @@ func measureRow(b *testing.B, rc *redis.Client, r tableRow, addr string, pid int
 		f.rate = redisBenchmark(b, rc.Options().Addr, n, r.hot)
 	} else {
 		cpu0 = childCPU(b, pid)
-		res := loadBridge(b, addr, r.bridge, bodies, n)
+		res := loadBridge(b, addr, r, bodies, n)
 		f.rate, f.p99ms = res.Rate(), float64(res.Percentile(0.99).Microseconds())/1000
 		f.bridgeCPU = float64((childCPU(b, pid) - cpu0).Microseconds()) / float64(n)
 	}
@@ -181,4 +197,30 @@ func measureRow(b *testing.B, rc *redis.Client, r tableRow, addr string, pid int
 	}
 	f.cmds = float64(cmds) / float64(n)
 	return f
+}
+
+// rlsBodies are ShouldRateLimit calls, as gRPC messages: a descriptor
+// user=uN for each of the users.
+func rlsBodies(b *testing.B) [][]byte {
+	bodies := make([][]byte, benchUsers)
+	for i := range bodies {
+		msg, err := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "bench",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("user", "u"+strconv.Itoa(i))}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		frame := make([]byte, 5, 5+len(msg))
+		binary.BigEndian.PutUint32(frame[1:], uint32(len(msg)))
+		bodies[i] = append(frame, msg...)
+	}
+	return bodies
+}
+
+// rlsAllowed accepts a ShouldRateLimit answer whose overall code is OK:
+// the message's first field (AppendResponse writes it first).
+func rlsAllowed(status int, body []byte) error {
+	if status != 200 || len(body) < 7 || body[0] != 0 || body[5] != 0x08 || body[6] != byte(rls.CodeOK) {
+		return fmt.Errorf("status %d: %x", status, body)
+	}
+	return nil
 }

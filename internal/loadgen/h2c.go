@@ -3,6 +3,7 @@ package loadgen
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -42,8 +43,10 @@ type h2conn struct {
 	hb    bytes.Buffer
 	dec   *hpack.Decoder
 	check func(int, []byte) error
-	next  *atomic.Int64 // requests taken, over all connections
-	stop  *atomic.Bool
+	// contentType is the requests' (Options.ContentType, or JSON's).
+	contentType string
+	next        *atomic.Int64 // requests taken, over all connections
+	stop        *atomic.Bool
 
 	sendWindow int64 // the server's connection window for our bodies
 	initWindow int64 // its per-stream window
@@ -78,7 +81,7 @@ func runH2C(ctx context.Context, o Options) (Result, error) {
 	cpu0 := processCPU()
 	t0 := time.Now()
 	for i, c := range conns {
-		hc := &h2conn{o: &o, c: c, check: check, next: &next, stop: &stop, streams: map[uint32]*h2stream{},
+		hc := &h2conn{o: &o, c: c, check: check, contentType: cmp.Or(o.ContentType, "application/json"), next: &next, stop: &stop, streams: map[uint32]*h2stream{},
 			sendWindow: 65535, initWindow: 65535, maxFrame: 16384, nextID: 1}
 		wg.Go(func() {
 			defer c.Close()
@@ -261,7 +264,7 @@ func (h *h2conn) write(i int64) {
 	h.field(":scheme", "http")
 	h.field(":authority", h.o.Addr)
 	h.field(":path", h.o.Path)
-	h.field("content-type", "application/json")
+	h.field("content-type", h.contentType)
 	h.field("content-length", strconv.Itoa(len(body)))
 	h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.hb.Bytes(), EndHeaders: true})
 	for len(body) > h.maxFrame {

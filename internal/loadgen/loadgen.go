@@ -51,6 +51,9 @@ type Options struct {
 	// on each of the Conns connections.
 	H2C     bool
 	Streams int
+	// ContentType is the h2c requests' content type; default
+	// application/json (application/grpc for gRPC calls).
+	ContentType string
 	// Check judges an answer; nil accepts status 200 only. body is only
 	// valid during the call.
 	Check func(status int, body []byte) error
