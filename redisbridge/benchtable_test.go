@@ -2,7 +2,6 @@ package redisbridge
 
 import (
 	"context"
-	"encoding/binary"
 	"flag"
 	"fmt"
 	"os"
@@ -15,7 +14,6 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/internal/benchtable"
 	"github.com/sluicehq/sluice/internal/loadgen"
@@ -204,14 +202,8 @@ func measureRow(b *testing.B, rc *redis.Client, r tableRow, addr string, pid int
 func rlsBodies(b *testing.B) [][]byte {
 	bodies := make([][]byte, benchUsers)
 	for i := range bodies {
-		msg, err := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "bench",
+		bodies[i] = rlsFrame(&rlsv3.RateLimitRequest{Domain: "bench",
 			Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("user", "u"+strconv.Itoa(i))}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		frame := make([]byte, 5, 5+len(msg))
-		binary.BigEndian.PutUint32(frame[1:], uint32(len(msg)))
-		bodies[i] = append(frame, msg...)
 	}
 	return bodies
 }

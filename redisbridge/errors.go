@@ -116,6 +116,9 @@ func writeResponse(w http.ResponseWriter, out *checkio.Response) {
 	}
 	w.WriteHeader(out.Status)
 	_, _ = w.Write(out.Body)
+	for _, x := range out.Trailers {
+		h[http.TrailerPrefix+x.Name] = []string{string(x.Value)}
+	}
 }
 
 // wireError is the answer to a body the wire decoder refused. Its errors

@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/sluicehq/sluice/redisbridge/internal/h2fast"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -379,6 +382,13 @@ func compareH2(t *testing.T, name string, fast, ref string, ops []h2op) {
 func TestServer_H2CAnswersLikeNetHTTP(t *testing.T) {
 	set := testSettings()
 	set.CheckToken = "tok"
+	set.RLSConfig = rlsConfig(t, rlsTestConfig)
+	call := rlsFrame(&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		descriptor("remote_address", "10.0.0.1"), descriptor("path", "/login"), descriptor("path", "/other")}})
+	rlsHead := func(extra ...string) []hpack.HeaderField {
+		return fields(append([]string{":method", "POST", ":scheme", "http", ":path", rlsPath, ":authority", "bridge",
+			"content-type", "application/grpc", "te", "trailers"}, extra...)...)
+	}
 	body := wireCheck("a")
 	big := bytes.Repeat([]byte("x"), maxBody+1)
 	longValue := strings.Repeat("v", 16<<10)
@@ -458,6 +468,21 @@ func TestServer_H2CAnswersLikeNetHTTP(t *testing.T) {
 			"x-admin-key", "admin-secret")}, {kind: opData, stream: 1, data: []byte(`{"user_id":"u","endpoint":"/e","limit":3,"window_seconds":60}`), end: true}}},
 		{"relayed body too large", []h2op{{kind: opHeaders, stream: 1, fields: fields(":method", "POST", ":scheme", "http", ":path", "/v1/rate-limit/batch-check", ":authority", "b")},
 			{kind: opData, stream: 1, data: big}}},
+		{"rls call", []h2op{{kind: opHeaders, stream: 1, fields: rlsHead(append(auth, "grpc-timeout", "250m", "user-agent", "envoy")...)},
+			{kind: opData, stream: 1, data: call, end: true}}},
+		{"rls calls, the third over", []h2op{{kind: opHeaders, stream: 1, fields: rlsHead(auth...)}, {kind: opData, stream: 1, data: call, end: true},
+			{kind: opHeaders, stream: 3, fields: rlsHead(auth...)}, {kind: opData, stream: 3, data: call, end: true},
+			{kind: opHeaders, stream: 5, fields: rlsHead(auth...)}, {kind: opData, stream: 5, data: call, end: true}}},
+		{"rls, no token", []h2op{{kind: opHeaders, stream: 1, fields: rlsHead()}, {kind: opData, stream: 1, data: call, end: true}}},
+		{"rls, grpc+proto", []h2op{{kind: opHeaders, stream: 1, fields: fields(":method", "POST", ":scheme", "http", ":path", rlsPath, ":authority", "b",
+			"content-type", "application/grpc+proto", "authorization", "Bearer tok")}, {kind: opData, stream: 1, data: call, end: true}}},
+		{"rls, JSON", []h2op{{kind: opHeaders, stream: 1, fields: fields(":method", "POST", ":scheme", "http", ":path", rlsPath, ":authority", "b",
+			"content-type", "application/json", "authorization", "Bearer tok")}, {kind: opData, stream: 1, data: call, end: true}}},
+		{"rls, two content types", []h2op{{kind: opHeaders, stream: 1, fields: rlsHead(append(auth, "content-type", "application/grpc")...), end: true}}},
+		{"rls, not one message", []h2op{{kind: opHeaders, stream: 1, fields: rlsHead(auth...)}, {kind: opData, stream: 1, data: call[:len(call)-1], end: true}}},
+		{"rls, compressed", []h2op{{kind: opHeaders, stream: 1, fields: rlsHead(auth...)}, {kind: opData, stream: 1, data: append([]byte{1}, call[1:]...), end: true}}},
+		{"rls, no body", []h2op{{kind: opHeaders, stream: 1, fields: rlsHead(auth...), end: true}}},
+		{"rls, too large", []h2op{{kind: opHeaders, stream: 1, fields: rlsHead(auth...)}, {kind: opData, stream: 1, data: big, end: true}}},
 		{"mixed", []h2op{{kind: opHeaders, stream: 1, fields: checkHead(auth...)},
 			{kind: opHeaders, stream: 3, fields: fields(":method", "GET", ":scheme", "http", ":path", "/v1/rate-limit/status/u/e", ":authority", "b", "authorization", "Bearer tok"), end: true},
 			{kind: opData, stream: 1, data: body, end: true}, {kind: opHeaders, stream: 5, fields: fields(":method", "GET", ":scheme", "http", ":path", "/nope", ":authority", "b"), end: true},
@@ -498,6 +523,7 @@ func FuzzServer_H2C(f *testing.F) {
 	}
 	set := testSettings()
 	set.CheckToken = "tok"
+	set.RLSConfig = rlsConfig(f, rlsTestConfig)
 	fast, ref := startBridge(f, set), startNetHTTP(f, set)
 	var run atomic.Int64
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -532,7 +558,7 @@ func fuzzH2Ops(b []byte, key string) []h2op {
 	}
 	bodies := func(id uint32) []byte {
 		k := key + "s" + strconv.Itoa(int(id))
-		switch next() % 7 {
+		switch next() % 8 {
 		case 0:
 			return wireCheck(k)
 		case 1:
@@ -545,6 +571,8 @@ func fuzzH2Ops(b []byte, key string) []h2op {
 			return bytes.Repeat([]byte("x"), maxBody+1)
 		case 5:
 			return []byte(`{"checks":[{"user_id":"` + k + `","endpoint":"/e"}]}`)
+		case 6:
+			return rlsFrame(&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", k)}})
 		}
 		return wireCheck(k)[:10]
 	}
@@ -650,6 +678,7 @@ func fuzzH2Ops(b []byte, key string) []h2op {
 // own: frames after their head would race them, so they end with it.
 func readsBody(fs []hpack.HeaderField) bool {
 	seen := map[string]int{}
+	rls, grpc := false, false
 	for _, f := range fs {
 		seen[f.Name]++
 		switch f.Name {
@@ -658,9 +687,12 @@ func readsBody(fs []hpack.HeaderField) bool {
 				return false
 			}
 		case ":path":
-			if f.Value != "/v1/rate-limit/check" {
+			rls = f.Value == rlsPath
+			if f.Value != "/v1/rate-limit/check" && !rls {
 				return false
 			}
+		case "content-type":
+			grpc = h2fast.IsGRPC(f.Value)
 		case ":scheme":
 			if f.Value != "http" {
 				return false
@@ -681,6 +713,9 @@ func readsBody(fs []hpack.HeaderField) bool {
 			return false
 		}
 	}
+	if rls && (!grpc || seen["content-type"] != 1) {
+		return false
+	}
 	return seen[":authority"] == 1 && seen[":method"] == 1 && seen[":scheme"] == 1 && seen[":path"] == 1 &&
 		seen["content-length"] <= 1 && seen["authorization"] <= 1 && seen["te"] <= 1
 }
@@ -689,7 +724,7 @@ func readsBody(fs []hpack.HeaderField) bool {
 func fuzzHead(next func() byte) []hpack.HeaderField {
 	method := []string{"POST", "POST", "POST", "GET", "PUT", "post", ""}[next()%7]
 	path := []string{"/v1/rate-limit/check", "/v1/rate-limit/check", "/healthz", "/v1/rate-limit/batch-check",
-		"/v1/rate-limit/check?a=1", "/nope", "v1", "", "/v1/rate-limit/status/u/e"}[next()%9]
+		"/v1/rate-limit/check?a=1", "/nope", "v1", "", "/v1/rate-limit/status/u/e", rlsPath, rlsPath}[next()%11]
 	scheme := []string{"http", "http", "https", "", "ftp"}[next()%5]
 	authority := []string{"bridge", "bridge", "", "u@b", "b:80"}[next()%5]
 	var fs []hpack.HeaderField
@@ -703,7 +738,7 @@ func fuzzHead(next func() byte) []hpack.HeaderField {
 	add(":path", path)
 	add(":authority", authority)
 	for range next() % 4 {
-		switch next() % 16 {
+		switch next() % 20 {
 		case 0:
 			add("authorization", "Bearer tok")
 		case 1:
@@ -734,8 +769,14 @@ func fuzzHead(next func() byte) []hpack.HeaderField {
 			add("host", "h")
 		case 14:
 			add("cookie", "a=1")
-		default:
+		case 15:
 			add("content-type", "application/json")
+		case 16, 17:
+			add("content-type", "application/grpc")
+		case 18:
+			add("content-type", "application/grpc+proto")
+		default:
+			add("grpc-timeout", []string{"1S", "5m", "x"}[next()%3])
 		}
 	}
 	return fs

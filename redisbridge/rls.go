@@ -1,15 +1,16 @@
 package redisbridge
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/grpcwire"
+	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
+	"github.com/sluicehq/sluice/redisbridge/internal/h2fast"
 	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -21,8 +22,8 @@ import (
 // envoyproxy/ratelimit; the limits of one call are then decided by the
 // check core, together and all-or-nothing, as a fixed window per unit.
 
-// rlsPath is the gRPC method's path.
-const rlsPath = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+// rlsPath is the gRPC method's path (h2fast serves it too).
+const rlsPath = h2fast.RLSPath
 
 // gRPC status codes the service answers with.
 const (
@@ -32,38 +33,72 @@ const (
 	grpcUnauthenticated = 16
 )
 
-// maxRLSMessage bounds a request message; Envoy's are a few hundred bytes.
-const maxRLSMessage = 1 << 20
-
 // rlsError is a call's failure: a gRPC status and its message.
 type rlsError struct {
 	code int
 	msg  string
 }
 
-// handleRLS serves ShouldRateLimit: a gRPC unary call on net/http (h2c on
-// the bridge's port, or h2 over its TLS), its answer one message and the
-// status in the trailers, or a trailers-only answer for an error.
+// handleRLS is ShouldRateLimit's net/http transport (h2, and h2c streams
+// the fast path hands over): it checks what only net/http lets through
+// (HTTP/1.1, another content type) and calls serveRLS, as the h2c fast
+// path does for the calls it takes.
 func (s *Server) handleRLS(w http.ResponseWriter, r *http.Request) {
+	out := outPool.Get().(*checkio.Response)
+	defer outPool.Put(out)
+	out.Reset()
+	ct := r.Header.Get("Content-Type")
+	switch {
+	case r.ProtoMajor != 2:
+		rlsFail(out, &rlsError{grpcUnimplemented, "gRPC needs HTTP/2"})
+	case !h2fast.IsGRPC(ct):
+		rlsFail(out, &rlsError{grpcInvalidArgument, fmt.Sprintf("content type %q is not application/grpc", ct)})
+	default:
+		bp := bufPool.Get().(*[]byte)
+		defer bufPool.Put(bp)
+		body, err := readAll(w, r, (*bp)[:0])
+		*bp = body
+		in := checkio.Request{Authorization: headerBytes(r, "Authorization"), RequestID: []byte(requestID(r)), Body: body, BodyErr: err,
+			GRPCTimeout: headerBytes(r, "Grpc-Timeout")}
+		s.serveRLS(r.Context(), &in, out)
+	}
+	writeResponse(w, out)
+}
+
+// serveRLS answers a ShouldRateLimit call, whatever transport brought it:
+// the answer's message and the status in its trailers, or a status alone
+// (trailers only) when the call fails.
+func (s *Server) serveRLS(ctx context.Context, in *checkio.Request, out *checkio.Response) {
 	start := time.Now()
-	reply, e := s.shouldRateLimit(r, start)
-	h := w.Header()
-	h.Set("Content-Type", "application/grpc")
+	// The call's X-Request-Id, as the check core sends one back.
+	if len(in.RequestID) > 0 {
+		out.Set("X-Request-Id", string(in.RequestID))
+	} else {
+		out.Set("X-Request-Id", newRequestID())
+	}
+	var req rls.Request
+	reply, e := s.shouldRateLimit(ctx, in, &req, start)
 	if e != nil {
-		// Trailers only: the status ends the stream.
-		h.Set("Grpc-Status", strconv.Itoa(e.code))
-		h.Set("Grpc-Message", grpcwire.Message([]byte(e.msg)))
-		w.WriteHeader(http.StatusOK)
+		rlsFail(out, e)
 		return
 	}
 	// One gRPC message: uncompressed, its length, the response.
-	frame := make([]byte, 5, 64+48*len(reply.statuses))
+	out.Status = http.StatusOK
+	out.Set("Content-Type", "application/grpc")
+	frame := append(out.Body[:0], 0, 0, 0, 0, 0)
 	frame = rls.AppendResponse(frame, reply.overall, reply.statuses)
 	binary.BigEndian.PutUint32(frame[1:5], uint32(len(frame)-5))
-	w.WriteHeader(http.StatusOK)
-	w.Write(frame)
-	h.Set(http.TrailerPrefix+"Grpc-Status", "0")
+	out.Body = frame
+	out.SetTrailer("Grpc-Status", "0")
 	s.m.checkDur.Observe(time.Since(start).Seconds())
+}
+
+// rlsFail makes out the trailers-only answer of a failed call.
+func rlsFail(out *checkio.Response, e *rlsError) {
+	out.Status = http.StatusOK
+	out.Set("Content-Type", "application/grpc")
+	out.Set("Grpc-Status", strconv.Itoa(e.code))
+	out.Set("Grpc-Message", grpcwire.Message([]byte(e.msg)))
 }
 
 // ReloadRLS reads --rls-config again (cmd/redisbridge calls it on
@@ -91,25 +126,25 @@ type rlsReply struct {
 	statuses []rls.Status
 }
 
-// shouldRateLimit reads the call's request, decides it and makes its
-// answer.
-func (s *Server) shouldRateLimit(r *http.Request, start time.Time) (*rlsReply, *rlsError) {
-	if r.ProtoMajor != 2 {
-		return nil, &rlsError{grpcUnimplemented, "gRPC needs HTTP/2"}
+// shouldRateLimit reads the call's request into req, decides it and
+// makes its answer.
+func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *rls.Request, start time.Time) (*rlsReply, *rlsError) {
+	if in.BodyErr != nil {
+		s.m.checkInvalid.Inc()
+		return nil, &rlsError{grpcInvalidArgument, "reading the request: " + in.BodyErr.Error()}
 	}
-	if e := s.authorizeCheck(headerBytes(r, "Authorization")); e != nil {
+	if e := s.authorizeCheck(in.Authorization); e != nil {
 		return nil, &rlsError{grpcUnauthenticated, e.reason}
 	}
-	var req rls.Request
-	if e := readGRPCRequest(r, &req); e != nil {
+	if e := readGRPCRequest(in.Body, req); e != nil {
 		s.m.checkInvalid.Inc()
 		return nil, e
 	}
 	deadline := start.Add(s.set.RedisTimeout)
-	if d, ok := grpcTimeout(r.Header.Get("Grpc-Timeout")); ok && start.Add(d).Before(deadline) {
+	if d, ok := grpcTimeout(in.GRPCTimeout); ok && start.Add(d).Before(deadline) {
 		deadline = start.Add(d)
 	}
-	plan, e := s.rlsPlan(&req)
+	plan, e := s.rlsPlan(req)
 	if e != nil {
 		s.m.checkInvalid.Inc()
 		return nil, e
@@ -122,7 +157,7 @@ func (s *Server) shouldRateLimit(r *http.Request, start time.Time) (*rlsReply, *
 		return reply, nil
 	}
 	var resp rules.CheckResponse
-	if err := s.decide(r.Context(), deadline, &plan.check, &resp); err != nil {
+	if err := s.decide(ctx, deadline, &plan.check, &resp); err != nil {
 		return nil, &rlsError{grpcUnavailable, storeError(err).reason}
 	}
 	if !resp.Allowed {
@@ -249,20 +284,10 @@ func rlsKey(domain string, entries []rls.Entry, unit rls.Unit) string {
 	return string(append(b, unit.String()...))
 }
 
-// readGRPCRequest reads r's body, one uncompressed gRPC message, into req.
-func readGRPCRequest(r *http.Request, req *rls.Request) *rlsError {
-	if ct := r.Header.Get("Content-Type"); ct != "application/grpc" && !strings.HasPrefix(ct, "application/grpc+proto") {
-		return &rlsError{grpcInvalidArgument, fmt.Sprintf("content type %q is not application/grpc", ct)}
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxRLSMessage+6))
-	if err != nil {
-		return &rlsError{grpcInvalidArgument, "reading the request: " + err.Error()}
-	}
+// readGRPCRequest reads body, one uncompressed gRPC message, into req.
+func readGRPCRequest(body []byte, req *rls.Request) *rlsError {
 	if len(body) < 5 || int(binary.BigEndian.Uint32(body[1:5])) != len(body)-5 {
 		return &rlsError{grpcInvalidArgument, "the request is not one gRPC message"}
-	}
-	if len(body)-5 > maxRLSMessage {
-		return &rlsError{grpcInvalidArgument, fmt.Sprintf("the request is larger than %d bytes", maxRLSMessage)}
 	}
 	if body[0] != 0 {
 		return &rlsError{grpcUnimplemented, "compressed messages are not supported"}
@@ -274,11 +299,11 @@ func readGRPCRequest(r *http.Request, req *rls.Request) *rlsError {
 }
 
 // grpcTimeout reads a grpc-timeout header: up to 8 digits and a unit.
-func grpcTimeout(v string) (time.Duration, bool) {
+func grpcTimeout(v []byte) (time.Duration, bool) {
 	if len(v) < 2 || len(v) > 9 {
 		return 0, false
 	}
-	n, err := strconv.ParseInt(v[:len(v)-1], 10, 64)
+	n, err := strconv.ParseInt(string(v[:len(v)-1]), 10, 64)
 	if err != nil || n < 0 {
 		return 0, false
 	}

@@ -2,6 +2,7 @@ package redisbridge
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,6 +66,17 @@ func rlsClient(t testing.TB, addr string) rlsv3.RateLimitServiceClient {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
+// rlsFrame is req as the body of a gRPC call: one uncompressed message.
+func rlsFrame(req *rlsv3.RateLimitRequest) []byte {
+	msg, err := proto.Marshal(req)
+	if err != nil {
+		panic(err) // a message built here always marshals
+	}
+	frame := make([]byte, 5, 5+len(msg))
+	binary.BigEndian.PutUint32(frame[1:], uint32(len(msg)))
+	return append(frame, msg...)
 }
 
 // descriptor is a request descriptor of key, value pairs.

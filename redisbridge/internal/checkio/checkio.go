@@ -1,8 +1,11 @@
 // Package checkio is the contract between the bridge's check transports
-// and its check core. A transport (net/http, the HTTP/1.1 fast path) reads
-// a POST /v1/rate-limit/check off its connection into a Request, has the
-// Handler fill a Response, and writes that out in its own framing, adding
-// only the headers of the framing (Date, Content-Length, Connection).
+// and its check core. A transport (net/http, the HTTP/1.1 and h2c fast
+// paths) reads a POST /v1/rate-limit/check off its connection into a
+// Request, has the Handler fill a Response, and writes that out in its own
+// framing, adding only the headers of the framing (Date, Content-Length,
+// Connection). Envoy's rate limit service's gRPC calls (net/http, the h2c
+// fast path) go through the same contract to their own Handler; their
+// answers carry trailers.
 // Responses are reused from one request to the next, so a transport that
 // keeps one per connection answers without allocating for the answer.
 package checkio
@@ -25,6 +28,8 @@ type Request struct {
 	// limit, a Content-Length the body does not match); the handler
 	// answers it.
 	BodyErr error
+	// GRPCTimeout is a gRPC call's grpc-timeout header; nil when absent.
+	GRPCTimeout []byte
 }
 
 // Header is one response header. Names are in canonical form
@@ -39,7 +44,9 @@ type Response struct {
 	Status  int
 	Headers []Header
 	Body    []byte
-	vals    []byte // storage of header values
+	// Trailers follow the body (a gRPC call's status); none for a check.
+	Trailers []Header
+	vals     []byte // storage of header values
 }
 
 // Reset empties r for the next answer, keeping its storage.
@@ -47,7 +54,15 @@ func (r *Response) Reset() {
 	r.Status = 0
 	r.Headers = r.Headers[:0]
 	r.Body = r.Body[:0]
+	r.Trailers = r.Trailers[:0]
 	r.vals = r.vals[:0]
+}
+
+// SetTrailer adds a trailer.
+func (r *Response) SetTrailer(name, value string) {
+	start := len(r.vals)
+	r.vals = append(r.vals, value...)
+	r.Trailers = append(r.Trailers, Header{Name: name, Value: r.vals[start:len(r.vals):len(r.vals)]})
 }
 
 // Set adds a header.

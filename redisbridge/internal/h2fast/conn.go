@@ -533,7 +533,7 @@ func (c *conn) processHeaders(f *http2.MetaHeadersFrame) error {
 		c.answerHeaderListTooLong(st)
 		return nil
 	}
-	isCheck := st.parseCheck(f) // a check's head is valid
+	isCheck := st.parseCheck(f, c.s.o.RLS != nil) // a check's head is valid
 	if !isCheck && !validHead(f) {
 		return streamError(id, http2.ErrCodeProtocol)
 	}

@@ -16,7 +16,10 @@
 //	Expect or Trailer,
 //
 // by calling the bridge's check core (a checkio.Handler, the one net/http's
-// handler calls too), and relays every other stream (other paths and
+// handler calls too); answers Envoy's rate limit service's gRPC calls,
+// which are as exact but at RLSPath with a gRPC content type, likewise
+// with Options.RLS (its answers end with trailers); and relays every other
+// stream (other paths and
 // methods, odd requests) to net/http's HTTP/2 server over an in-memory
 // connection of its own (relay.go), so that net/http decides those exactly
 // as it would on its own.
@@ -62,10 +65,22 @@ const (
 	checkPath          = "/v1/rate-limit/check"
 )
 
+// RLSPath is the path of Envoy's rate limit service's gRPC method.
+const RLSPath = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+// IsGRPC reports whether a content type is gRPC's with protobuf messages
+// (application/grpc, or its +proto form), what the rate limit service
+// reads.
+func IsGRPC(contentType string) bool {
+	return contentType == "application/grpc" || contentType == "application/grpc+proto"
+}
+
 // Options configure a Server.
 type Options struct {
 	// Handler answers check requests: the bridge's check core.
 	Handler checkio.Handler
+	// RLS answers ShouldRateLimit calls; nil relays them to net/http.
+	RLS checkio.Handler
 	// Handoff gives net/http's server a connection to serve, on which the
 	// relay speaks HTTP/2 with prior knowledge. It reports false when
 	// net/http no longer serves (shutting down).

@@ -14,7 +14,8 @@ import (
 
 // queueAnswer queues the check core's answer on st (mu held), as
 // net/http's HTTP/2 server writes a handler's: :status, the headers in
-// sorted order, content-length, date; then the body.
+// sorted order, content-length, date; then the body; then the trailers,
+// in sorted order, which end the stream.
 func (c *conn) queueAnswer(st *stream, resp *checkio.Response) {
 	if c.errored() {
 		c.closeStream(st) // nothing is written after a GOAWAY with an error
@@ -28,7 +29,7 @@ func (c *conn) queueAnswer(st *stream, resp *checkio.Response) {
 			idx[j], idx[j-1] = idx[j-1], idx[j]
 		}
 	}
-	end := len(resp.Body) == 0
+	end := len(resp.Body) == 0 && len(resp.Trailers) == 0
 	c.hbuf.Reset()
 	e := c.henc
 	_ = e.WriteField(hpack.HeaderField{Name: ":status", Value: statusText(resp.Status)})
@@ -51,10 +52,24 @@ func (c *conn) queueAnswer(st *stream, resp *checkio.Response) {
 		c.localEnd(st)
 		return
 	}
-	// The stream's body buffer holds the answer now: the request body
-	// is no longer needed.
-	*st.body = append((*st.body)[:0], resp.Body...)
-	st.out = append(st.out, outItem{kind: itemData, data: *st.body, end: true})
+	if len(resp.Body) > 0 {
+		// The stream's body buffer holds the answer now: the request
+		// body is no longer needed.
+		*st.body = append((*st.body)[:0], resp.Body...)
+		st.out = append(st.out, outItem{kind: itemData, data: *st.body, end: len(resp.Trailers) == 0})
+	}
+	if len(resp.Trailers) > 0 {
+		fields := make([]hpack.HeaderField, 0, len(resp.Trailers))
+		for _, t := range resp.Trailers {
+			f := hpack.HeaderField{Name: lowerName(t.Name), Value: c.intern(t.Value)}
+			i := len(fields)
+			fields = append(fields, f)
+			for ; i > 0 && fields[i].Name < fields[i-1].Name; i-- {
+				fields[i], fields[i-1] = fields[i-1], fields[i]
+			}
+		}
+		st.out = append(st.out, outItem{kind: itemHeaders, fields: fields, end: true})
+	}
 	c.pushOut(st)
 }
 

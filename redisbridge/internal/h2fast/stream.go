@@ -31,9 +31,11 @@ type stream struct {
 	body      *[]byte // pooled
 	bodyLen   int64
 	declLen   int64 // Content-Length, -1 when none
+	rls       bool  // a ShouldRateLimit call, for Options.RLS
 	auth      string
 	reqID     string
 	hasReqID  bool
+	timeout   string // a call's grpc-timeout
 	bodyErr   error
 	req       checkio.Request // what the check core is given
 	answering bool            // the check core has the request: no more body
@@ -78,10 +80,11 @@ func (st *stream) release() {
 	}
 }
 
-// parseCheck reports whether the request head f is exactly a check (see
-// the package doc), recording what the check core needs. Anything else
-// goes to net/http, which decides what it is.
-func (st *stream) parseCheck(f *http2.MetaHeadersFrame) bool {
+// parseCheck reports whether the request head f is exactly a check, or a
+// ShouldRateLimit call when rls is set (see the package doc), recording
+// what the check core needs. Anything else goes to net/http, which
+// decides what it is.
+func (st *stream) parseCheck(f *http2.MetaHeadersFrame, rls bool) bool {
 	var method, scheme, path, authority bool
 	for _, hf := range f.PseudoFields() {
 		switch hf.Name {
@@ -91,6 +94,8 @@ func (st *stream) parseCheck(f *http2.MetaHeadersFrame) bool {
 			scheme = hf.Value == "http"
 		case ":path":
 			path = hf.Value == checkPath
+			st.rls = rls && hf.Value == RLSPath
+			path = path || st.rls
 		case ":authority":
 			authority = hf.Value != "" && !containsByte(hf.Value, '@')
 		default:
@@ -100,9 +105,15 @@ func (st *stream) parseCheck(f *http2.MetaHeadersFrame) bool {
 	if !method || !scheme || !path || !authority {
 		return false
 	}
-	var length, auth, te bool
+	var length, auth, te, grpc bool
+	contentTypes := 0
 	for _, hf := range f.RegularFields() {
 		switch hf.Name {
+		case "content-type":
+			contentTypes++
+			grpc = IsGRPC(hf.Value)
+		case "grpc-timeout":
+			st.timeout = hf.Value
 		case "content-length":
 			n, err := strconv.ParseUint(hf.Value, 10, 63)
 			if length || err != nil {
@@ -128,6 +139,9 @@ func (st *stream) parseCheck(f *http2.MetaHeadersFrame) bool {
 		case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "expect", "trailer":
 			return false
 		}
+	}
+	if st.rls && (!grpc || contentTypes != 1) {
+		return false // net/http's handler says what is wrong with it
 	}
 	if f.StreamEnded() {
 		st.declLen = -1 // no body: net/http checks no length then
@@ -212,9 +226,16 @@ func (c *conn) runCheck(st *stream) {
 	if st.hasReqID && st.reqID != "" {
 		req.RequestID = unsafe.Slice(unsafe.StringData(st.reqID), len(st.reqID))
 	}
+	h := c.s.o.Handler
+	if st.rls {
+		h = c.s.o.RLS
+		if st.timeout != "" {
+			req.GRPCTimeout = unsafe.Slice(unsafe.StringData(st.timeout), len(st.timeout))
+		}
+	}
 	resp := respPool.Get().(*checkio.Response)
 	resp.Reset()
-	c.s.o.Handler.ServeCheck(c.ctx, req, resp)
+	h.ServeCheck(c.ctx, req, resp)
 	*req = checkio.Request{}
 	c.mu.Lock()
 	st.running = false
