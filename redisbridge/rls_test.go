@@ -360,3 +360,36 @@ func TestServer_ReloadRLS(t *testing.T) {
 		t.Errorf("after a refused reload: %v, want the running limit's OVER_LIMIT", c)
 	}
 }
+
+// CheckFiles reads what a start would read, and names the setting whose
+// file is refused.
+func TestSettings_CheckFiles(t *testing.T) {
+	dir := t.TempDir()
+	junk := filepath.Join(dir, "junk.pem")
+	if err := os.WriteFile(junk, []byte("not PEM"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		set  func(*Settings)
+		err  string // "" accepted; else the error's start
+	}{
+		{"nothing to read", func(*Settings) {}, ""},
+		{"a rate limit configuration", func(s *Settings) { s.RLSConfig = rlsConfig(t, rlsTestConfig) }, ""},
+		{"one refused", func(s *Settings) {
+			s.RLSConfig = rlsConfig(t, "domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour}}]")
+		}, "--rls-config: "},
+		{"no such directory", func(s *Settings) { s.RLSConfig = filepath.Join(dir, "none") }, "--rls-config: stat "},
+		{"a TLS pair that is not one", func(s *Settings) { s.TLSCert, s.TLSKey = junk, junk }, "--tls-cert, --tls-key: "},
+		{"a Redis CA that is not one", func(s *Settings) { s.RedisURL, s.RedisTLSCA = "rediss://r:6379", junk }, "--redis-tls-ca: no PEM certificate in " + junk},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			set := DefaultSettings()
+			tt.set(&set)
+			err := set.CheckFiles()
+			if tt.err == "" && err != nil || tt.err != "" && (err == nil || !strings.HasPrefix(err.Error(), tt.err)) {
+				t.Errorf("error %v, want %q", err, tt.err)
+			}
+		})
+	}
+}

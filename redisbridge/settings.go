@@ -1,6 +1,7 @@
 package redisbridge
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/unixaddr"
+	"github.com/sluicehq/sluice/redisbridge/internal/rls"
+	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -51,6 +54,9 @@ type Settings struct {
 	// envoyproxy/ratelimit's format: with it the bridge serves Envoy's
 	// rate limit service (gRPC, envoy.service.ratelimit.v3).
 	RLSConfig string
+	// ValidateOnly: cmd/redisbridge checks the settings and the files
+	// they name (CheckFiles), says whether they are accepted, and exits.
+	ValidateOnly bool
 
 	// Not settable from flags: tests and embedders.
 	Logger *slog.Logger // default: JSON to stderr at LogLevel
@@ -139,6 +145,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
 	fs.StringVar(&s.DebugListen, "debug-listen", s.DebugListen, "address for /debug/pprof/ (empty: off)")
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
+	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
 	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
 	return fs
 }
@@ -198,6 +205,26 @@ func (s *Settings) Validate() error {
 	}
 	if s.ShutdownGrace < 0 {
 		return errors.New("--shutdown-grace: must not be negative")
+	}
+	return nil
+}
+
+// CheckFiles reads the files the settings name as a start reads them:
+// --rls-config's configuration, Redis's TLS files and the listener's TLS
+// pair (which net/http reads when it serves). It connects to nothing.
+func (s *Settings) CheckFiles() error {
+	if s.RLSConfig != "" {
+		if _, err := rls.Load(s.RLSConfig); err != nil {
+			return fmt.Errorf("--rls-config: %w", err)
+		}
+	}
+	if err := loadRedisTLS(s, &store.RedisOptions{}); err != nil {
+		return err
+	}
+	if s.TLSCert != "" {
+		if _, err := tls.LoadX509KeyPair(s.TLSCert, s.TLSKey); err != nil {
+			return fmt.Errorf("--tls-cert, --tls-key: %w", err)
+		}
 	}
 	return nil
 }

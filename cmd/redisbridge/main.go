@@ -32,6 +32,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	if set.ValidateOnly {
+		if err := set.CheckFiles(); err != nil {
+			return err
+		}
+		fmt.Fprintln(os.Stderr, "redisbridge: settings valid")
+		return nil
+	}
 	srv, err := redisbridge.New(set)
 	if err != nil {
 		return err
