@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -179,6 +180,10 @@ func TestRLS_Errors(t *testing.T) {
 	for range 65 {
 		many.Descriptors = append(many.Descriptors, descriptor("remote_address", "a"))
 	}
+	var long []string // 20 entries of 100-byte values: each written as a 33-byte hash
+	for i := range 20 {
+		long = append(long, "k"+strconv.Itoa(i), strings.Repeat("v", 100))
+	}
 	set.RLSConfig, set.CheckToken = "", ""
 	unconfigured := rlsClient(t, startBridge(t, set))
 	for _, tt := range []struct {
@@ -198,6 +203,9 @@ func TestRLS_Errors(t *testing.T) {
 		{"an override without a unit", client, authorized, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			{Entries: descriptor("user", "a").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}}}},
 			codes.InvalidArgument, "descriptors[0].limit: requests_per_unit and unit are required"},
+		{"a key too long", client, authorized, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: descriptor(long...).Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: 1}}}},
+			codes.InvalidArgument, "descriptors[0]: its entries make a key longer than 512 bytes"},
 		{"no configuration", unconfigured, context.Background(), &rlsv3.RateLimitRequest{Domain: "edge"}, codes.Unimplemented,
 			"no rate limit service configuration (--rls-config)"},
 	} {
