@@ -70,14 +70,15 @@ func (s *Server) handleRLS(w http.ResponseWriter, r *http.Request) {
 // (trailers only) when the call fails.
 func (s *Server) serveRLS(ctx context.Context, in *checkio.Request, out *checkio.Response) {
 	start := time.Now()
-	// The call's X-Request-Id, as the check core sends one back.
-	if len(in.RequestID) > 0 {
-		out.Set("X-Request-Id", string(in.RequestID))
-	} else {
-		out.Set("X-Request-Id", newRequestID())
+	// The call's X-Request-Id, or one made up, as the check core sends
+	// one back; the check is logged with it.
+	id := string(in.RequestID)
+	if id == "" {
+		id = newRequestID()
 	}
+	out.Set("X-Request-Id", id)
 	var req rls.Request
-	reply, e := s.shouldRateLimit(ctx, in, &req, start)
+	reply, e := s.shouldRateLimit(ctx, in, &req, id, start)
 	if e != nil {
 		rlsFail(out, e)
 		return
@@ -126,9 +127,9 @@ type rlsReply struct {
 	statuses []rls.Status
 }
 
-// shouldRateLimit reads the call's request into req, decides it and
-// makes its answer.
-func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *rls.Request, start time.Time) (*rlsReply, *rlsError) {
+// shouldRateLimit reads the call's request into req, decides it as the
+// check id, and makes its answer.
+func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *rls.Request, id string, start time.Time) (*rlsReply, *rlsError) {
 	if in.BodyErr != nil {
 		s.m.checkInvalid.Inc()
 		return nil, &rlsError{grpcInvalidArgument, "reading the request: " + in.BodyErr.Error()}
@@ -149,6 +150,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 		s.m.checkInvalid.Inc()
 		return nil, e
 	}
+	plan.check.RequestID = id
 	reply := &rlsReply{overall: rls.CodeOK, statuses: make([]rls.Status, len(req.Descriptors))}
 	for i := range reply.statuses {
 		reply.statuses[i].Code = rls.CodeOK
@@ -241,7 +243,6 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 		})
 	}
 	p.dropReplaced()
-	p.check.RequestID = newRequestID()
 	return p, nil
 }
 
