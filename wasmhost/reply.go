@@ -44,6 +44,8 @@ func UpstreamFailure(err error, timedOut bool) (reply LocalResponse, flag string
 	switch {
 	case timedOut:
 		reply.Status, body, flag = http.StatusGatewayTimeout, "upstream request timeout", "UT"
+	case err == nil: // no cause given: the connection ended
+		reply.Status, body, flag = http.StatusServiceUnavailable, terminatedBody, "UC"
 	case connectFailed(err):
 		reply.Status, body, flag = http.StatusServiceUnavailable, resetBefore+"remote connection failure"+transportFailure(err), "UF"
 	case malformed(err):

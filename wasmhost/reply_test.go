@@ -52,13 +52,18 @@ func TestUpstreamFailure(t *testing.T) {
 		{"closed before the answer", raw + "/close", false, 503, reset + "connection termination", "UC"},
 		{"not HTTP", raw + "/malformed", false, 502, reset + "protocol error", "UPE"},
 		{"timed out", closedURL, true, 504, "upstream request timeout", "UT"},
+		{"no error given", "", false, 503, reset + "connection termination", "UC"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
-			res, err := client.Get(tt.url)
-			if err == nil {
-				res.Body.Close()
-				t.Fatalf("GET %s: %s, want an error", tt.url, res.Status)
+			var err error // none given, for an empty url
+			if tt.url != "" {
+				client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+				res, e := client.Get(tt.url)
+				if e == nil {
+					res.Body.Close()
+					t.Fatalf("GET %s: %s, want an error", tt.url, res.Status)
+				}
+				err = e
 			}
 			reply, flag := UpstreamFailure(err, tt.timedOut)
 			want := LocalResponse{Status: tt.status, Headers: [][2]string{{"content-type", "text/plain"}}, Body: []byte(tt.body), GrpcStatus: -1}
