@@ -1,6 +1,7 @@
 package redisbridge
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -220,7 +221,7 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 			if o.Unit.WindowMS() == 0 || o.RequestsPerUnit == 0 {
 				return nil, &rlsError{grpcInvalidArgument, fmt.Sprintf("descriptors[%d].limit: requests_per_unit and unit are required", i)}
 			}
-			l = &rls.Limit{Name: req.Domain + ".override", RequestsPerUnit: int64(o.RequestsPerUnit), Unit: o.Unit}
+			l = &rls.Limit{Place: req.Domain + ".override", RequestsPerUnit: int64(o.RequestsPerUnit), Unit: o.Unit}
 		} else {
 			l = cfg.Match(req.Domain, d.Entries)
 		}
@@ -238,7 +239,7 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 		p.limits = append(p.limits, l)
 		p.descriptor = append(p.descriptor, i)
 		p.check.Limits = append(p.check.Limits, rules.LimitRequest{
-			Key: key, Rule: l.Name, LogOnly: l.ShadowMode,
+			Key: key, Rule: cmp.Or(l.Name, l.Place), LogOnly: l.ShadowMode,
 			Spec: rules.LimitSpec{Algorithm: rules.FixedWindow, Limit: l.RequestsPerUnit, WindowMS: l.Unit.WindowMS(), Burst: l.RequestsPerUnit, Cost: cost},
 		})
 	}
@@ -260,7 +261,7 @@ func (p *rlsPlanned) dropReplaced() {
 	}
 	keep := 0
 	for i, l := range p.limits {
-		if replaced[l.Name] {
+		if l.Name != "" && replaced[l.Name] {
 			continue
 		}
 		p.limits[keep], p.descriptor[keep], p.check.Limits[keep] = l, p.descriptor[i], p.check.Limits[i]

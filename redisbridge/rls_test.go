@@ -107,7 +107,7 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 	untilHour := durationpb.New(time.Duration(3_600_000-now%3_600_000) * time.Millisecond)
 	perAddress := func(code rlsv3.RateLimitResponse_Code, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
 		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: untilMinute,
-			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "edge.remote_address", RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
 	}
 	login := func(remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
 		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, LimitRemaining: remaining, DurationUntilReset: untilHour,
@@ -140,10 +140,10 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none}}},
 		{"shadow mode, within", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("path", "/shadow")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: ok, LimitRemaining: 0, DurationUntilReset: untilMinute,
-				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "edge.path_/shadow", RequestsPerUnit: 1, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 1, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
 		{"shadow mode, over: reported, not refused", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("path", "/shadow")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: ok, LimitRemaining: 0, DurationUntilReset: untilMinute,
-				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "edge.path_/shadow", RequestsPerUnit: 1, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 1, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
 		{"hits_addend", &rlsv3.RateLimitRequest{Domain: "edge", HitsAddend: 2, Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.3")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 0)}}},
 		{"a descriptor's own hits_addend", &rlsv3.RateLimitRequest{Domain: "edge", HitsAddend: 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{
@@ -153,11 +153,11 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			{Entries: descriptor("user", "u1").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 7, Unit: 4}}}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: ok, LimitRemaining: 6,
 				DurationUntilReset: durationpb.New(time.Duration(86_400_000-now%86_400_000) * time.Millisecond),
-				CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{Name: "edge.override", RequestsPerUnit: 7, Unit: rlsv3.RateLimitResponse_RateLimit_DAY}}}}},
+				CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 7, Unit: rlsv3.RateLimitResponse_RateLimit_DAY}}}}},
 		{"a limit that replaces another", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			descriptor("path", "/login"), descriptor("plan", "free")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none, {Code: ok, LimitRemaining: 4, DurationUntilReset: untilMinute,
-				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "edge.plan_free", RequestsPerUnit: 5, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 5, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
 	} {
 		got, err := client.ShouldRateLimit(context.Background(), tt.req)
 		if err != nil {

@@ -56,9 +56,13 @@ func (u Unit) String() string {
 
 // Limit is a descriptor's rate limit.
 type Limit struct {
-	// Name is the limit's name: its rate_limit.name, else its place in
-	// the tree ("domain.key_value.key"); metrics carry it.
-	Name            string
+	// Name is the limit's rate_limit.name, "" when it has none: answers
+	// carry it (Envoy writes it into its X-RateLimit headers) and
+	// replaces name it.
+	Name string
+	// Place is where the limit is in the tree ("domain.key_value.key"):
+	// metrics name a limit without a Name by it.
+	Place           string
 	RequestsPerUnit int64
 	Unit            Unit
 	Unlimited       bool
@@ -258,15 +262,13 @@ func parseLimit(v any, path, place string, shadow bool) (*Limit, error) {
 	if err := known(m, path, "unit", "requests_per_unit", "unlimited", "name", "replaces"); err != nil {
 		return nil, err
 	}
-	l := &Limit{Name: place, ShadowMode: shadow}
+	l := &Limit{Place: place, ShadowMode: shadow}
 	var err error
 	if l.Unlimited, err = boolean(m, path, "unlimited"); err != nil {
 		return nil, err
 	}
-	if name, err := str(m, path, "name"); err != nil {
+	if l.Name, err = str(m, path, "name"); err != nil {
 		return nil, err
-	} else if name != "" {
-		l.Name = name
 	}
 	unit, err := str(m, path, "unit")
 	if err != nil {
@@ -313,10 +315,10 @@ func parseLimit(v any, path, place string, shadow bool) (*Limit, error) {
 			if err != nil {
 				return nil, err
 			}
-			switch name {
-			case "":
+			switch {
+			case name == "":
 				return nil, fmt.Errorf("%s.name: required", ep)
-			case l.Name:
+			case name == l.Name:
 				return nil, fmt.Errorf("%s.name: a limit cannot replace itself", ep)
 			}
 			l.Replaces = append(l.Replaces, name)

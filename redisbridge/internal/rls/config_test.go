@@ -65,19 +65,19 @@ func TestConfig_Match(t *testing.T) {
 		entries []Entry
 		want    *Limit
 	}{
-		{"any value", "edge", e("remote_address", "10.0.0.1"), &Limit{Name: "edge.remote_address", RequestsPerUnit: 10, Unit: 1}},
-		{"key and value, named", "edge", e("destination_cluster", "mongo_cps"), &Limit{Name: "mongo", RequestsPerUnit: 100, Unit: 2}},
+		{"any value", "edge", e("remote_address", "10.0.0.1"), &Limit{Place: "edge.remote_address", RequestsPerUnit: 10, Unit: 1}},
+		{"key and value, named", "edge", e("destination_cluster", "mongo_cps"), &Limit{Name: "mongo", Place: "edge.destination_cluster_mongo_cps", RequestsPerUnit: 100, Unit: 2}},
 		{"a value not configured", "edge", e("destination_cluster", "other"), nil},
-		{"nested, value", "edge", e("source_cluster", "proxy", "destination_cluster", "bar"), &Limit{Name: "edge.source_cluster_proxy.destination_cluster_bar", RequestsPerUnit: 200, Unit: 3}},
-		{"nested, any value", "edge", e("source_cluster", "proxy", "destination_cluster", "baz"), &Limit{Name: "edge.source_cluster_proxy.destination_cluster", RequestsPerUnit: 5, Unit: 4}},
+		{"nested, value", "edge", e("source_cluster", "proxy", "destination_cluster", "bar"), &Limit{Place: "edge.source_cluster_proxy.destination_cluster_bar", RequestsPerUnit: 200, Unit: 3}},
+		{"nested, any value", "edge", e("source_cluster", "proxy", "destination_cluster", "baz"), &Limit{Place: "edge.source_cluster_proxy.destination_cluster", RequestsPerUnit: 5, Unit: 4}},
 		{"a parent with no limit", "edge", e("source_cluster", "proxy"), nil},
 		{"more entries than the tree", "edge", e("remote_address", "a", "x", "y"), nil},
 		{"fewer entries than the tree", "edge", e("key1", "value1"), nil},
-		{"nested key only", "edge", e("key1", "value1", "subkey1", "anything"), &Limit{Name: "edge.key1_value1.subkey1", RequestsPerUnit: 3, Unit: 1}},
-		{"wildcard value", "edge", e("path", "/api/x"), &Limit{Name: "edge.path_/api/*", RequestsPerUnit: 7, Unit: 7, ShadowMode: true}},
-		{"the first wildcard that matches", "edge", e("path", "/api/v2/x"), &Limit{Name: "edge.path_/api/*", RequestsPerUnit: 7, Unit: 7, ShadowMode: true}},
-		{"exact before wildcard", "edge", e("path", "/health"), &Limit{Name: "edge.path_/health", Unlimited: true}},
-		{"a number as value", "edge", e("tier", "200"), &Limit{Name: "edge.tier_200", RequestsPerUnit: 9, Unit: 6, Replaces: []string{"mongo"}}},
+		{"nested key only", "edge", e("key1", "value1", "subkey1", "anything"), &Limit{Place: "edge.key1_value1.subkey1", RequestsPerUnit: 3, Unit: 1}},
+		{"wildcard value", "edge", e("path", "/api/x"), &Limit{Place: "edge.path_/api/*", RequestsPerUnit: 7, Unit: 7, ShadowMode: true}},
+		{"the first wildcard that matches", "edge", e("path", "/api/v2/x"), &Limit{Place: "edge.path_/api/*", RequestsPerUnit: 7, Unit: 7, ShadowMode: true}},
+		{"exact before wildcard", "edge", e("path", "/health"), &Limit{Place: "edge.path_/health", Unlimited: true}},
+		{"a number as value", "edge", e("tier", "200"), &Limit{Place: "edge.tier_200", RequestsPerUnit: 9, Unit: 6, Replaces: []string{"mongo"}}},
 		{"a wildcard is per key", "edge", e("other", "/api/x"), nil},
 		{"unknown domain", "nope", e("remote_address", "a"), nil},
 		{"no entries", "edge", nil, nil},
@@ -168,7 +168,7 @@ func TestLoad_Example(t *testing.T) {
 		{[]Entry{{"tier", "gold"}}, "edge.tier", 5, 1},
 	} {
 		l := c.Match("edge", tt.entries)
-		if l == nil || l.Name != tt.name || l.RequestsPerUnit != tt.per || l.Unit != tt.unit || l.Unlimited {
+		if l == nil || l.Place != tt.name || l.RequestsPerUnit != tt.per || l.Unit != tt.unit || l.Unlimited {
 			t.Errorf("%v: %+v, want %s %d per %v", tt.entries, l, tt.name, tt.per, tt.unit)
 		}
 	}
