@@ -1,7 +1,6 @@
 package redisbridge
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -156,6 +155,25 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	for i := range reply.statuses {
 		reply.statuses[i].Code = rls.CodeOK
 	}
+	// A limit of 0 refuses the call, as in envoyproxy/ratelimit, and then
+	// nothing is counted: the other descriptors are not decided, so their
+	// statuses carry no limit. In shadow mode it is reported only.
+	refused := false
+	for _, z := range plan.zero {
+		st := &reply.statuses[z.descriptor]
+		st.Limit, st.UntilReset = z.limit, -1
+		if z.limit.ShadowMode {
+			s.m.decision("log_only_denied", rules.FixedWindow, z.limit.MetricName()).Inc()
+			continue
+		}
+		st.Code, refused = rls.CodeOverLimit, true
+		s.m.decision("denied", rules.FixedWindow, z.limit.MetricName()).Inc()
+	}
+	if refused {
+		reply.overall = rls.CodeOverLimit
+		s.m.checkDenied.Inc()
+		return reply, nil
+	}
 	if len(plan.check.Limits) == 0 {
 		return reply, nil
 	}
@@ -194,6 +212,13 @@ type rlsPlanned struct {
 	check      rules.CheckRequest
 	limits     []*rls.Limit
 	descriptor []int
+	zero       []zeroLimit // limits of 0, which refuse every call
+}
+
+// zeroLimit is a limit of 0 and the descriptor it is of.
+type zeroLimit struct {
+	limit      *rls.Limit
+	descriptor int
 }
 
 // rlsPlan finds the limit of each of req's descriptors and makes the
@@ -239,12 +264,28 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 		p.limits = append(p.limits, l)
 		p.descriptor = append(p.descriptor, i)
 		p.check.Limits = append(p.check.Limits, rules.LimitRequest{
-			Key: key, Rule: cmp.Or(l.Name, l.Place), LogOnly: l.ShadowMode,
+			Key: key, Rule: l.MetricName(), LogOnly: l.ShadowMode,
 			Spec: rules.LimitSpec{Algorithm: rules.FixedWindow, Limit: l.RequestsPerUnit, WindowMS: l.Unit.WindowMS(), Burst: l.RequestsPerUnit, Cost: cost},
 		})
 	}
 	p.dropReplaced()
+	p.takeZeros()
 	return p, nil
+}
+
+// takeZeros moves the limits of 0 out of the check: no count decides
+// them.
+func (p *rlsPlanned) takeZeros() {
+	keep := 0
+	for i, l := range p.limits {
+		if l.RequestsPerUnit == 0 {
+			p.zero = append(p.zero, zeroLimit{l, p.descriptor[i]})
+			continue
+		}
+		p.limits[keep], p.descriptor[keep], p.check.Limits[keep] = l, p.descriptor[i], p.check.Limits[i]
+		keep++
+	}
+	p.limits, p.descriptor, p.check.Limits = p.limits[:keep], p.descriptor[:keep], p.check.Limits[:keep]
 }
 
 // dropReplaced takes out the limits that another limit of the call

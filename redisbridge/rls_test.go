@@ -45,6 +45,13 @@ descriptors:
   - key: plan
     value: free
     rate_limit: {unit: minute, requests_per_unit: 5, replaces: [{name: login}]}
+  - key: path
+    value: /blocked
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: path
+    value: /blocked-shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 0}
 `
 
 // rlsConfig writes config to a file and returns its path.
@@ -154,6 +161,16 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: ok, LimitRemaining: 6,
 				DurationUntilReset: durationpb.New(time.Duration(86_400_000-now%86_400_000) * time.Millisecond),
 				CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 7, Unit: rlsv3.RateLimitResponse_RateLimit_DAY}}}}},
+		{"a limit of 0: refused, nothing counted", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			descriptor("remote_address", "10.0.0.9"), descriptor("path", "/blocked")}},
+			&rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none,
+				{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+		{"the address the refused call named", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.9")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 1)}}},
+		{"a limit of 0 in shadow mode", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			descriptor("remote_address", "10.0.0.9"), descriptor("path", "/blocked-shadow")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 0),
+				{Code: ok, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
 		{"a limit that replaces another", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			descriptor("path", "/login"), descriptor("plan", "free")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none, {Code: ok, LimitRemaining: 4, DurationUntilReset: untilMinute,

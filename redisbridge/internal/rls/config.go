@@ -63,11 +63,19 @@ type Limit struct {
 	// Place is where the limit is in the tree ("domain.key_value.key"):
 	// metrics name a limit without a Name by it.
 	Place           string
-	RequestsPerUnit int64
+	RequestsPerUnit int64 // 0 refuses every call
 	Unit            Unit
 	Unlimited       bool
 	ShadowMode      bool     // counted and reported, never refusing
 	Replaces        []string // names of the limits this one replaces when both apply
+}
+
+// MetricName is the limit's name in metrics: its Name, else its Place.
+func (l *Limit) MetricName() string {
+	if l.Name != "" {
+		return l.Name
+	}
+	return l.Place
 }
 
 // node is a descriptor of the tree: its limit (nil: none) and the
@@ -288,10 +296,8 @@ func parseLimit(v any, path, place string, shadow bool) (*Limit, error) {
 	if n, ok := m["requests_per_unit"]; ok {
 		num, ok := n.(json.Number)
 		i, err := num.Int64()
-		if !ok || err != nil || i < 1 || i > rules.MaxLimitValue {
-			// 0, which refuses every request in envoyproxy/ratelimit, is
-			// refused here rather than decided without a count.
-			return nil, fmt.Errorf("%s.requests_per_unit: must be an integer from 1 to %d", path, int64(rules.MaxLimitValue))
+		if !ok || err != nil || i < 0 || i > rules.MaxLimitValue {
+			return nil, fmt.Errorf("%s.requests_per_unit: must be an integer from 0 to %d", path, int64(rules.MaxLimitValue))
 		}
 		l.RequestsPerUnit = i
 	} else if !l.Unlimited {

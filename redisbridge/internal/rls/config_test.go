@@ -99,7 +99,7 @@ func TestParse_Errors(t *testing.T) {
 			`f.yaml: descriptors[0].rate_limit.unit: "fortnight" is not second, minute, hour, day, week, month or year`},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}", "f.yaml: descriptors[0].rate_limit.requests_per_unit: required"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}",
-			"f.yaml: descriptors[0].rate_limit.requests_per_unit: must be an integer from 1 to 1099511627776"},
+			"f.yaml: descriptors[0].rate_limit.requests_per_unit: must be an integer from 0 to 1099511627776"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1.5}",
 			"f.yaml: descriptors[0].rate_limit.requests_per_unit: must be an integer"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}", "f.yaml: descriptors[0].rate_limit.unit: must not be given with unlimited"},

@@ -171,8 +171,10 @@ type Status struct {
 	Code Code
 	// Limit is the descriptor's limit (current_limit); nil when it has
 	// none, and then nothing below is written.
-	Limit      *Limit
-	Remaining  uint32
+	Limit     *Limit
+	Remaining uint32
+	// UntilReset is the time to the limit's next window; below 0, none is
+	// given (a limit of 0 has no window that would let a call through).
 	UntilReset time.Duration
 }
 
@@ -210,6 +212,9 @@ func appendStatus(b []byte, s *Status) []byte {
 	if s.Remaining != 0 {
 		b = protowire.AppendTag(b, 3, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(s.Remaining))
+	}
+	if s.UntilReset < 0 {
+		return b
 	}
 	b = protowire.AppendTag(b, 4, protowire.BytesType) // google.protobuf.Duration
 	return appendMessage(b, func(b []byte) []byte {

@@ -76,6 +76,7 @@ func TestAppendResponse(t *testing.T) {
 		{Code: CodeOverLimit, Limit: &Limit{Name: "edge.remote_address", RequestsPerUnit: 2, Unit: 2}, UntilReset: 30*time.Second + 5*time.Millisecond},
 		{Code: CodeOK, Limit: &Limit{Name: "login", RequestsPerUnit: 1 << 40, Unit: 3}, Remaining: 300, UntilReset: 0},
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 5, Unit: 7}, Remaining: 1, UntilReset: 2 * time.Hour},
+		{Code: CodeOverLimit, Limit: &Limit{Unit: 2}, UntilReset: -1},
 	}
 	b := AppendResponse([]byte("prefix"), CodeOverLimit, statuses)
 	if string(b[:6]) != "prefix" {
@@ -93,6 +94,7 @@ func TestAppendResponse(t *testing.T) {
 			LimitRemaining: 300, DurationUntilReset: &durationpb.Duration{}},
 		{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 5, Unit: 7},
 			LimitRemaining: 1, DurationUntilReset: durationpb.New(2 * time.Hour)},
+		{Code: rlsv3.RateLimitResponse_OVER_LIMIT, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: 2}},
 	}}
 	if !proto.Equal(&got, want) {
 		t.Errorf("got %v\nwant %v", &got, want)
