@@ -28,6 +28,7 @@ const rlsPath = h2fast.RLSPath
 // gRPC status codes the service answers with.
 const (
 	grpcInvalidArgument = 3
+	grpcNotFound        = 5
 	grpcUnimplemented   = 12
 	grpcUnavailable     = 14
 	grpcUnauthenticated = 16
@@ -92,6 +93,65 @@ func (s *Server) serveRLS(ctx context.Context, in *checkio.Request, out *checkio
 	out.Body = frame
 	out.SetTrailer("Grpc-Status", "0")
 	s.m.checkDur.Observe(time.Since(start).Seconds())
+}
+
+// healthPath is the gRPC health service's Check, which Envoy's
+// grpc_health_check calls on a cluster's hosts.
+const healthPath = "/grpc.health.v1.Health/Check"
+
+// rlsService is the rate limit service's name, as a health check asks
+// about it.
+const rlsService = "envoy.service.ratelimit.v3.RateLimitService"
+
+// handleHealth answers grpc.health.v1.Health/Check: SERVING while the
+// store answers, as /readyz, else NOT_SERVING; for the server ("") and,
+// with --rls-config, for the rate limit service; NOT_FOUND for any other
+// service, as the health protocol says. So an Envoy cluster that checks
+// the bridge with grpc_health_check, as clusters of envoyproxy/ratelimit
+// often do, finds it healthy.
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	out := outPool.Get().(*checkio.Response)
+	defer outPool.Put(out)
+	out.Reset()
+	defer writeResponse(w, out)
+	ct := r.Header.Get("Content-Type")
+	if r.ProtoMajor != 2 || !h2fast.IsGRPC(ct) {
+		rlsFail(out, &rlsError{grpcUnimplemented, "gRPC needs HTTP/2 and application/grpc"})
+		return
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	body, err := readAll(w, r, (*bp)[:0])
+	*bp = body
+	if err != nil {
+		rlsFail(out, &rlsError{grpcInvalidArgument, "reading the request: " + err.Error()})
+		return
+	}
+	if len(body) < 5 || int(binary.BigEndian.Uint32(body[1:5])) != len(body)-5 || body[0] != 0 {
+		rlsFail(out, &rlsError{grpcInvalidArgument, "the request is not one uncompressed gRPC message"})
+		return
+	}
+	service, err := rls.DecodeHealthRequest(body[5:])
+	switch {
+	case err != nil:
+		rlsFail(out, &rlsError{grpcInvalidArgument, "the request message: " + err.Error()})
+		return
+	case service != "" && (service != rlsService || s.rls.Load() == nil):
+		rlsFail(out, &rlsError{grpcNotFound, "unknown service " + service})
+		return
+	}
+	health := rls.Serving
+	if err := s.store.Ping(r.Context()); err != nil {
+		s.storeFailed("ping", err)
+		health = rls.NotServing
+	}
+	out.Status = http.StatusOK
+	out.Set("Content-Type", "application/grpc")
+	frame := append(out.Body[:0], 0, 0, 0, 0, 0)
+	frame = rls.AppendHealthResponse(frame, health)
+	binary.BigEndian.PutUint32(frame[1:5], uint32(len(frame)-5))
+	out.Body = frame
+	out.SetTrailer("Grpc-Status", "0")
 }
 
 // rlsFail makes out the trailers-only answer of a failed call.

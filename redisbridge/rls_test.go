@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -416,5 +417,46 @@ func TestSettings_CheckFiles(t *testing.T) {
 				t.Errorf("error %v, want %q", err, tt.err)
 			}
 		})
+	}
+}
+
+// grpc.health.v1 Check, as Envoy's grpc_health_check sends it: SERVING
+// while the store answers, NOT_SERVING when it does not, NOT_FOUND for a
+// service the bridge does not serve.
+func TestServer_GRPCHealth(t *testing.T) {
+	rs := redistest.Start(t)
+	set := DefaultSettings()
+	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.CheckToken = "127.0.0.1:0", "error", "redis", rs.URL, "tok"
+	set.RLSConfig = rlsConfig(t, rlsTestConfig)
+	withRLS := startBridge(t, set)
+	set.RLSConfig = ""
+	without := startBridge(t, set)
+	check := func(addr, service string) string {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		res, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
+		if err != nil {
+			st, _ := status.FromError(err)
+			return st.Code().String()
+		}
+		return res.Status.String()
+	}
+	for _, tt := range []struct{ name, addr, service, want string }{
+		{"the server", withRLS, "", "SERVING"},
+		{"the rate limit service", withRLS, "envoy.service.ratelimit.v3.RateLimitService", "SERVING"},
+		{"another service", withRLS, "grpc.other.v1.Other", "NotFound"},
+		{"the rate limit service, not configured", without, "envoy.service.ratelimit.v3.RateLimitService", "NotFound"},
+		{"the server, no rate limit service", without, "", "SERVING"},
+	} {
+		if got := check(tt.addr, tt.service); got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+	}
+	rs.Stop()
+	if got := check(withRLS, ""); got != "NOT_SERVING" {
+		t.Errorf("Redis gone: %s, want NOT_SERVING", got)
 	}
 }

@@ -244,3 +244,33 @@ func appendMessage(b []byte, body func([]byte) []byte) []byte {
 	copy(b[start:], lb)
 	return b
 }
+
+// The gRPC health service's messages (grpc.health.v1), which Envoy's
+// grpc_health_check sends to the service's cluster.
+
+// Health is a HealthCheckResponse's serving status.
+type Health int32
+
+// The statuses the bridge answers.
+const (
+	Serving    Health = 1
+	NotServing Health = 2
+)
+
+// DecodeHealthRequest reads a HealthCheckRequest: the service asked about
+// ("" for the server as a whole).
+func DecodeHealthRequest(b []byte) (service string, err error) {
+	err = fields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+		if num == 1 && typ == protowire.BytesType {
+			return utf8String(v, &service)
+		}
+		return nil
+	})
+	return service, err
+}
+
+// AppendHealthResponse appends the HealthCheckResponse of h.
+func AppendHealthResponse(b []byte, h Health) []byte {
+	b = protowire.AppendTag(b, 1, protowire.VarintType)
+	return protowire.AppendVarint(b, uint64(h))
+}

@@ -7,6 +7,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -115,4 +116,25 @@ func BenchmarkDecodeRequest(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// FuzzDecodeHealthRequest: DecodeHealthRequest accepts what the generated
+// type accepts and reads the same service from it.
+func FuzzDecodeHealthRequest(f *testing.F) {
+	for _, m := range []*healthpb.HealthCheckRequest{{}, {Service: "envoy.service.ratelimit.v3.RateLimitService"}} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0x0a, 0x01, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var m healthpb.HealthCheckRequest
+		want := proto.Unmarshal(b, &m)
+		got, err := DecodeHealthRequest(b)
+		if (err == nil) != (want == nil) || err == nil && got != m.GetService() {
+			t.Fatalf("%x: %q %v, generated type's %q %v", b, got, err, m.GetService(), want)
+		}
+	})
 }
