@@ -48,13 +48,9 @@ func (s *Server) handleRLS(w http.ResponseWriter, r *http.Request) {
 	out := outPool.Get().(*checkio.Response)
 	defer outPool.Put(out)
 	out.Reset()
-	ct := r.Header.Get("Content-Type")
-	switch {
-	case r.ProtoMajor != 2:
-		rlsFail(out, &rlsError{grpcUnimplemented, "gRPC needs HTTP/2"})
-	case !h2fast.IsGRPC(ct):
-		rlsFail(out, &rlsError{grpcInvalidArgument, fmt.Sprintf("content type %q is not application/grpc", ct)})
-	default:
+	if e := grpcTransport(r); e != nil {
+		rlsFail(out, e)
+	} else {
 		bp := bufPool.Get().(*[]byte)
 		defer bufPool.Put(bp)
 		body, err := readAll(w, r, (*bp)[:0])
@@ -84,14 +80,7 @@ func (s *Server) serveRLS(ctx context.Context, in *checkio.Request, out *checkio
 		rlsFail(out, e)
 		return
 	}
-	// One gRPC message: uncompressed, its length, the response.
-	out.Status = http.StatusOK
-	out.Set("Content-Type", "application/grpc")
-	frame := append(out.Body[:0], 0, 0, 0, 0, 0)
-	frame = rls.AppendResponse(frame, reply.overall, reply.statuses)
-	binary.BigEndian.PutUint32(frame[1:5], uint32(len(frame)-5))
-	out.Body = frame
-	out.SetTrailer("Grpc-Status", "0")
+	grpcAnswer(out, func(b []byte) []byte { return rls.AppendResponse(b, reply.overall, reply.statuses) })
 	s.m.checkDur.Observe(time.Since(start).Seconds())
 }
 
@@ -114,9 +103,8 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	defer outPool.Put(out)
 	out.Reset()
 	defer writeResponse(w, out)
-	ct := r.Header.Get("Content-Type")
-	if r.ProtoMajor != 2 || !h2fast.IsGRPC(ct) {
-		rlsFail(out, &rlsError{grpcUnimplemented, "gRPC needs HTTP/2 and application/grpc"})
+	if e := grpcTransport(r); e != nil {
+		rlsFail(out, e)
 		return
 	}
 	bp := bufPool.Get().(*[]byte)
@@ -127,11 +115,12 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		rlsFail(out, &rlsError{grpcInvalidArgument, "reading the request: " + err.Error()})
 		return
 	}
-	if len(body) < 5 || int(binary.BigEndian.Uint32(body[1:5])) != len(body)-5 || body[0] != 0 {
-		rlsFail(out, &rlsError{grpcInvalidArgument, "the request is not one uncompressed gRPC message"})
+	msg, e := grpcMessage(body)
+	if e != nil {
+		rlsFail(out, e)
 		return
 	}
-	service, err := rls.DecodeHealthRequest(body[5:])
+	service, err := rls.DecodeHealthRequest(msg)
 	switch {
 	case err != nil:
 		rlsFail(out, &rlsError{grpcInvalidArgument, "the request message: " + err.Error()})
@@ -145,13 +134,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		s.storeFailed("ping", err)
 		health = rls.NotServing
 	}
-	out.Status = http.StatusOK
-	out.Set("Content-Type", "application/grpc")
-	frame := append(out.Body[:0], 0, 0, 0, 0, 0)
-	frame = rls.AppendHealthResponse(frame, health)
-	binary.BigEndian.PutUint32(frame[1:5], uint32(len(frame)-5))
-	out.Body = frame
-	out.SetTrailer("Grpc-Status", "0")
+	grpcAnswer(out, func(b []byte) []byte { return rls.AppendHealthResponse(b, health) })
 }
 
 // rlsFail makes out the trailers-only answer of a failed call.
@@ -389,16 +372,49 @@ func rlsKey(domain string, entries []rls.Entry, unit rls.Unit) string {
 
 // readGRPCRequest reads body, one uncompressed gRPC message, into req.
 func readGRPCRequest(body []byte, req *rls.Request) *rlsError {
-	if len(body) < 5 || int(binary.BigEndian.Uint32(body[1:5])) != len(body)-5 {
-		return &rlsError{grpcInvalidArgument, "the request is not one gRPC message"}
+	msg, e := grpcMessage(body)
+	if e != nil {
+		return e
 	}
-	if body[0] != 0 {
-		return &rlsError{grpcUnimplemented, "compressed messages are not supported"}
-	}
-	if err := rls.DecodeRequest(body[5:], req); err != nil {
+	if err := rls.DecodeRequest(msg, req); err != nil {
 		return &rlsError{grpcInvalidArgument, "the request message: " + err.Error()}
 	}
 	return nil
+}
+
+// grpcTransport refuses what only net/http lets through to a gRPC
+// method: HTTP/1.1, and a content type that is not gRPC's.
+func grpcTransport(r *http.Request) *rlsError {
+	if r.ProtoMajor != 2 {
+		return &rlsError{grpcUnimplemented, "gRPC needs HTTP/2"}
+	}
+	if ct := r.Header.Get("Content-Type"); !h2fast.IsGRPC(ct) {
+		return &rlsError{grpcInvalidArgument, fmt.Sprintf("content type %q is not application/grpc", ct)}
+	}
+	return nil
+}
+
+// grpcMessage is the message of a unary call's body: one message,
+// uncompressed, after its five bytes of flag and length.
+func grpcMessage(body []byte) ([]byte, *rlsError) {
+	if len(body) < 5 || int(binary.BigEndian.Uint32(body[1:5])) != len(body)-5 {
+		return nil, &rlsError{grpcInvalidArgument, "the request is not one gRPC message"}
+	}
+	if body[0] != 0 {
+		return nil, &rlsError{grpcUnimplemented, "compressed messages are not supported"}
+	}
+	return body[5:], nil
+}
+
+// grpcAnswer makes out a unary call's answer: one uncompressed message,
+// which appendMsg writes, then grpc-status 0 in the trailers.
+func grpcAnswer(out *checkio.Response, appendMsg func([]byte) []byte) {
+	out.Status = http.StatusOK
+	out.Set("Content-Type", "application/grpc")
+	frame := appendMsg(append(out.Body[:0], 0, 0, 0, 0, 0))
+	binary.BigEndian.PutUint32(frame[1:5], uint32(len(frame)-5))
+	out.Body = frame
+	out.SetTrailer("Grpc-Status", "0")
 }
 
 // grpcTimeout reads a grpc-timeout header: up to 8 digits and a unit.
