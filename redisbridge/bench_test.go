@@ -25,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/internal/proccpu"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
@@ -239,7 +240,7 @@ func BenchmarkBridgeProcess_Check(b *testing.B) {
 	// -bridge.flags come later and win.
 	args := append([]string{"--redis-timeout", "1s"}, strings.Fields(*bridgeFlags)...)
 	if *bridgeProfile != "" {
-		debug = freeAddr(b)
+		debug = nettest.FreeAddr(b)
 		args = append(args, "--debug-listen", debug)
 	}
 	addr, pid := startBridgeProcess(b, rs.URL, args...)
@@ -354,15 +355,6 @@ func saveProfile(b *testing.B, debug, path string) {
 	}
 }
 
-func freeAddr(b *testing.B) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // allowedAnswer accepts 200 answers that allow the request.
 func allowedAnswer(status int, body []byte) error {
 	if status != 200 || !bytes.HasPrefix(body, []byte(`{"allowed":true`)) {
@@ -378,7 +370,7 @@ func startBridgeProcess(b *testing.B, redisURL string, args ...string) (string, 
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/redisbridge").CombinedOutput(); err != nil {
 		b.Fatalf("go build: %v\n%s", err, out)
 	}
-	addr := freeAddr(b)
+	addr := nettest.FreeAddr(b)
 	cmd := exec.Command(bin, append([]string{"--listen", addr, "--store", "redis", "--redis-url", redisURL, "--log-level", "error"}, args...)...)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {

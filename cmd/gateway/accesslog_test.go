@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/nettest"
 )
 
 // accessLogAt opens an access log in a test directory whose clock stands
@@ -56,7 +58,7 @@ func TestAccessLog(t *testing.T) {
 	}))
 	defer up.Close()
 	defer close(release)
-	refused := freeAddr(t) // nothing listens there
+	refused := nettest.FreeAddr(t) // nothing listens there
 
 	at := time.Date(2030, 1, 2, 3, 4, 5, 6_000_000, time.UTC)
 	path := filepath.Join(t.TempDir(), "access.log")

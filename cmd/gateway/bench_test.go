@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/internal/benchtable"
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/internal/proccpu"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/wasmhost"
@@ -115,7 +116,7 @@ type benchProc struct {
 // startRole runs this test binary as role (benchRole) listening on a free
 // loopback port, and waits until it accepts connections.
 func startRole(b *testing.B, role string, args ...string) benchProc {
-	addr := freeAddr(b)
+	addr := nettest.FreeAddr(b)
 	if role == "gateway" {
 		args = append([]string{"--listen", addr}, args...)
 	} else {
@@ -152,16 +153,6 @@ func startRole(b *testing.B, role string, args ...string) benchProc {
 			b.Fatalf("%s did not start: %s", role, stderr.String())
 		}
 	}
-}
-
-// freeAddr is a loopback address no one listens on at the moment.
-func freeAddr(tb testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // gatewayCase is one way of serving a request that BenchmarkGateway

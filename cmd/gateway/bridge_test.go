@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 )
 
@@ -25,7 +26,7 @@ func TestRun_EmbeddedBridge(t *testing.T) {
 	plugin, config, upstream := limitFiles(t, dir, 2)
 	t.Setenv("SLUICE_AUDIT_LOG", filepath.Join(dir, "audit.log"))
 	t.Setenv("SLUICE_CHECK_TOKEN", "t0ken") // the bridge's own settings apply: the plugin sends none
-	listen, admin := freeAddr(t), freeAddr(t)
+	listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
 	args := []string{"--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
 		"--upstream", upstream, "--embed-bridge", "sluice_bridge", "--log-level", "error"}
 	if err := run(t.Context(), append(args, "--validate"), os.Stderr); err != nil {
@@ -116,7 +117,7 @@ func TestRun_EmbeddedBridgesShareRedis(t *testing.T) {
 	t.Setenv("SLUICE_REDIS_URL", redistest.Start(t).URL)
 	var gateways []string
 	for range 2 {
-		listen, admin := freeAddr(t), freeAddr(t)
+		listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
 		stop := startRun(t, admin, "--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
 			"--upstream", upstream, "--embed-bridge", "sluice_bridge", "--log-level", "error")
 		defer stop()

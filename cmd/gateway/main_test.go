@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/wasmhost"
 )
 
@@ -251,7 +252,7 @@ func TestAdminHandler(t *testing.T) {
 // readiness beside the gateway, and the gateway stops when told to.
 func TestRun_AdminListen(t *testing.T) {
 	plugin, config := guestFiles(t, t.TempDir())
-	listen, admin := freeAddr(t), freeAddr(t)
+	listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
 	stop := startRun(t, admin, "--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
 		"--upstream", "http://127.0.0.1:1", "--log-level", "error")
 	// The guest answers this mode itself (a 429), so no upstream is needed.

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/internal/hosttest"
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/wasmhost"
 )
@@ -273,7 +274,7 @@ func TestRun_Signals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logr.Close()
-	listen := freeAddr(t)
+	listen := nettest.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -447,7 +448,7 @@ func TestRun_Validate(t *testing.T) {
 	}
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	writeCert(t, certFile, keyFile, "gw")
-	listen := freeAddr(t)
+	listen := nettest.FreeAddr(t)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -541,7 +542,7 @@ func TestRun_UpstreamTLSCA(t *testing.T) {
 		{"the system's roots", nil, 503, "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: TLS_error:|268435581:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED:TLS_error_end"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			listen, admin := freeAddr(t), freeAddr(t)
+			listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
 			stop := startRun(t, admin, append([]string{"--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
 				"--upstream", upstream, "--cluster", "backend=" + backend, "--log-level", "error"}, tc.args...)...)
 			defer stop()

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/internal/proccpu"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 )
@@ -237,7 +238,7 @@ func (c *hotClient) run(b *testing.B, gws []string, conns, n int, more func(clie
 // startGateway starts cmd/gateway (bin) with 4 worker VMs and returns its
 // address and pid; it is stopped when b ends.
 func startGateway(b *testing.B, bin, plugin, config, cache, bridge, upstream string) (string, int) {
-	addr := freeAddr(b)
+	addr := nettest.FreeAddr(b)
 	cmd := exec.Command(bin, "--listen", addr, "--plugin", plugin, "--config", config, "--upstream", upstream,
 		"--cluster", "sluice_bridge="+bridge, "--workers", "4", "--log-level", "error", "--compile-cache", cache)
 	if err := cmd.Start(); err != nil {

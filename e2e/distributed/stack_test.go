@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/wasmhost"
@@ -36,16 +37,6 @@ type bridgeProc struct {
 	srv      *redisbridge.Server
 }
 
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func startBridge(t testing.TB, redisURL string, redisTimeout time.Duration) *bridgeProc {
 	return startBridgeBatch(t, redisURL, redisTimeout, 0)
 }
@@ -54,7 +45,7 @@ func startBridge(t testing.TB, redisURL string, redisTimeout time.Duration) *bri
 // script call (--redis-batch; 0: the default).
 func startBridgeBatch(t testing.TB, redisURL string, redisTimeout time.Duration, batch int) *bridgeProc {
 	t.Helper()
-	b := &bridgeProc{t: t, addr: freeAddr(t), redisURL: redisURL, timeout: redisTimeout, batch: batch}
+	b := &bridgeProc{t: t, addr: nettest.FreeAddr(t), redisURL: redisURL, timeout: redisTimeout, batch: batch}
 	b.start()
 	t.Cleanup(b.stop)
 	return b

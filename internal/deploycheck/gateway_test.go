@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/internal/ociimage"
 )
 
@@ -204,7 +205,7 @@ func TestKubernetes_Gateway(t *testing.T) {
 
 	// The probes, against the gateway serving as deployed, on free ports
 	// and its memory store (the routes do not depend on the store).
-	httpAddr, adminAddr := freeLoopback(t), freeLoopback(t)
+	httpAddr, adminAddr := nettest.FreeAddr(t), nettest.FreeAddr(t)
 	serve := exec.Command(gw.bin, append(gw.args, "--listen="+httpAddr, "--admin-listen="+adminAddr)...)
 	serve.Env = append(gw.env, "SLUICE_STORE=memory", "SLUICE_REDIS_URL=")
 	var logs bytes.Buffer
@@ -264,14 +265,4 @@ func TestKubernetes_Gateway(t *testing.T) {
 	if r.Requests.Cpu().IsZero() || r.Requests.Memory().IsZero() || r.Limits.Memory().Cmp(*r.Requests.Memory()) < 0 {
 		t.Errorf("resources %+v: want cpu and memory requests and a memory limit above its request", r)
 	}
-}
-
-func freeLoopback(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

@@ -53,3 +53,15 @@ func Raw(tb testing.TB, serve func(net.Conn)) (addr string, conns *atomic.Int64)
 	}()
 	return ln.Addr().String(), conns
 }
+
+// FreeAddr is a loopback address no one listens on at the moment: for a
+// server the test starts later, as its own process or by its own flags.
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
