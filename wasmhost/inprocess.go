@@ -41,7 +41,8 @@ func (h *Host) serveInProcess(cl *cluster, req *http.Request) (res *calloutRespo
 			res = &calloutResponse{failed: true}
 			return
 		}
-		res = localCalloutReply(http.StatusServiceUnavailable, terminatedBody)
+		res = failedBeforeResponse(nil, false) // the connection ended before an answer
+
 	}()
 	cl.handler.ServeHTTP(a, req)
 	switch {

@@ -39,7 +39,7 @@ func TestHost_InProcessCluster(t *testing.T) {
 		logsAPanic bool
 	}{
 		{Callout: hosttest.Callout{Name: "request", Headers: callout("/request?q=1"), Body: "POST /request?q=1 backend.local /request?q=1 in-process payload", Status: "200"}},
-		{Callout: hosttest.Callout{Name: "panic first", Headers: callout("/panic-first"), Body: terminatedBody, Status: "503"}, logsAPanic: true},
+		{Callout: hosttest.Callout{Name: "panic first", Headers: callout("/panic-first"), Body: hosttest.TerminatedBody, Status: "503"}, logsAPanic: true},
 		{Callout: hosttest.Callout{Name: "panic midway", Headers: callout("/panic-midway"), Local: 503, Body: "call-out failed", Status: "11 reset"}, logsAPanic: true},
 		{Callout: hosttest.Callout{Name: "big", Headers: callout("/big"), Local: 503, Body: "call-out failed", Status: "11 reset"}},
 	} {

@@ -18,10 +18,6 @@ import (
 // reset before the upstream's answer began (router.cc, onUpstreamReset).
 const resetBefore = "upstream connect error or disconnect/reset before headers. reset reason: "
 
-// terminatedBody is that answer when the upstream closed the connection
-// before the answer's headers (reset reason ConnectionTermination).
-const terminatedBody = resetBefore + "connection termination"
-
 // UpstreamFailure is the local reply Envoy's router sends in place of an
 // upstream's answer when the exchange failed before that answer's
 // headers, and the response flag Envoy's access log shows for it
@@ -44,14 +40,12 @@ func UpstreamFailure(err error, timedOut bool) (reply LocalResponse, flag string
 	switch {
 	case timedOut:
 		reply.Status, body, flag = http.StatusGatewayTimeout, "upstream request timeout", "UT"
-	case err == nil: // no cause given: the connection ended
-		reply.Status, body, flag = http.StatusServiceUnavailable, terminatedBody, "UC"
-	case connectFailed(err):
+	case err != nil && connectFailed(err):
 		reply.Status, body, flag = http.StatusServiceUnavailable, resetBefore+"remote connection failure"+transportFailure(err), "UF"
-	case malformed(err):
+	case err != nil && malformed(err):
 		reply.Status, body, flag = http.StatusBadGateway, resetBefore+"protocol error", "UPE"
-	default:
-		reply.Status, body, flag = http.StatusServiceUnavailable, terminatedBody, "UC"
+	default: // the connection ended before the answer, or no cause was given
+		reply.Status, body, flag = http.StatusServiceUnavailable, resetBefore+"connection termination", "UC"
 	}
 	reply.Body = []byte(body)
 	return reply, flag
