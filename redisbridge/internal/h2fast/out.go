@@ -59,7 +59,7 @@ func (c *conn) queueAnswer(st *stream, resp *checkio.Response) {
 		st.out = append(st.out, outItem{kind: itemData, data: *st.body, end: len(resp.Trailers) == 0})
 	}
 	if len(resp.Trailers) > 0 {
-		fields := make([]hpack.HeaderField, 0, len(resp.Trailers))
+		fields := st.trailers[:0] // a call's one grpc-status fits: no allocation
 		for _, t := range resp.Trailers {
 			f := hpack.HeaderField{Name: lowerName(t.Name), Value: c.intern(t.Value)}
 			i := len(fields)

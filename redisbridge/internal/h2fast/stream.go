@@ -35,7 +35,8 @@ type stream struct {
 	auth      string
 	reqID     string
 	hasReqID  bool
-	timeout   string // a call's grpc-timeout
+	timeout   string               // a call's grpc-timeout
+	trailers  [2]hpack.HeaderField // room for an answer's trailers
 	bodyErr   error
 	req       checkio.Request // what the check core is given
 	answering bool            // the check core has the request: no more body
