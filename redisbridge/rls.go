@@ -316,21 +316,6 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 	return p, nil
 }
 
-// takeZeros moves the limits of 0 out of the check: no count decides
-// them.
-func (p *rlsPlanned) takeZeros() {
-	keep := 0
-	for i, l := range p.limits {
-		if l.RequestsPerUnit == 0 {
-			p.zero = append(p.zero, zeroLimit{l, p.descriptor[i]})
-			continue
-		}
-		p.limits[keep], p.descriptor[keep], p.check.Limits[keep] = l, p.descriptor[i], p.check.Limits[i]
-		keep++
-	}
-	p.limits, p.descriptor, p.check.Limits = p.limits[:keep], p.descriptor[:keep], p.check.Limits[:keep]
-}
-
 // dropReplaced takes out the limits that another limit of the call
 // replaces.
 func (p *rlsPlanned) dropReplaced() {
@@ -340,18 +325,34 @@ func (p *rlsPlanned) dropReplaced() {
 			replaced[name] = true
 		}
 	}
-	if len(replaced) == 0 {
-		return
+	if len(replaced) > 0 {
+		p.keep(func(l *rls.Limit, _ int) bool { return l.Name == "" || !replaced[l.Name] })
 	}
-	keep := 0
-	for i, l := range p.limits {
-		if l.Name != "" && replaced[l.Name] {
-			continue
+}
+
+// takeZeros moves the limits of 0 out of the check: no count decides
+// them.
+func (p *rlsPlanned) takeZeros() {
+	p.keep(func(l *rls.Limit, descriptor int) bool {
+		if l.RequestsPerUnit == 0 {
+			p.zero = append(p.zero, zeroLimit{l, descriptor})
+			return false
 		}
-		p.limits[keep], p.descriptor[keep], p.check.Limits[keep] = l, p.descriptor[i], p.check.Limits[i]
-		keep++
+		return true
+	})
+}
+
+// keep keeps the limits (with their descriptors and checks) that ok
+// reports true for, in order.
+func (p *rlsPlanned) keep(ok func(l *rls.Limit, descriptor int) bool) {
+	n := 0
+	for i, l := range p.limits {
+		if ok(l, p.descriptor[i]) {
+			p.limits[n], p.descriptor[n], p.check.Limits[n] = l, p.descriptor[i], p.check.Limits[i]
+			n++
+		}
 	}
-	p.limits, p.descriptor, p.check.Limits = p.limits[:keep], p.descriptor[:keep], p.check.Limits[:keep]
+	p.limits, p.descriptor, p.check.Limits = p.limits[:n], p.descriptor[:n], p.check.Limits[:n]
 }
 
 // rlsKey is a descriptor's counter key: the domain and the entries, each
