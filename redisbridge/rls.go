@@ -300,7 +300,7 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 		if d.HasHitsAddend {
 			cost = int64(min(max(d.HitsAddend, 1), rules.MaxLimitValue))
 		}
-		key := rlsKey(req.Domain, d.Entries, l.Unit)
+		key := rlsKey(req.Domain, d.Entries, l)
 		if len(key) > rules.MaxKeyLen {
 			return nil, &rlsError{grpcInvalidArgument, fmt.Sprintf("descriptors[%d]: its entries make a key longer than %d bytes", i, rules.MaxKeyLen)}
 		}
@@ -355,20 +355,25 @@ func (p *rlsPlanned) keep(ok func(l *rls.Limit, descriptor int) bool) {
 	p.limits, p.descriptor, p.check.Limits = p.limits[:n], p.descriptor[:n], p.check.Limits[:n]
 }
 
-// rlsKey is a descriptor's counter key: the domain and the entries, each
-// written as the plugin's keys write identifiers (verbatim when short
-// and safe, else hashed), so no entry can reach into another's part; the
-// hash tag is the whole descriptor, and the unit follows, so a limit
-// whose unit changed starts a counter of its own.
-func rlsKey(domain string, entries []rls.Entry, unit rls.Unit) string {
+// rlsKey is the counter key of a descriptor's limit l: the domain and the
+// entries, each written as the plugin's keys write identifiers (verbatim
+// when short and safe, else hashed), so no entry can reach into
+// another's part; an entry l shares is written with its wildcard
+// (Limit.Shared). The hash tag is the whole descriptor, and the unit
+// follows, so a limit whose unit changed starts a counter of its own.
+func rlsKey(domain string, entries []rls.Entry, l *rls.Limit) string {
 	b := append(make([]byte, 0, 64), "rls:{"...)
 	b = rules.AppendID(b, domain)
-	for _, e := range entries {
+	for i, e := range entries {
+		value := e.Value
+		if i < len(l.Shared) && l.Shared[i] != "" {
+			value = l.Shared[i]
+		}
 		b = rules.AppendID(append(b, ':'), e.Key)
-		b = rules.AppendID(append(b, ':'), e.Value)
+		b = rules.AppendID(append(b, ':'), value)
 	}
 	b = append(b, "}:"...)
-	return string(append(b, unit.String()...))
+	return string(append(b, l.Unit.String()...))
 }
 
 // readGRPCRequest reads body, one uncompressed gRPC message, into req.

@@ -53,6 +53,19 @@ descriptors:
     value: /blocked-shadow
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: file
+    value: shared/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: file
+    value: own/*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tenant
+    value: team-*
+    share_threshold: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 1}
 `
 
 // rlsConfig writes config to a file and returns its path.
@@ -122,6 +135,16 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "login", RequestsPerUnit: 3, Unit: rlsv3.RateLimitResponse_RateLimit_HOUR}}
 	}
 	none := &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok}
+	perMinute := func(code rlsv3.RateLimitResponse_Code, limit, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: untilMinute,
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: limit, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+	}
+	call := func(d ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: d}
+	}
+	answer := func(code rlsv3.RateLimitResponse_Code, st ...*rlsv3.RateLimitResponse_DescriptorStatus) *rlsv3.RateLimitResponse {
+		return &rlsv3.RateLimitResponse{OverallCode: code, Statuses: st}
+	}
 	for _, tt := range []struct {
 		name string
 		req  *rlsv3.RateLimitRequest
@@ -176,6 +199,14 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			descriptor("path", "/login"), descriptor("plan", "free")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none, {Code: ok, LimitRemaining: 4, DurationUntilReset: untilMinute,
 				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 5, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+		{"a shared wildcard", call(descriptor("file", "shared/a")), answer(ok, perMinute(ok, 2, 1))},
+		{"a shared wildcard: another value counts with it", call(descriptor("file", "shared/b")), answer(ok, perMinute(ok, 2, 0))},
+		{"a shared wildcard: over for every value", call(descriptor("file", "shared/c")), answer(over, perMinute(over, 2, 0))},
+		{"a wildcard not shared", call(descriptor("file", "own/a")), answer(ok, perMinute(ok, 1, 0))},
+		{"a wildcard not shared: each value on its own", call(descriptor("file", "own/b")), answer(ok, perMinute(ok, 1, 0))},
+		{"shared above the limit", call(descriptor("tenant", "team-a", "method", "GET")), answer(ok, perMinute(ok, 1, 0))},
+		{"shared above the limit: another tenant of the wildcard", call(descriptor("tenant", "team-b", "method", "GET")), answer(over, perMinute(over, 1, 0))},
+		{"shared above the limit: the entry below is the request's", call(descriptor("tenant", "team-b", "method", "POST")), answer(ok, perMinute(ok, 1, 0))},
 	} {
 		got, err := client.ShouldRateLimit(context.Background(), tt.req)
 		if err != nil {
@@ -265,9 +296,9 @@ descriptors:
 				url, stop = rs.URL, rs.Stop
 			} else {
 				c := redistest.StartCluster(t, 3, 0)
-				if a, _ := c.Slot(rlsKey("d", []rls.Entry{{Key: "k", Value: "shared"}}, 3)); a < 0 {
+				if a, _ := c.Slot(rlsKey("d", []rls.Entry{{Key: "k", Value: "shared"}}, &rls.Limit{Unit: 3})); a < 0 {
 					t.Fatal("no slot")
-				} else if b, _ := c.Slot(rlsKey("d", []rls.Entry{{Key: "j", Value: "other"}}, 3)); a == b {
+				} else if b, _ := c.Slot(rlsKey("d", []rls.Entry{{Key: "j", Value: "other"}}, &rls.Limit{Unit: 3})); a == b {
 					t.Fatalf("both descriptors in slot %d: the test needs two", a)
 				}
 				url, stop = c.URL, nil

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -68,6 +69,12 @@ type Limit struct {
 	Unlimited       bool
 	ShadowMode      bool     // counted and reported, never refusing
 	Replaces        []string // names of the limits this one replaces when both apply
+	// Shared is, by entry, the value a counter of the limit is kept under
+	// in place of the request's: the pattern of the wildcard with
+	// share_threshold that took the entry, so every value it takes
+	// counts together; "" for the request's own value. nil when no
+	// entry's is shared.
+	Shared []string
 }
 
 // MetricName is the limit's name in metrics: its Name, else its Place.
@@ -83,14 +90,34 @@ func (l *Limit) MetricName() string {
 type node struct {
 	limit     *Limit
 	children  map[string]*node
-	wildcards []wildcard // children whose value ends in "*", in file order
+	wildcards []wildcard // children whose value has a "*", in file order
 }
 
-// wildcard is a descriptor whose value ends in "*": it takes the values
-// that begin with prefix.
+// wildcard is a descriptor whose value has a "*": each "*" takes any
+// run of characters, none included. parts is the value split at them.
 type wildcard struct {
-	key, prefix string
-	child       *node
+	key   string
+	parts []string
+	fixed int // the length of the parts together
+	child *node
+}
+
+// matches reports whether the wildcard takes value: the first part
+// begins it, the last ends it, and the others come between, in order.
+func (w *wildcard) matches(value string) bool {
+	first, last := w.parts[0], w.parts[len(w.parts)-1]
+	if len(value) < w.fixed || !strings.HasPrefix(value, first) || !strings.HasSuffix(value, last) {
+		return false
+	}
+	rest := value[len(first) : len(value)-len(last)]
+	for _, p := range w.parts[1 : len(w.parts)-1] {
+		i := strings.Index(rest, p)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(p):]
+	}
+	return true
 }
 
 // Config is the domains' descriptor trees.
@@ -194,15 +221,16 @@ func parseFile(data []byte) (string, *node, error) {
 		return "", nil, errors.New("domain: required")
 	}
 	root := &node{children: map[string]*node{}}
-	if err := root.load(top["descriptors"], "descriptors", domain); err != nil {
+	if err := root.load(top["descriptors"], "descriptors", domain, nil); err != nil {
 		return "", nil, err
 	}
 	return domain, root, nil
 }
 
 // load adds the descriptors of list (at field path at) under n; parent is
-// the name of n's place in the tree.
-func (n *node) load(list any, at, parent string) error {
+// the name of n's place in the tree, and shared the values its entries
+// share (Limit.Shared), one per level above.
+func (n *node) load(list any, at, parent string, shared []string) error {
 	if list == nil {
 		return nil
 	}
@@ -216,7 +244,13 @@ func (n *node) load(list any, at, parent string) error {
 		if !ok {
 			return fmt.Errorf("%s: want a mapping", path)
 		}
-		if err := known(d, path, "key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric"); err != nil {
+		if _, ok := d["quota_mode"]; ok {
+			// A call would pass on the room of any one of its quota
+			// descriptors; here a call's limits are decided all or nothing.
+			return fmt.Errorf("%s.quota_mode: not supported", path)
+		}
+		if err := known(d, path, "key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric",
+			"value_to_metric", "share_threshold", "metadata"); err != nil {
 			return err
 		}
 		key, err := str(d, path, "key")
@@ -241,21 +275,49 @@ func (n *node) load(list any, at, parent string) error {
 		if err != nil {
 			return err
 		}
-		if _, err := boolean(d, path, "detailed_metric"); err != nil { // metrics are per limit name here
+		// Metrics here are per limit (Limit.MetricName), whatever these
+		// say; and the bridge sends no dynamic metadata, as
+		// envoyproxy/ratelimit sends none by default.
+		for _, f := range []string{"detailed_metric", "value_to_metric"} {
+			if _, err := boolean(d, path, f); err != nil {
+				return err
+			}
+		}
+		if m, ok := d["metadata"]; ok {
+			if _, ok := m.(map[string]any); !ok {
+				return fmt.Errorf("%s.metadata: want a mapping", path)
+			}
+		}
+		share, err := boolean(d, path, "share_threshold")
+		if err != nil {
 			return err
+		}
+		wild := strings.Contains(value, "*")
+		if share && !wild {
+			return fmt.Errorf("%s.share_threshold: only for a value with a *", path)
+		}
+		mine := append(slices.Clip(shared), "")
+		if share {
+			mine[len(shared)] = value
+		}
+		if !slices.ContainsFunc(mine, func(v string) bool { return v != "" }) {
+			mine = nil
 		}
 		child := &node{children: map[string]*node{}}
 		if rl, ok := d["rate_limit"]; ok {
 			if child.limit, err = parseLimit(rl, path+".rate_limit", parent+"."+name, shadow); err != nil {
 				return err
 			}
+			child.limit.Shared = mine
 		}
-		if err := child.load(d["descriptors"], path+".descriptors", parent+"."+name); err != nil {
+		if err := child.load(d["descriptors"], path+".descriptors", parent+"."+name, mine); err != nil {
 			return err
 		}
 		n.children[name] = child
-		if prefix, ok := strings.CutSuffix(value, "*"); ok {
-			n.wildcards = append(n.wildcards, wildcard{key, prefix, child})
+		if wild {
+			w := wildcard{key: key, parts: strings.Split(value, "*"), child: child}
+			w.fixed = len(value) - (len(w.parts) - 1)
+			n.wildcards = append(n.wildcards, w)
 		}
 	}
 	return nil

@@ -45,6 +45,26 @@ descriptors:
   - key: tier
     value: 200
     rate_limit: {unit: YEAR, requests_per_unit: 9, replaces: [{name: mongo}]}
+  - key: path
+    value: /v*/users/*/orders
+    rate_limit: {unit: minute, requests_per_unit: 11}
+  - key: files
+    value: files/*
+    share_threshold: true
+    value_to_metric: true
+    metadata: {team: storage}
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: tenant
+    value: team-*
+    share_threshold: true
+    descriptors:
+      - key: method
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+      - key: region
+        value: eu-*
+        share_threshold: true
+        rate_limit: {unit: minute, requests_per_unit: 61}
 `
 
 func TestConfig_Match(t *testing.T) {
@@ -79,6 +99,16 @@ func TestConfig_Match(t *testing.T) {
 		{"exact before wildcard", "edge", e("path", "/health"), &Limit{Place: "edge.path_/health", Unlimited: true}},
 		{"a number as value", "edge", e("tier", "200"), &Limit{Place: "edge.tier_200", RequestsPerUnit: 9, Unit: 6, Replaces: []string{"mongo"}}},
 		{"a wildcard is per key", "edge", e("other", "/api/x"), nil},
+		{"wildcards within the value", "edge", e("path", "/v2/users/42/orders"), &Limit{Place: "edge.path_/v*/users/*/orders", RequestsPerUnit: 11, Unit: 2}},
+		{"each * takes nothing or more", "edge", e("path", "/v/users//orders"), &Limit{Place: "edge.path_/v*/users/*/orders", RequestsPerUnit: 11, Unit: 2}},
+		{"the parts in order", "edge", e("path", "/v2/orders/users/orders"), nil},
+		{"the last part ends the value", "edge", e("path", "/v2/users/42/orders/1"), nil},
+		{"parts may not overlap", "edge", e("path", "/v/users/orders"), nil},
+		{"a shared wildcard", "edge", e("files", "files/a.pdf"), &Limit{Place: "edge.files_files/*", RequestsPerUnit: 10, Unit: 3, Shared: []string{"files/*"}}},
+		{"a shared wildcard above the limit", "edge", e("tenant", "team-a", "method", "GET"),
+			&Limit{Place: "edge.tenant_team-*.method", RequestsPerUnit: 60, Unit: 2, Shared: []string{"team-*", ""}}},
+		{"shared wildcards on two levels", "edge", e("tenant", "team-b", "region", "eu-west"),
+			&Limit{Place: "edge.tenant_team-*.region_eu-*", RequestsPerUnit: 61, Unit: 2, Shared: []string{"team-*", "eu-*"}}},
 		{"unknown domain", "nope", e("remote_address", "a"), nil},
 		{"no entries", "edge", nil, nil},
 	} {
@@ -110,6 +140,11 @@ func TestParse_Errors(t *testing.T) {
 			"f.yaml: descriptors[0].rate_limit.replaces[0].name: a limit cannot replace itself"},
 		{"domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes please", "f.yaml: descriptors[0].shadow_mode: want true or false"},
 		{"domain: d\ndescriptors: {key: k}", "f.yaml: descriptors: want a list"},
+		{"domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true", "f.yaml: descriptors[0].share_threshold: only for a value with a *"},
+		{"domain: d\ndescriptors:\n  - key: k\n    value: v*\n    share_threshold: 1", "f.yaml: descriptors[0].share_threshold: want true or false"},
+		{"domain: d\ndescriptors:\n  - key: k\n    value_to_metric: yes please", "f.yaml: descriptors[0].value_to_metric: want true or false"},
+		{"domain: d\ndescriptors:\n  - key: k\n    metadata: [a]", "f.yaml: descriptors[0].metadata: want a mapping"},
+		{"domain: d\ndescriptors:\n  - key: k\n    quota_mode: true", "f.yaml: descriptors[0].quota_mode: not supported"},
 		{"domain: [d", "f.yaml: yaml: line 1"},
 	} {
 		_, err := Parse(map[string][]byte{"f.yaml": []byte(tt.yaml)})

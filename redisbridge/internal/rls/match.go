@@ -1,7 +1,5 @@
 package rls
 
-import "strings"
-
 // Entry is one key and value of a request's descriptor.
 type Entry struct{ Key, Value string }
 
@@ -14,7 +12,7 @@ func (c *Config) HasDomain(domain string) bool {
 // Match is the limit a request descriptor has in domain's tree, as
 // envoyproxy/ratelimit finds it: each entry, in order, must match a
 // descriptor one level further down, by its key and value, else by a
-// value ending in "*" that its value begins with, else by its key alone
+// value with "*" wildcards that takes its value, else by its key alone
 // (a descriptor without value takes every value); and the descriptor the
 // last entry matched must have a rate_limit. nil when it has none.
 func (c *Config) Match(domain string, entries []Entry) *Limit {
@@ -25,8 +23,8 @@ func (c *Config) Match(domain string, entries []Entry) *Limit {
 	for i, e := range entries {
 		next := n.children[e.Key+"_"+e.Value]
 		if next == nil {
-			for _, w := range n.wildcards {
-				if w.key == e.Key && strings.HasPrefix(e.Value, w.prefix) {
+			for i := range n.wildcards {
+				if w := &n.wildcards[i]; w.key == e.Key && w.matches(e.Value) {
 					next = w.child
 					break
 				}
