@@ -240,7 +240,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 		}
 		st.Remaining = uint32(min(max(remaining, 0), l.RequestsPerUnit, 1<<32-1))
 		// A fixed window ends on a multiple of its length (from the epoch).
-		window := l.Unit.WindowMS()
+		window := l.WindowMS()
 		st.UntilReset = time.Duration(window-resp.NowMS%window) * time.Millisecond
 		if !d.Allowed && !l.ShadowMode {
 			st.Code = rls.CodeOverLimit
@@ -289,7 +289,10 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 			if o.Unit.WindowMS() == 0 || o.RequestsPerUnit == 0 {
 				return nil, &rlsError{grpcInvalidArgument, fmt.Sprintf("descriptors[%d].limit: requests_per_unit and unit are required", i)}
 			}
-			l = &rls.Limit{Place: req.Domain + ".override", RequestsPerUnit: int64(o.RequestsPerUnit), Unit: o.Unit}
+			if o.HasUnitMultiplier && (o.UnitMultiplier == 0 || int64(o.UnitMultiplier) > rules.MaxWindowMS/o.Unit.WindowMS()) {
+				return nil, &rlsError{grpcInvalidArgument, fmt.Sprintf("descriptors[%d].limit.unit_multiplier: must be at least 1, and the window at most %d days", i, rules.MaxWindowMS/86_400_000)}
+			}
+			l = &rls.Limit{Place: req.Domain + ".override", RequestsPerUnit: int64(o.RequestsPerUnit), Unit: o.Unit, UnitMultiplier: o.UnitMultiplier}
 		} else {
 			l = cfg.Match(req.Domain, d.Entries)
 		}
@@ -308,7 +311,7 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 		p.descriptor = append(p.descriptor, i)
 		p.check.Limits = append(p.check.Limits, rules.LimitRequest{
 			Key: key, Rule: l.MetricName(), LogOnly: l.ShadowMode,
-			Spec: rules.LimitSpec{Algorithm: rules.FixedWindow, Limit: l.RequestsPerUnit, WindowMS: l.Unit.WindowMS(), Burst: l.RequestsPerUnit, Cost: cost},
+			Spec: rules.LimitSpec{Algorithm: rules.FixedWindow, Limit: l.RequestsPerUnit, WindowMS: l.WindowMS(), Burst: l.RequestsPerUnit, Cost: cost},
 		})
 	}
 	p.dropReplaced()
@@ -360,7 +363,8 @@ func (p *rlsPlanned) keep(ok func(l *rls.Limit, descriptor int) bool) {
 // when short and safe, else hashed), so no entry can reach into
 // another's part; an entry l shares is written with its wildcard
 // (Limit.Shared). The hash tag is the whole descriptor, and the unit
-// follows, so a limit whose unit changed starts a counter of its own.
+// (with its multiplier) follows, so a limit whose unit changed starts a
+// counter of its own.
 func rlsKey(domain string, entries []rls.Entry, l *rls.Limit) string {
 	b := append(make([]byte, 0, 64), "rls:{"...)
 	b = rules.AppendID(b, domain)
@@ -372,8 +376,11 @@ func rlsKey(domain string, entries []rls.Entry, l *rls.Limit) string {
 		b = rules.AppendID(append(b, ':'), e.Key)
 		b = rules.AppendID(append(b, ':'), value)
 	}
-	b = append(b, "}:"...)
-	return string(append(b, l.Unit.String()...))
+	b = append(append(b, "}:"...), l.Unit.String()...)
+	if l.UnitMultiplier > 1 {
+		b = strconv.AppendUint(append(b, 'x'), uint64(l.UnitMultiplier), 10)
+	}
+	return string(b)
 }
 
 // readGRPCRequest reads body, one uncompressed gRPC message, into req.

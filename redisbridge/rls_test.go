@@ -185,6 +185,11 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: ok, LimitRemaining: 6,
 				DurationUntilReset: durationpb.New(time.Duration(86_400_000-now%86_400_000) * time.Millisecond),
 				CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 7, Unit: rlsv3.RateLimitResponse_RateLimit_DAY}}}}},
+		{"a limit the caller gives, of ten minutes", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: descriptor("user", "u1").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: wrapperspb.UInt32(10)}}}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: ok, LimitRemaining: 6,
+				DurationUntilReset: durationpb.New(time.Duration(600_000-now%600_000) * time.Millisecond),
+				CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 7, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE, UnitMultiplier: wrapperspb.UInt32(10)}}}}},
 		{"a limit of 0: refused, nothing counted", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			descriptor("remote_address", "10.0.0.9"), descriptor("path", "/blocked")}},
 			&rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none,
@@ -252,6 +257,12 @@ func TestRLS_Errors(t *testing.T) {
 		{"an override without a unit", client, authorized, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			{Entries: descriptor("user", "a").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}}}},
 			codes.InvalidArgument, "descriptors[0].limit: requests_per_unit and unit are required"},
+		{"an override's unit_multiplier of 0", client, authorized, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: descriptor("user", "a").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: 1, UnitMultiplier: wrapperspb.UInt32(0)}}}},
+			codes.InvalidArgument, "descriptors[0].limit.unit_multiplier: must be at least 1, and the window at most 366 days"},
+		{"an override's window over a year", client, authorized, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: descriptor("user", "a").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: 4, UnitMultiplier: wrapperspb.UInt32(367)}}}},
+			codes.InvalidArgument, "descriptors[0].limit.unit_multiplier: must be at least 1, and the window at most 366 days"},
 		{"a key too long", client, authorized, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			{Entries: descriptor(long...).Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: 1}}}},
 			codes.InvalidArgument, "descriptors[0]: its entries make a key longer than 512 bytes"},

@@ -66,15 +66,23 @@ type Limit struct {
 	Place           string
 	RequestsPerUnit int64 // 0 refuses every call
 	Unit            Unit
-	Unlimited       bool
-	ShadowMode      bool     // counted and reported, never refusing
-	Replaces        []string // names of the limits this one replaces when both apply
+	// UnitMultiplier is how many units a window lasts; 0 or 1, one. Only
+	// a caller's override has one (RateLimitOverride.unit_multiplier).
+	UnitMultiplier uint32
+	Unlimited      bool
+	ShadowMode     bool     // counted and reported, never refusing
+	Replaces       []string // names of the limits this one replaces when both apply
 	// Shared is, by entry, the value a counter of the limit is kept under
 	// in place of the request's: the pattern of the wildcard with
 	// share_threshold that took the entry, so every value it takes
 	// counts together; "" for the request's own value. nil when no
 	// entry's is shared.
 	Shared []string
+}
+
+// WindowMS is the length of the limit's window in milliseconds.
+func (l *Limit) WindowMS() int64 {
+	return l.Unit.WindowMS() * int64(max(l.UnitMultiplier, 1))
 }
 
 // MetricName is the limit's name in metrics: its Name, else its Place.

@@ -37,6 +37,10 @@ type Descriptor struct {
 type Override struct {
 	RequestsPerUnit uint32
 	Unit            Unit
+	// UnitMultiplier is how many units the window lasts, when
+	// HasUnitMultiplier (a value of 0 is the caller's error).
+	UnitMultiplier    uint32
+	HasUnitMultiplier bool
 }
 
 var (
@@ -88,12 +92,20 @@ func decodeDescriptor(b []byte, d *Descriptor) error {
 				d.Override = &Override{}
 			}
 			o := d.Override
-			return fields(v, func(num protowire.Number, typ protowire.Type, _ []byte, n uint64) error {
+			return fields(v, func(num protowire.Number, typ protowire.Type, v []byte, n uint64) error {
 				switch {
 				case num == 1 && typ == protowire.VarintType:
 					o.RequestsPerUnit = uint32(n)
 				case num == 2 && typ == protowire.VarintType:
 					o.Unit = Unit(int32(n))
+				case num == 3 && typ == protowire.BytesType: // google.protobuf.UInt32Value
+					o.HasUnitMultiplier = true
+					return fields(v, func(num protowire.Number, typ protowire.Type, _ []byte, n uint64) error {
+						if num == 1 && typ == protowire.VarintType {
+							o.UnitMultiplier = uint32(n)
+						}
+						return nil
+					})
 				}
 				return nil
 			})
@@ -206,6 +218,13 @@ func appendStatus(b []byte, s *Status) []byte {
 		if s.Limit.Name != "" {
 			b = protowire.AppendTag(b, 3, protowire.BytesType)
 			b = protowire.AppendString(b, s.Limit.Name)
+		}
+		if m := s.Limit.UnitMultiplier; m > 1 {
+			b = protowire.AppendTag(b, 4, protowire.BytesType) // google.protobuf.UInt32Value
+			b = appendMessage(b, func(b []byte) []byte {
+				b = protowire.AppendTag(b, 1, protowire.VarintType)
+				return protowire.AppendVarint(b, uint64(m))
+			})
 		}
 		return b
 	})

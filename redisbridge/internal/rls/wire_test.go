@@ -23,6 +23,9 @@ func fromProto(m *rlsv3.RateLimitRequest) Request {
 		}
 		if o := d.GetLimit(); o != nil {
 			out.Override = &Override{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: Unit(o.GetUnit())}
+			if m := o.GetUnitMultiplier(); m != nil {
+				out.Override.UnitMultiplier, out.Override.HasUnitMultiplier = m.GetValue(), true
+			}
 		}
 		if h := d.GetHitsAddend(); h != nil {
 			out.HitsAddend, out.HasHitsAddend = h.GetValue(), true
@@ -39,6 +42,9 @@ var requestSeeds = []*rlsv3.RateLimitRequest{
 		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}, {Key: "path", Value: "/é"}}},
 		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k"}}, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 7, Unit: 4},
 			HitsAddend: wrapperspb.UInt64(0), IsNegativeHits: true},
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k"}}, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 7, Unit: 2,
+			UnitMultiplier: wrapperspb.UInt32(10)}},
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k"}}, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{UnitMultiplier: wrapperspb.UInt32(0)}},
 		{},
 	}},
 }
@@ -78,6 +84,8 @@ func TestAppendResponse(t *testing.T) {
 		{Code: CodeOK, Limit: &Limit{Name: "login", RequestsPerUnit: 1 << 40, Unit: 3}, Remaining: 300, UntilReset: 0},
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 5, Unit: 7}, Remaining: 1, UntilReset: 2 * time.Hour},
 		{Code: CodeOverLimit, Limit: &Limit{Unit: 2}, UntilReset: -1},
+		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 10}, Remaining: 6, UntilReset: time.Minute},
+		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 1}, Remaining: 6, UntilReset: time.Minute},
 	}
 	b := AppendResponse([]byte("prefix"), CodeOverLimit, statuses)
 	if string(b[:6]) != "prefix" {
@@ -96,6 +104,10 @@ func TestAppendResponse(t *testing.T) {
 		{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 5, Unit: 7},
 			LimitRemaining: 1, DurationUntilReset: durationpb.New(2 * time.Hour)},
 		{Code: rlsv3.RateLimitResponse_OVER_LIMIT, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: 2}},
+		{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: wrapperspb.UInt32(10)},
+			LimitRemaining: 6, DurationUntilReset: durationpb.New(time.Minute)},
+		{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 7, Unit: 2},
+			LimitRemaining: 6, DurationUntilReset: durationpb.New(time.Minute)},
 	}}
 	if !proto.Equal(&got, want) {
 		t.Errorf("got %v\nwant %v", &got, want)
