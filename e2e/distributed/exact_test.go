@@ -43,12 +43,14 @@ func exactConfig(localCache bool) string {
 // TestExactness_SingleRedis and TestExactness_Cluster: 64 concurrent
 // clients, 3 bridge replicas, 2 hosts of 2 plugin VMs, one key.
 func TestExactness_SingleRedis(t *testing.T) {
+	t.Parallel() // counts, not timings: side by side with the others
 	rs := redistest.Start(t)
 	d := deploy(t, rs.URL, bridgeCount, exactRedisTimeout, exactConfig(true), exactConfig(false))
 	exactness(t, d, single(rs), "single")
 }
 
 func TestExactness_Cluster(t *testing.T) {
+	t.Parallel() // counts, not timings: side by side with the others
 	c := redistest.StartCluster(t, 3, 1)
 	d := deploy(t, c.URL, bridgeCount, exactRedisTimeout, exactConfig(true), exactConfig(false))
 	exactness(t, d, onCluster(t, c), "cluster")
@@ -63,6 +65,7 @@ func TestExactness_Cluster(t *testing.T) {
 // own process (the gateway's --embed-bridge), so that the hosts share
 // nothing but Redis Cluster.
 func TestExactness_ClusterEmbedded(t *testing.T) {
+	t.Parallel() // counts, not timings: side by side with the others
 	c := redistest.StartCluster(t, 3, 1)
 	d := deploy(t, c.URL, 0, exactRedisTimeout, exactConfig(true), exactConfig(false))
 	exactness(t, d, onCluster(t, c), "cluster-embedded")

@@ -43,12 +43,14 @@ func leaseConfig(ttl string) string {
 }
 
 func TestLease_Exact_SingleRedis(t *testing.T) {
+	t.Parallel() // counts, not timings: side by side with the others
 	rs := redistest.Start(t)
 	d := deployVMs(t, leaseVMs, rs.URL, bridgeCount, exactRedisTimeout, leaseConfig("300ms"), leaseConfig("300ms"))
 	leaseExactness(t, d, single(rs), "single")
 }
 
 func TestLease_Exact_Cluster(t *testing.T) {
+	t.Parallel() // counts, not timings: side by side with the others
 	c := redistest.StartCluster(t, 3, 1)
 	d := deployVMs(t, leaseVMs, c.URL, bridgeCount, exactRedisTimeout, leaseConfig("300ms"), leaseConfig("300ms"))
 	leaseExactness(t, d, onCluster(t, c), "cluster")
@@ -177,6 +179,7 @@ func maxTime(a, b time.Time) time.Time {
 // apart by the bridge's X-RateLimit-Reset (a fixed window's end), on
 // answers from leases too, so the machine's load cannot blur them.
 func TestLease_UnderAdmission(t *testing.T) {
+	t.Parallel() // counts, not timings: side by side with the others
 	rs := redistest.Start(t)
 	cfg := leaseConfig("2s")
 	d := deployVMs(t, leaseVMs, rs.URL, bridgeCount, exactRedisTimeout, cfg, cfg)
