@@ -209,7 +209,12 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 			s.m.decision("log_only_denied", rules.FixedWindow, z.limit.MetricName()).Inc()
 			continue
 		}
-		st.Code, refused = rls.CodeOverLimit, true
+		st.Code = rls.CodeOverLimit
+		if s.set.RLSShadowMode {
+			s.m.decision("log_only_denied", rules.FixedWindow, z.limit.MetricName()).Inc()
+			continue
+		}
+		refused = true
 		s.m.decision("denied", rules.FixedWindow, z.limit.MetricName()).Inc()
 	}
 	if refused {
@@ -310,7 +315,7 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 		p.limits = append(p.limits, l)
 		p.descriptor = append(p.descriptor, i)
 		p.check.Limits = append(p.check.Limits, rules.LimitRequest{
-			Key: key, Rule: l.MetricName(), LogOnly: l.ShadowMode,
+			Key: key, Rule: l.MetricName(), LogOnly: l.ShadowMode || s.set.RLSShadowMode,
 			Spec: rules.LimitSpec{Algorithm: rules.FixedWindow, Limit: l.RequestsPerUnit, WindowMS: l.WindowMS(), Burst: l.RequestsPerUnit, Cost: cost},
 		})
 	}

@@ -223,6 +223,58 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 	}
 }
 
+// TestRLS_ShadowMode: with --rls-shadow-mode every call is answered OK;
+// its descriptors still say which limits it went over, each call is
+// counted, and what would have been refused is counted as log-only
+// denials.
+func TestRLS_ShadowMode(t *testing.T) {
+	const now = 1_800_000_030_000 // 30 s into a minute
+	ts := startServer(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
+		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
+		RLSConfig: rlsConfig(t, rlsTestConfig), RLSShadowMode: true, Now: func() int64 { return now }})
+	client := rlsClient(t, strings.TrimPrefix(ts.URL, "http://"))
+	const (
+		ok   = rlsv3.RateLimitResponse_OK
+		over = rlsv3.RateLimitResponse_OVER_LIMIT
+	)
+	untilMinute := durationpb.New(time.Duration(60_000-now%60_000) * time.Millisecond)
+	perAddress := func(code rlsv3.RateLimitResponse_Code, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: untilMinute,
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+	}
+	address := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.1")}}
+	for _, tt := range []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want *rlsv3.RateLimitResponse
+	}{
+		{"first", address, &rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 1)}}},
+		{"second", address, &rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 0)}}},
+		{"over: said, not refused", address, &rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(over, 0)}}},
+		{"a limit of 0: said, not refused, and the call counted", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			descriptor("remote_address", "10.0.0.2"), descriptor("path", "/blocked")}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 1),
+				{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+	} {
+		got, err := client.ShouldRateLimit(context.Background(), tt.req)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if !proto.Equal(got, tt.want) {
+			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
+		}
+	}
+	m := string(do(t, nil, "GET", ts.URL+"/metrics", "").body)
+	for _, line := range []string{
+		`sluice_bridge_decisions_total{algorithm="fixed_window",result="log_only_denied",rule="edge.remote_address"} 1`,
+		`sluice_bridge_decisions_total{algorithm="fixed_window",result="log_only_denied",rule="edge.path_/blocked"} 1`,
+	} {
+		if !strings.Contains(m, line+"\n") {
+			t.Errorf("metrics lack %s", line)
+		}
+	}
+}
+
 // What a call gets when it cannot be decided: gRPC's errors, which
 // Envoy's filter answers with its failure_mode_deny.
 func TestRLS_Errors(t *testing.T) {

@@ -54,6 +54,10 @@ type Settings struct {
 	// envoyproxy/ratelimit's format: with it the bridge serves Envoy's
 	// rate limit service (gRPC, envoy.service.ratelimit.v3).
 	RLSConfig string
+	// RLSShadowMode answers every rate limit service call OK while
+	// deciding and counting it as always: each limit is in shadow mode,
+	// as envoyproxy/ratelimit's SHADOW_MODE puts them all.
+	RLSShadowMode bool
 	// ValidateOnly: cmd/redisbridge checks the settings and the files
 	// they name (CheckFiles), says whether they are accepted, and exits.
 	ValidateOnly bool
@@ -147,6 +151,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
 	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
+	fs.BoolVar(&s.RLSShadowMode, "rls-shadow-mode", s.RLSShadowMode, "rate limit service: answer every call OK, deciding and counting it as always; what it would have refused is logged and counted as log-only denials")
 	return fs
 }
 
