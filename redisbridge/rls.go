@@ -222,6 +222,11 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 		s.m.checkDenied.Inc()
 		return reply, nil
 	}
+	if len(plan.first.Limits) > 0 {
+		if e := s.rlsFirst(ctx, deadline, plan, reply); e != nil || reply.overall == rls.CodeOverLimit {
+			return reply, e
+		}
+	}
 	if len(plan.check.Limits) == 0 {
 		return reply, nil
 	}
@@ -254,6 +259,61 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	return reply, nil
 }
 
+// rlsFirst decides plan.first, consuming nothing: a peek's status is
+// what its limit has left, refused when nothing; a budget with nothing
+// left refuses the call, and otherwise its check takes what the call
+// costs or what is left, the less. A refusal here refuses the call
+// before anything is counted, and the statuses of the descriptors not
+// decided carry no limit.
+func (s *Server) rlsFirst(ctx context.Context, deadline time.Time, plan *rlsPlanned, reply *rlsReply) *rlsError {
+	plan.first.RequestID = plan.check.RequestID
+	plan.first.Op = rules.OpReturn // decided as the limits would decide, nothing consumed (nothing to hand back)
+	var resp rules.CheckResponse
+	if err := s.storeCheck(ctx, deadline, &plan.first, &resp); err != nil {
+		return &rlsError{grpcUnavailable, storeError(err).reason}
+	}
+	refused := false
+	for i, d := range resp.Decisions {
+		f, lr := plan.firstOf[i], &plan.first.Limits[i]
+		left := int64(0) // decided at one unit: what is left is one more than a unit leaves
+		if d.Allowed {
+			left = d.Remaining + 1
+		}
+		if f.limit.Budget && !f.peek && (left > 0 || lr.LogOnly) {
+			// Its check decides it and says its status: taking what the
+			// call costs, or what is left when less; with nothing left and
+			// log-only, refused as log-only there.
+			for j, desc := range plan.descriptor {
+				if desc == f.descriptor && left > 0 {
+					plan.check.Limits[j].Spec.Cost = min(plan.check.Limits[j].Spec.Cost, left)
+				}
+			}
+			continue
+		}
+		st := &reply.statuses[f.descriptor]
+		st.Limit, st.Remaining = f.limit, uint32(min(left, f.limit.RequestsPerUnit, 1<<32-1))
+		window := f.limit.WindowMS()
+		st.UntilReset = time.Duration(window-resp.NowMS%window) * time.Millisecond
+		res := "allowed"
+		switch {
+		case left > 0:
+		case lr.LogOnly:
+			res = "log_only_denied"
+			if !f.limit.ShadowMode {
+				st.Code = rls.CodeOverLimit // said, not refused (--rls-shadow-mode)
+			}
+		default:
+			res, st.Code, refused = "denied", rls.CodeOverLimit, true
+		}
+		s.m.decision(res, rules.FixedWindow, lr.Rule).Inc()
+	}
+	if refused {
+		reply.overall = rls.CodeOverLimit
+		s.m.checkDenied.Inc()
+	}
+	return nil
+}
+
 // rlsPlanned is a call's check: the limits its descriptors have, and for
 // each, the descriptor it is of.
 type rlsPlanned struct {
@@ -261,6 +321,18 @@ type rlsPlanned struct {
 	limits     []*rls.Limit
 	descriptor []int
 	zero       []zeroLimit // limits of 0, which refuse every call
+	// first is decided before check, counting nothing (takeFirst);
+	// firstOf says what each of its limits is.
+	first   rules.CheckRequest
+	firstOf []firstLimit
+}
+
+// firstLimit is a limit of rlsPlanned.first: of a peek, or of a budget
+// (whose check then takes what it has left at most).
+type firstLimit struct {
+	limit      *rls.Limit
+	descriptor int
+	peek       bool
 }
 
 // zeroLimit is a limit of 0 and the descriptor it is of.
@@ -305,8 +377,8 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 			continue
 		}
 		cost := hits
-		if d.HasHitsAddend {
-			cost = int64(min(max(d.HitsAddend, 1), rules.MaxLimitValue))
+		if d.HasHitsAddend { // 0: a peek (takeFirst)
+			cost = int64(min(d.HitsAddend, rules.MaxLimitValue))
 		}
 		key := rlsKey(req.Domain, d.Entries, l)
 		if len(key) > rules.MaxKeyLen {
@@ -321,6 +393,7 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 	}
 	p.dropReplaced()
 	p.takeZeros()
+	p.takeFirst()
 	return p, nil
 }
 
@@ -334,28 +407,43 @@ func (p *rlsPlanned) dropReplaced() {
 		}
 	}
 	if len(replaced) > 0 {
-		p.keep(func(l *rls.Limit, _ int) bool { return l.Name == "" || !replaced[l.Name] })
+		p.keep(func(i int) bool { return p.limits[i].Name == "" || !replaced[p.limits[i].Name] })
 	}
 }
 
 // takeZeros moves the limits of 0 out of the check: no count decides
 // them.
 func (p *rlsPlanned) takeZeros() {
-	p.keep(func(l *rls.Limit, descriptor int) bool {
-		if l.RequestsPerUnit == 0 {
-			p.zero = append(p.zero, zeroLimit{l, descriptor})
+	p.keep(func(i int) bool {
+		if p.limits[i].RequestsPerUnit == 0 {
+			p.zero = append(p.zero, zeroLimit{p.limits[i], p.descriptor[i]})
 			return false
 		}
 		return true
 	})
 }
 
+// takeFirst puts in p.first what is decided before the call counts
+// anything, as one unit would be and consuming nothing: the peeks (a
+// descriptor's hits_addend of 0, which count nothing and leave the
+// check) and the budgets, for what they have left.
+func (p *rlsPlanned) takeFirst() {
+	for i, l := range p.limits {
+		if lr := p.check.Limits[i]; lr.Spec.Cost == 0 || l.Budget {
+			lr.Spec.Cost = 1
+			p.first.Limits = append(p.first.Limits, lr)
+			p.firstOf = append(p.firstOf, firstLimit{l, p.descriptor[i], p.check.Limits[i].Spec.Cost == 0})
+		}
+	}
+	p.keep(func(i int) bool { return p.check.Limits[i].Spec.Cost > 0 })
+}
+
 // keep keeps the limits (with their descriptors and checks) that ok
-// reports true for, in order.
-func (p *rlsPlanned) keep(ok func(l *rls.Limit, descriptor int) bool) {
+// reports true for, by index, in order.
+func (p *rlsPlanned) keep(ok func(i int) bool) {
 	n := 0
 	for i, l := range p.limits {
-		if ok(l, p.descriptor[i]) {
+		if ok(i) {
 			p.limits[n], p.descriptor[n], p.check.Limits[n] = l, p.descriptor[i], p.check.Limits[i]
 			n++
 		}

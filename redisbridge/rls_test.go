@@ -66,6 +66,9 @@ descriptors:
     descriptors:
       - key: method
         rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tokens
+    budget: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
 `
 
 // rlsConfig writes config to a file and returns its path.
@@ -99,6 +102,12 @@ func rlsFrame(req *rlsv3.RateLimitRequest) []byte {
 	frame := make([]byte, 5, 5+len(msg))
 	binary.BigEndian.PutUint32(frame[1:], uint32(len(msg)))
 	return append(frame, msg...)
+}
+
+// hits is d with its own hits_addend n.
+func hits(d *ratelimitv3.RateLimitDescriptor, n uint64) *ratelimitv3.RateLimitDescriptor {
+	d.HitsAddend = wrapperspb.UInt64(n)
+	return d
 }
 
 // descriptor is a request descriptor of key, value pairs.
@@ -204,6 +213,18 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			descriptor("path", "/login"), descriptor("plan", "free")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none, {Code: ok, LimitRemaining: 4, DurationUntilReset: untilMinute,
 				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 5, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+		{"a peek counts nothing", call(hits(descriptor("remote_address", "10.0.0.20"), 0)), answer(ok, perMinute(ok, 2, 2))},
+		{"after a peek", call(descriptor("remote_address", "10.0.0.20")), answer(ok, perMinute(ok, 2, 1))},
+		{"a cost past the limit: refused, nothing counted", call(hits(descriptor("remote_address", "10.0.0.20"), 5)), answer(over, perMinute(over, 2, 1))},
+		{"the budget's peek", call(hits(descriptor("tokens", "team-a"), 0)), answer(ok, perMinute(ok, 100, 100))},
+		{"a charge", call(hits(descriptor("tokens", "team-a"), 60)), answer(ok, perMinute(ok, 100, 40))},
+		{"a peek after it", call(hits(descriptor("tokens", "team-a"), 0)), answer(ok, perMinute(ok, 100, 40))},
+		{"a charge above what is left takes what is left", call(hits(descriptor("tokens", "team-a"), 70)), answer(ok, perMinute(ok, 100, 0))},
+		{"a peek of a spent budget", call(hits(descriptor("tokens", "team-a"), 0)), answer(over, perMinute(over, 100, 0))},
+		{"a charge of a spent budget", call(hits(descriptor("tokens", "team-a"), 10)), answer(over, perMinute(over, 100, 0))},
+		{"a budget in a call another limit refuses takes nothing", call(hits(descriptor("tokens", "team-b"), 10), descriptor("remote_address", "10.0.0.1")),
+			answer(over, perMinute(ok, 100, 100), perAddress(over, 0))},
+		{"the budget it did not take", call(hits(descriptor("tokens", "team-b"), 0)), answer(ok, perMinute(ok, 100, 100))},
 		{"a shared wildcard", call(descriptor("file", "shared/a")), answer(ok, perMinute(ok, 2, 1))},
 		{"a shared wildcard: another value counts with it", call(descriptor("file", "shared/b")), answer(ok, perMinute(ok, 2, 0))},
 		{"a shared wildcard: over for every value", call(descriptor("file", "shared/c")), answer(over, perMinute(over, 2, 0))},
@@ -413,6 +434,78 @@ descriptors:
 				t.Errorf("Redis gone: the answer took %v", took)
 			}
 		})
+	}
+}
+
+// TestRLS_BudgetOnRedis: a budget charged after the fact (Envoy's
+// apply_on_stream_done with hits_addend, as token budgets are) through
+// three bridges on one Redis: concurrent charges never take more than the
+// budget, a charge above what is left takes what is left, and then the
+// peeks (hits_addend 0), which count nothing, refuse.
+func TestRLS_BudgetOnRedis(t *testing.T) {
+	config := rlsConfig(t, `domain: ai
+descriptors:
+  - {key: team, budget: true, rate_limit: {unit: day, requests_per_unit: 100}}`)
+	rs := redistest.Start(t)
+	var clients []rlsv3.RateLimitServiceClient
+	for range 3 {
+		set := DefaultSettings()
+		set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", rs.URL, config
+		clients = append(clients, rlsClient(t, startBridge(t, set)))
+	}
+	call := func(client rlsv3.RateLimitServiceClient, n uint64) *rlsv3.RateLimitResponse {
+		t.Helper()
+		res, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "ai",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{hits(descriptor("team", "a"), n)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	left := func() uint32 {
+		t.Helper()
+		res := call(clients[0], 0)
+		if (res.OverallCode == rlsv3.RateLimitResponse_OK) != (res.Statuses[0].LimitRemaining > 0) {
+			t.Errorf("a peek answered %v with %d left", res.OverallCode, res.Statuses[0].LimitRemaining)
+		}
+		return res.Statuses[0].LimitRemaining
+	}
+	for range 10 {
+		if n := left(); n != 100 {
+			t.Fatalf("peeks counted: %d left of 100", n)
+		}
+	}
+	// The budget's counter, as Redis holds it: the window's count.
+	key := rlsKey("ai", []rls.Entry{{Key: "team", Value: "a"}}, &rls.Limit{Unit: 4}) + ":fw"
+	counted := func() int64 {
+		t.Helper()
+		v, err := redistest.DoString(rs.Addr, time.Second, "HGET", key, "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		return n
+	}
+	var wg sync.WaitGroup
+	for i := range 30 {
+		wg.Go(func() { call(clients[i%3], 7) })
+	}
+	wg.Wait()
+	// 210 charged: what was left went, never more; a charge racing
+	// another for it may have taken nothing.
+	if n := counted(); n > 100 || n < 7 {
+		t.Fatalf("30 concurrent charges of 7 counted %d of a budget of 100", n)
+	}
+	for range 10 {
+		if res := call(clients[1], 7); res.OverallCode != rlsv3.RateLimitResponse_OK {
+			break // spent
+		}
+	}
+	if n := left(); n != 0 || counted() != 100 {
+		t.Errorf("%d left, %d counted: the charges above what was left did not take it", n, counted())
+	}
+	if res := call(clients[2], 7); res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("a charge of a spent budget: %v", res.OverallCode)
 	}
 }
 

@@ -72,6 +72,10 @@ type Limit struct {
 	Unlimited      bool
 	ShadowMode     bool     // counted and reported, never refusing
 	Replaces       []string // names of the limits this one replaces when both apply
+	// Budget: a call takes what it costs or, when less, what is left,
+	// and passes while anything is (the descriptor's budget: true, for
+	// spending charged after the fact).
+	Budget bool
 	// Shared is, by entry, the value a counter of the limit is kept under
 	// in place of the request's: the pattern of the wildcard with
 	// share_threshold that took the entry, so every value it takes
@@ -258,7 +262,7 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 			return fmt.Errorf("%s.quota_mode: not supported", path)
 		}
 		if err := known(d, path, "key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric",
-			"value_to_metric", "share_threshold", "metadata"); err != nil {
+			"value_to_metric", "share_threshold", "metadata", "budget"); err != nil {
 			return err
 		}
 		key, err := str(d, path, "key")
@@ -311,12 +315,18 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 		if !slices.ContainsFunc(mine, func(v string) bool { return v != "" }) {
 			mine = nil
 		}
+		budget, err := boolean(d, path, "budget")
+		if err != nil {
+			return err
+		}
 		child := &node{children: map[string]*node{}}
 		if rl, ok := d["rate_limit"]; ok {
 			if child.limit, err = parseLimit(rl, path+".rate_limit", parent+"."+name, shadow); err != nil {
 				return err
 			}
-			child.limit.Shared = mine
+			child.limit.Shared, child.limit.Budget = mine, budget
+		} else if budget {
+			return fmt.Errorf("%s.budget: only with a rate_limit", path)
 		}
 		if err := child.load(d["descriptors"], path+".descriptors", parent+"."+name, mine); err != nil {
 			return err
