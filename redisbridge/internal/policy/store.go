@@ -154,6 +154,8 @@ func (s *Store) Status() Status {
 	st := s.state
 	if snap := s.snap.Load(); snap != nil {
 		st.Store, st.Version = snap.Store, snap.Version
+	} else if st.State == "current" {
+		st.State = "loading" // the first snapshot is read, not yet in force
 	}
 	return st
 }
@@ -205,12 +207,19 @@ func (s *Store) session(ctx context.Context, migrated *bool) error {
 		return err
 	}
 	for {
-		if err := s.refresh(ctx, conn); err != nil {
+		snap, err := s.refresh(ctx, conn)
+		if err != nil {
 			return err
 		}
+		// Reachable before the first snapshot is in force: whoever
+		// waits on Loaded then finds the state current, not the last
+		// session's error.
 		s.reachable()
+		if snap != nil {
+			s.install(snap)
+		}
 		wctx, cancel := context.WithTimeout(ctx, s.opts.Poll)
-		_, err := conn.WaitForNotification(wctx)
+		_, err = conn.WaitForNotification(wctx)
 		cancel()
 		if ctx.Err() != nil {
 			return nil
@@ -222,23 +231,18 @@ func (s *Store) session(ctx context.Context, migrated *bool) error {
 }
 
 // refresh reads a new snapshot when the database's version differs from
-// the one in force.
-func (s *Store) refresh(ctx context.Context, conn *pgx.Conn) error {
+// the one in force; nil when it does not.
+func (s *Store) refresh(ctx context.Context, conn *pgx.Conn) (*Snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	var v rules.PolicyVersion
 	if err := conn.QueryRow(ctx, "SELECT store_id, version FROM sluice_policy").Scan(&v.Store, &v.Version); err != nil {
-		return err
+		return nil, err
 	}
 	if cur := s.snap.Load(); cur != nil && cur.PolicyVersion == v {
-		return nil
+		return nil, nil
 	}
-	snap, err := load(ctx, conn)
-	if err != nil {
-		return err
-	}
-	s.install(snap)
-	return nil
+	return load(ctx, conn)
 }
 
 // reload reads a snapshot through the pool: a bridge that made a change
