@@ -223,8 +223,11 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 		return reply, nil
 	}
 	if len(plan.first.Limits) > 0 {
-		if e := s.rlsFirst(ctx, deadline, plan, reply); e != nil || reply.overall == rls.CodeOverLimit {
-			return reply, e
+		if e := s.rlsFirst(ctx, deadline, plan, reply); e != nil {
+			return nil, e
+		}
+		if reply.overall == rls.CodeOverLimit {
+			return reply, nil
 		}
 	}
 	if len(plan.check.Limits) == 0 {
