@@ -433,6 +433,11 @@ descriptors:
 			if took := time.Since(start); took > 5*time.Second {
 				t.Errorf("Redis gone: the answer took %v", took)
 			}
+			_, err = clients[0].ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d",
+				Descriptors: []*ratelimitv3.RateLimitDescriptor{hits(descriptor("k", "gone"), 0)}})
+			if st, _ := status.FromError(err); st.Code() != codes.Unavailable || st.Message() != "counter store unavailable" {
+				t.Errorf("Redis gone, a peek: %v, want UNAVAILABLE", err)
+			}
 		})
 	}
 }
