@@ -216,4 +216,7 @@ func TestLoad_Example(t *testing.T) {
 	if l := c.Match("edge", []Entry{{"tier", "internal"}}); l == nil || !l.Unlimited {
 		t.Errorf("the internal tier: %+v, want unlimited", l)
 	}
+	if l := c.Match("edge", []Entry{{"team", "data"}}); l == nil || !l.Budget || l.RequestsPerUnit != 1_000_000_000 || l.Unit != 4 {
+		t.Errorf("a team's exports: %+v, want a budget of 1e9 a day", l)
+	}
 }
