@@ -205,12 +205,10 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	for _, z := range plan.zero {
 		st := &reply.statuses[z.descriptor]
 		st.Limit, st.UntilReset = z.limit, -1
-		if z.limit.ShadowMode {
-			s.m.decision("log_only_denied", rules.FixedWindow, z.limit.MetricName()).Inc()
-			continue
+		if !z.limit.ShadowMode {
+			st.Code = rls.CodeOverLimit // said even under --rls-shadow-mode
 		}
-		st.Code = rls.CodeOverLimit
-		if s.set.RLSShadowMode {
+		if z.limit.ShadowMode || s.set.RLSShadowMode {
 			s.m.decision("log_only_denied", rules.FixedWindow, z.limit.MetricName()).Inc()
 			continue
 		}
@@ -286,9 +284,11 @@ func (s *Server) rlsFirst(ctx context.Context, deadline time.Time, plan *rlsPlan
 			// Its check decides it and says its status: taking what the
 			// call costs, or what is left when less; with nothing left and
 			// log-only, refused as log-only there.
-			for j, desc := range plan.descriptor {
-				if desc == f.descriptor && left > 0 {
-					plan.check.Limits[j].Spec.Cost = min(plan.check.Limits[j].Spec.Cost, left)
+			if left > 0 {
+				for j, desc := range plan.descriptor {
+					if desc == f.descriptor {
+						plan.check.Limits[j].Spec.Cost = min(plan.check.Limits[j].Spec.Cost, left)
+					}
 				}
 			}
 			continue
@@ -432,10 +432,11 @@ func (p *rlsPlanned) takeZeros() {
 // check) and the budgets, for what they have left.
 func (p *rlsPlanned) takeFirst() {
 	for i, l := range p.limits {
-		if lr := p.check.Limits[i]; lr.Spec.Cost == 0 || l.Budget {
+		lr := p.check.Limits[i]
+		if peek := lr.Spec.Cost == 0; peek || l.Budget {
 			lr.Spec.Cost = 1
 			p.first.Limits = append(p.first.Limits, lr)
-			p.firstOf = append(p.firstOf, firstLimit{l, p.descriptor[i], p.check.Limits[i].Spec.Cost == 0})
+			p.firstOf = append(p.firstOf, firstLimit{l, p.descriptor[i], peek})
 		}
 	}
 	p.keep(func(i int) bool { return p.check.Limits[i].Spec.Cost > 0 })

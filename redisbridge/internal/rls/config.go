@@ -308,12 +308,12 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 		if share && !wild {
 			return fmt.Errorf("%s.share_threshold: only for a value with a *", path)
 		}
-		mine := append(slices.Clip(shared), "")
-		if share {
-			mine[len(shared)] = value
-		}
-		if !slices.ContainsFunc(mine, func(v string) bool { return v != "" }) {
-			mine = nil
+		var mine []string // nil while no entry above or here shares
+		if share || shared != nil {
+			mine = append(slices.Clip(shared), "")
+			if share {
+				mine[len(shared)] = value
+			}
 		}
 		budget, err := boolean(d, path, "budget")
 		if err != nil {
