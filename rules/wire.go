@@ -43,16 +43,34 @@ type LimitRequest struct {
 	// ahead (CheckResponse.DelayMS), or denies it consuming nothing.
 	Throttle   bool
 	MaxDelayMS int64
+	// Fill: the limit takes what the check costs, or what it has left
+	// when that is less, and allows while it has anything left (a cost of
+	// 0 only asks whether it has). Its Decision.Remaining is what it had
+	// before the check (Taken). Set by the bridge's rate limit service for
+	// budgets and peeks; never on the wire, never throttled or leased.
+	Fill bool
 }
 
 // MaxDelay is the limit's max_delay_ms as the wire and the stores carry
 // it: -1 when it is not throttled. A sliding window estimates its count,
 // so it never is (a per-user override may have made a throttle limit one).
 func (l *LimitRequest) MaxDelay() int64 {
-	if !l.Throttle || l.Spec.Algorithm == SlidingWindow {
+	if !l.Throttle || l.Fill || l.Spec.Algorithm == SlidingWindow {
 		return -1
 	}
 	return l.MaxDelayMS
+}
+
+// Taken is what the limit took in a check that consumed it, from its
+// decision d there: its cost, or a Fill limit's cost capped at what it had.
+func (l *LimitRequest) Taken(d *Decision) int64 {
+	if !d.Allowed {
+		return 0
+	}
+	if l.Fill {
+		return min(l.Spec.Cost, d.Remaining)
+	}
+	return l.Spec.Cost
 }
 
 // Op is what a check asks of the bridge.
@@ -108,7 +126,7 @@ type LeaseGrant struct {
 type Decision struct {
 	Allowed      bool
 	Limit        int64 // the limit (token bucket: burst capacity)
-	Remaining    int64 // units left in the store, a lease granted with it deducted
+	Remaining    int64 // units left in the store, a lease granted with it deducted (LimitRequest.Fill: before)
 	ResetMS      int64 // Unix ms when the limit is fully available again
 	RetryAfterMS int64 // when denied: wait this long before the next attempt
 	Lease        LeaseGrant

@@ -178,6 +178,63 @@ func TestStore_Cost(t *testing.T) {
 	}
 }
 
+// A fill limit takes what it has left when a check costs more, allows
+// while it has anything, and says what it had (LimitRequest.Fill).
+func TestStore_Fill(t *testing.T) {
+	for _, h := range harnesses(t) {
+		for _, alg := range algs {
+			t.Run(h.name+"/"+alg.String(), func(t *testing.T) {
+				l := lim("rl:{u:fill}:"+alg.String(), spec(alg, 5, hour))
+				l.Fill = true
+				for i, step := range []struct {
+					cost      int64
+					ok        bool
+					had, took int64
+				}{
+					{3, true, 5, 3},
+					{0, true, 2, 0}, // a peek
+					{3, true, 2, 2}, // what is left
+					{0, false, 0, 0},
+					{1, false, 0, 0},
+				} {
+					l.Spec.Cost = step.cost
+					r := h.check(t, l)
+					d := r.Decisions[0]
+					if r.Allowed != step.ok || d.Allowed != step.ok || d.Remaining != step.had || l.Taken(&d) != step.took || d.Limit != 5 {
+						t.Fatalf("check %d at cost %d: %+v allowed=%v, want allowed=%v remaining %d taking %d",
+							i, step.cost, d, r.Allowed, step.ok, step.had, step.took)
+					}
+					if !step.ok && (d.RetryAfterMS <= 0 || d.RetryAfterMS > hour) {
+						t.Fatalf("check %d: retry after %d ms, want within the hour", i, d.RetryAfterMS)
+					}
+				}
+			})
+		}
+		// Refused by another limit, a fill limit takes nothing (on
+		// redis-split, two slots: the one that took is refunded what it
+		// took, not the cost asked).
+		t.Run(h.name+"/refused", func(t *testing.T) {
+			for _, keyB := range []string{"rl:{u:fillr}:b", "rl:{u:fillr2}:b"} {
+				a := lim("rl:{u:fillr}:a"+keyB, spec(rules.FixedWindow, 1, hour))
+				b := lim(keyB, spec(rules.FixedWindow, 4, hour))
+				b.Fill, b.Spec.Cost = true, 3
+				if r := h.check(t, a, b); !r.Allowed || r.Decisions[1].Remaining != 4 {
+					t.Fatalf("first check: %+v, want allowed, the fill limit having had 4", r)
+				}
+				b.Spec.Cost = 100
+				r := h.check(t, a, b)
+				if r.Allowed || r.Decisions[0].Allowed || !r.Decisions[1].Allowed || r.Decisions[1].Remaining != 1 {
+					t.Fatalf("second check: %+v, want denied by the first limit, the fill limit having 1", r)
+				}
+				b.Spec.Cost = 1
+				if r := h.check(t, b); !r.Allowed || r.Decisions[0].Remaining != 1 {
+					t.Fatalf("third check: %+v, want allowed, having 1", r.Decisions)
+				}
+			}
+		})
+	}
+}
+
 func TestStore_AllOrNothing(t *testing.T) {
 	for _, h := range harnesses(t) {
 		t.Run(h.name, func(t *testing.T) {

@@ -68,6 +68,9 @@ func (s diffStep) String() string {
 		if l.Throttle {
 			fmt.Fprintf(&b, " max_delay %d", l.MaxDelayMS)
 		}
+		if l.Fill {
+			b.WriteString(" fill")
+		}
 		if l.Spec.Lease.Size > 0 {
 			fmt.Fprintf(&b, " lease %+v", l.Spec.Lease)
 		}
@@ -146,6 +149,15 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int, 
 			l := keys[rng.IntN(len(keys))]
 			if rng.IntN(10) == 0 {
 				l.Spec = randomSpec(rng)
+			}
+			if rng.IntN(6) == 0 { // a budget or a peek of one (the rate limit service's)
+				l.Fill = true
+				switch rng.IntN(3) {
+				case 0:
+					l.Spec.Cost = 0
+				case 1:
+					l.Spec.Cost = 1 + rng.Int64N(2*max(l.Spec.Limit, l.Spec.Burst)+1)
+				}
 			}
 			if rng.IntN(3) == 0 {
 				for _, g := range grants[max(0, len(grants)-8):] {

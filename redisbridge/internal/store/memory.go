@@ -158,8 +158,8 @@ func (s *Memory) unlock(idx []int) {
 
 // memLimit is one limit while a check is being decided.
 type memLimit struct {
-	spec             rules.LimitSpec
-	logOnly          bool
+	spec             rules.LimitSpec // Cost: a fill limit's as decided (fillCost)
+	logOnly, fill    bool
 	key, vkey, bkey  string
 	ok, blocked      bool
 	cap              int64
@@ -190,7 +190,8 @@ func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, 
 	for i := range req.Limits {
 		l := &req.Limits[i]
 		m := &ls[i]
-		m.spec, m.logOnly, m.ret, m.maxDelay = l.Spec, l.LogOnly, l.Return, l.MaxDelay()
+		m.spec, m.logOnly, m.fill, m.ret, m.maxDelay = l.Spec, l.LogOnly, l.Fill, l.Return, l.MaxDelay()
+		m.spec.Lease = leaseOf(l)
 		m.throttle = m.maxDelay >= 0
 		if req.Op == rules.OpRenew {
 			m.spec.Cost = 0
@@ -330,10 +331,23 @@ func tbNow(e *entry, spec *rules.LimitSpec, now int64) (float64, leaseGens) {
 	return tokens, g
 }
 
+// fillCost sets a fill limit's cost from the room it has left
+// (check.lua's fillCost).
+func (m *memLimit) fillCost(room int64) {
+	if room < 1 {
+		m.spec.Cost = 1
+	} else {
+		m.spec.Cost = min(m.spec.Cost, room)
+	}
+}
+
 func (s *Memory) tokenBucket(m *memLimit, now int64) {
+	tokens, gens := tbNow(s.get(m.key, now), &m.spec, now)
+	if m.fill {
+		m.fillCost(floorInt(tokens))
+	}
 	capa, limit, w, cost := float64(m.spec.Burst), float64(m.spec.Limit), float64(m.spec.WindowMS), float64(m.spec.Cost)
 	m.cap = m.spec.Burst
-	tokens, gens := tbNow(s.get(m.key, now), &m.spec, now)
 	m.gens = gens
 	m.ok = tokens >= cost
 	after := tokens
@@ -341,6 +355,9 @@ func (s *Memory) tokenBucket(m *memLimit, now int64) {
 		after = tokens - cost
 	}
 	m.remaining = max(0, floorInt(after))
+	if m.fill {
+		m.remaining = max(0, floorInt(tokens))
+	}
 	m.reset = now + ceilInt((capa-after)*w/limit)
 	if !m.ok {
 		if cost > capa {
@@ -353,7 +370,7 @@ func (s *Memory) tokenBucket(m *memLimit, now int64) {
 }
 
 func (s *Memory) slidingWindow(m *memLimit, now int64) {
-	limit, W, cost := m.spec.Limit, m.spec.WindowMS, m.spec.Cost
+	limit, W := m.spec.Limit, m.spec.WindowMS
 	m.cap = limit
 	idx := now / W
 	var cur, prev int64
@@ -368,10 +385,18 @@ func (s *Memory) slidingWindow(m *memLimit, now int64) {
 	// The explicit conversion keeps the compiler from fusing multiply and
 	// add, which Lua does not do.
 	est := float64(float64(prev)*(float64(W-elapsed)/float64(W))) + float64(cur)
+	rem := float64(limit) - est
+	if m.fill {
+		m.fillCost(floorInt(rem))
+	}
+	cost := m.spec.Cost
 	m.ok = est+float64(cost) <= float64(limit)
-	after, rem := cur, float64(limit)-est
+	after := cur
 	if m.ok {
-		after, rem = cur+cost, rem-float64(cost)
+		after = cur + cost
+		if !m.fill {
+			rem -= float64(cost)
+		}
 	}
 	m.remaining = max(0, floorInt(rem))
 	switch {
@@ -399,7 +424,7 @@ func (s *Memory) slidingWindow(m *memLimit, now int64) {
 }
 
 func (s *Memory) slidingLog(m *memLimit, now int64) {
-	limit, W, cost := m.spec.Limit, m.spec.WindowMS, m.spec.Cost
+	limit, W := m.spec.Limit, m.spec.WindowMS
 	m.cap = limit
 	var inWindow []int64
 	if e := s.get(m.key, now); e != nil {
@@ -407,12 +432,19 @@ func (s *Memory) slidingLog(m *memLimit, now int64) {
 		inWindow = e.log[from:]
 	}
 	count := int64(len(inWindow))
+	if m.fill {
+		m.fillCost(limit - count)
+	}
+	cost := m.spec.Cost
 	m.ok = count+cost <= limit
 	after := count
 	if m.ok {
 		after = count + cost
 	}
 	m.remaining = limit - after
+	if m.fill {
+		m.remaining = max(0, limit-count)
+	}
 	switch {
 	case after == 0:
 		m.reset = now
@@ -433,16 +465,23 @@ func (s *Memory) slidingLog(m *memLimit, now int64) {
 }
 
 func (s *Memory) fixedWindow(m *memLimit, now int64) {
-	limit, W, cost := m.spec.Limit, m.spec.WindowMS, m.spec.Cost
+	limit, W := m.spec.Limit, m.spec.WindowMS
 	m.cap = limit
 	idx := now / W
 	cur := fwCount(s.get(m.key, now), idx, limit)
+	if m.fill {
+		m.fillCost(limit - cur)
+	}
+	cost := m.spec.Cost
 	m.ok = cur+cost <= limit
 	after := cur
 	if m.ok {
 		after = cur + cost
 	}
 	m.remaining = max(0, limit-after)
+	if m.fill {
+		m.remaining = max(0, limit-cur)
+	}
 	if after > 0 {
 		m.reset = (idx + 1) * W
 	} else {

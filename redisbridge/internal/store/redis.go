@@ -573,7 +573,7 @@ func peekCall(l *rules.LimitRequest) scriptCall {
 	ls := []rules.LimitRequest{*l}
 	ls[0].Spec.Cost = 0
 	ls[0].Spec.Lease, ls[0].Return = rules.Lease{}, rules.LeaseReturn{}
-	ls[0].Throttle = false
+	ls[0].Throttle, ls[0].Fill = false, false
 	return scriptCall{mode: modePeek, ls: ls}
 }
 

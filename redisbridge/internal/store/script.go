@@ -27,20 +27,20 @@ import (
 //	KEYS  per check, per limit: its counter key (base key + algorithm
 //	      suffix), then, with a penalty, its violations and block keys
 //	ARGV  violations cap, number of specs, then per spec: algorithm id,
-//	      limit, window_ms, burst, cost, log_only (0/1), lease size (0:
-//	      none), lease ttl_ms, max_delay_ms (-1: not throttled), penalty
-//	      window_ms (0: no penalty) [, threshold, number of multipliers,
-//	      multipliers...]; then the
-//	      number of checks, then per check: its number of limits
-//	      (negative: a peek, which writes nothing but lease returns), then
-//	      per limit: its spec's number (from 1), negative when a lease
-//	      return follows: units, tag, granted
-//	reply now_ms, then per check: allowed (1; 0: denied; -D: allowed
-//	      to pass D ms from now, at the slot its throttle limits
-//	      reserved; or, for a check that failed, its error as text), then
-//	      per limit: allowed, limit,
-//	      remaining, reset_ms, retry_after_ms, lease units, lease ttl_ms,
-//	      lease tag
+//	      limit, window_ms, burst, cost, flags (1: log_only, 2: fill),
+//	      lease size (0: none), lease ttl_ms, max_delay_ms (-1: not
+//	      throttled), penalty window_ms (0: no penalty) [, threshold,
+//	      number of multipliers, multipliers...]; then the number of
+//	      checks, then per check: its number of limits (negative: a peek,
+//	      which writes nothing but lease returns), then per limit: its
+//	      spec's number (from 1), negative when a lease return follows:
+//	      units, tag, granted
+//	reply now_ms, then per check: allowed (1; 0: denied; -D: allowed to
+//	      pass D ms from now, at the slot its throttle limits reserved;
+//	      or, for a check that failed, its error as text), then per limit:
+//	      allowed, limit, remaining (a fill limit's: what it had before
+//	      the check), reset_ms, retry_after_ms, lease units, lease
+//	      ttl_ms, lease tag
 //
 // A spec is what limits share (the same rule for many clients): sent and
 // parsed once per call, it leaves one argument per limit.
@@ -215,9 +215,9 @@ func (t *specTable) number(cs []*call) {
 // sameSpec tells whether a and b send the same spec arguments.
 func sameSpec(a, b *rules.LimitRequest) bool {
 	sa, sb := &a.Spec, &b.Spec
-	if a.LogOnly != b.LogOnly || scriptAlgorithm(sa.Algorithm) != scriptAlgorithm(sb.Algorithm) ||
+	if specFlags(a) != specFlags(b) || scriptAlgorithm(sa.Algorithm) != scriptAlgorithm(sb.Algorithm) ||
 		sa.Limit != sb.Limit || sa.WindowMS != sb.WindowMS || sa.Burst != sb.Burst || sa.Cost != sb.Cost ||
-		sa.Lease != sb.Lease || a.MaxDelay() != b.MaxDelay() {
+		leaseOf(a) != leaseOf(b) || a.MaxDelay() != b.MaxDelay() {
 		return false
 	}
 	pa, okA := penalized(a)
@@ -283,9 +283,10 @@ func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable)
 		w.int(sp.WindowMS)
 		w.int(sp.Burst)
 		w.int(sp.Cost)
-		w.int(boolArg(l.LogOnly))
-		w.int(sp.Lease.Size)
-		w.int(sp.Lease.TTLMS)
+		w.int(specFlags(l))
+		lease := leaseOf(l)
+		w.int(lease.Size)
+		w.int(lease.TTLMS)
 		w.int(l.MaxDelay())
 		if p, ok := penalized(l); ok {
 			w.int(p.DetectionWindowMS)
@@ -392,11 +393,25 @@ func readCheckReply(r replyReader, cs []*call) error {
 	return nil
 }
 
-func boolArg(b bool) int64 {
-	if b {
-		return 1
+// specFlags is a spec's flags argument.
+func specFlags(l *rules.LimitRequest) int64 {
+	var f int64
+	if l.LogOnly {
+		f |= 1
 	}
-	return 0
+	if l.Fill {
+		f |= 2
+	}
+	return f
+}
+
+// leaseOf is the lease l asks for: none for a fill limit, whose cost is
+// not known before it is decided.
+func leaseOf(l *rules.LimitRequest) rules.Lease {
+	if l.Fill {
+		return rules.Lease{}
+	}
+	return l.Spec.Lease
 }
 
 // readReply copies the check's part of a check.lua reply (now_ms,
@@ -459,7 +474,7 @@ func writeRefund(w argWriter, ls []rules.LimitRequest, idx []int, ds []rules.Dec
 			} else {
 				w.int(sp.Limit)
 			}
-			w.int(sp.Cost)
+			w.int(ls[i].Taken(&ds[i]))
 		}
 	}
 	return true

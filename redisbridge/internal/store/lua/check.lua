@@ -8,7 +8,8 @@
 -- ARGV[1] violations kept per key at most
 -- ARGV[2] number of specs, then per spec (what limits share, sent once):
 --   alg (1 token_bucket, 2 sliding_window, 3 sliding_log, 4 fixed_window),
---   limit, window_ms, burst, cost, log_only (0/1), lease size (0: none),
+--   limit, window_ms, burst, cost, flags (1: log_only, 2: fill, see
+--   fillCost), lease size (0: none),
 --   lease ttl_ms, max_delay_ms (-1: not a throttle limit), penalty
 --   window_ms (0: no penalty) [, threshold, #multipliers, multipliers...]
 -- then the number of checks, then per check: its number of limits
@@ -283,22 +284,36 @@ local function fwCount(s, idx, limit)
   return max(0, c - (idx - w) * limit)
 end
 
+-- fillCost is what a fill limit (spec flag 2) with room units left takes
+-- of cost: all of it, or the room when less; with no unit left, one, so
+-- that it is denied with the retry of one unit. A fill limit's remaining
+-- is its room, what it had before the check: what it took follows from
+-- the two (script.go, fill).
+local function fillCost(room, cost)
+  if room < 1 then return 1 end
+  return min(cost, room)
+end
+
 -- decideLimit decides one limit without writing. It returns ok, remaining,
 -- reset, retry, cap (the limit reported), and the state to write when the
 -- check is allowed: after, idx, prev (sliding window), count (sliding
--- log). One function for the four algorithms: a script call builds each
--- of its functions anew, which a batch of one check notices.
-local function decideLimit(alg, key, limit, W, cap, cost)
+-- log), and the cost it decided (a fill limit's, see fillCost). One
+-- function for the four algorithms: a script call builds each of its
+-- functions anew, which a batch of one check notices.
+local function decideLimit(alg, key, limit, W, cap, cost, fill)
   local s
   if alg ~= 3 then s = fields(key, alg) end
   if alg == 1 then -- token bucket: HASH tokens, ts, g (leases)
     local tokens = tokensNow(s, limit, W, cap)
+    if fill then cost = fillCost(floor(tokens), cost) end
     local ok = tokens >= cost
     local after, retry = tokens, 0
     if ok then after = tokens - cost
     elseif cost > cap then retry = W
     else retry = ceil((cost - tokens) * W / limit) end
-    return ok, max(0, floor(after)), now + ceil((cap - after) * W / limit), retry, cap, after, 0, 0, 0
+    local remaining = after
+    if fill then remaining = tokens end
+    return ok, max(0, floor(remaining)), now + ceil((cap - after) * W / limit), retry, cap, after, 0, 0, 0, cost
   elseif alg == 2 then -- sliding window, weighted: HASH w (window index), c (count), p (previous count)
     local idx = floor(now / W)
     local cur, prev, w = 0, 0, tonumber(s[1])
@@ -306,9 +321,14 @@ local function decideLimit(alg, key, limit, W, cap, cost)
     elseif w == idx - 1 then prev = tonumber(s[2]) end
     local elapsed = now - idx * W
     local est = prev * ((W - elapsed) / W) + cur
+    local rem = limit - est
+    if fill then cost = fillCost(floor(rem), cost) end
     local ok = est + cost <= limit
-    local after, rem = cur, limit - est
-    if ok then after, rem = cur + cost, rem - cost end
+    local after = cur
+    if ok then
+      after = cur + cost
+      if not fill then rem = rem - cost end
+    end
     local reset, retry = now, 0
     if after > 0 then reset = (idx + 2) * W
     elseif prev > 0 then reset = (idx + 1) * W end
@@ -324,10 +344,11 @@ local function decideLimit(alg, key, limit, W, cap, cost)
         retry = max(1, retry)
       end
     end
-    return ok, max(0, floor(rem)), reset, retry, limit, after, idx, prev, 0
+    return ok, max(0, floor(rem)), reset, retry, limit, after, idx, prev, 0, cost
   elseif alg == 3 then -- sliding log: ZSET of admitted units, score = ms
     local from = '(' .. format('%d', now - W)
     local count = call('ZCOUNT', key, from, '+inf')
+    if fill then cost = fillCost(limit - count, cost) end
     local ok = count + cost <= limit
     local after = count
     if ok then after = count + cost end
@@ -342,11 +363,13 @@ local function decideLimit(alg, key, limit, W, cap, cost)
         retry = max(1, tonumber(r[2]) + W - now)
       end
     end
-    return ok, limit - after, reset, retry, limit, after, 0, 0, count
+    if fill then return ok, max(0, limit - count), reset, retry, limit, after, 0, 0, count, cost end
+    return ok, limit - after, reset, retry, limit, after, 0, 0, count, cost
   end
   -- fixed window: HASH w (window index), c (count, see fwCount)
   local idx = floor(now / W)
   local cur = fwCount(s, idx, limit)
+  if fill then cost = fillCost(limit - cur, cost) end
   local ok = cur + cost <= limit
   local after, reset, retry = cur, now, 0
   if ok then after = cur + cost end
@@ -354,7 +377,8 @@ local function decideLimit(alg, key, limit, W, cap, cost)
   if not ok then
     if cost > limit then retry = W else retry = (idx + 1) * W - now end
   end
-  return ok, max(0, limit - after), reset, retry, limit, after, idx, 0, 0
+  if fill then return ok, max(0, limit - cur), reset, retry, limit, after, idx, 0, 0, cost end
+  return ok, max(0, limit - after), reset, retry, limit, after, idx, 0, 0, cost
 end
 
 -- slotOf returns, for a throttle limit, the earliest time from now on at
@@ -498,12 +522,13 @@ local out, o = {now}, 2
 
 -- The specs the batch's limits refer to, each sent once per call:
 -- {alg, limit, window, burst, cost, log_only, penalty window, threshold,
--- multipliers, lease size, lease ttl, max delay}.
+-- multipliers, lease size, lease ttl, max delay, fill}.
 local SP, a = {}, 3
 for i = 1, tonumber(ARGV[2]) do
+  local flags = tonumber(ARGV[a + 5])
   local sp = {tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), ARGV[a + 5] == '1', tonumber(ARGV[a + 9]), 0, false,
-    tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])}
+    tonumber(ARGV[a + 4]), flags % 2 == 1, tonumber(ARGV[a + 9]), 0, false,
+    tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), flags >= 2}
   -- A sliding window estimates: it is never throttled (script.go sends
   -- none; this keeps a slip from reading its HASH as a log).
   if sp[1] == 2 then sp[12] = -1 end
@@ -551,7 +576,8 @@ local function checkOne(sp, key, vkey, bkey, write, ru, rt, rg)
   local alg, limit, W, cost, logOnly, pw = sp[1], sp[2], sp[3], sp[5], sp[6], sp[7]
   if ru > 0 then leasing().giveBack(alg, key, limit, W, sp[4], rt, rg, ru) end
   if sp[12] >= 0 then return throttleOne(sp, key, vkey, bkey, write) end
-  local ok, remaining, reset, retry, cap, after, idx, prev, count = decideLimit(alg, key, limit, W, sp[4], cost)
+  local ok, remaining, reset, retry, cap, after, idx, prev, count
+  ok, remaining, reset, retry, cap, after, idx, prev, count, cost = decideLimit(alg, key, limit, W, sp[4], cost, sp[13])
   local blocked = false
   if pw > 0 then
     local b = tonumber(call('GET', bkey))
@@ -593,8 +619,8 @@ local function checkMany(n, write)
       l.ok, l.retry = slot ~= false, 0
       if not l.ok then l.retry = sp[3] end
     else
-      l.ok, l.remaining, l.reset, l.retry, l.cap, l.after, l.idx, l.prev, l.count =
-        decideLimit(sp[1], l.key, sp[2], sp[3], sp[4], sp[5])
+      l.ok, l.remaining, l.reset, l.retry, l.cap, l.after, l.idx, l.prev, l.count, l.cost =
+        decideLimit(sp[1], l.key, sp[2], sp[3], sp[4], sp[5], sp[13])
     end
     l.blocked = false
     if l.bkey then
@@ -631,7 +657,7 @@ local function checkMany(n, write)
                 leasing().lease(sp[1], sp, l.key, l.cap, sp[5], l.after, l.remaining, l.reset, l.idx)
             end
           end
-          consume(i, sp[1], l.key, sp[2], sp[3], l.cap, sp[5], l.after, l.idx, l.prev, l.count, l.ln, l.lg)
+          consume(i, sp[1], l.key, sp[2], sp[3], l.cap, l.cost, l.after, l.idx, l.prev, l.count, l.ln, l.lg)
         end
       elseif not l.ok and not sp[6] and l.vkey and not l.blocked then
         l.retry, l.reset = violate(l.vkey, l.bkey, sp[7], sp[8], sp[9], sp[3], l.retry, l.reset)
@@ -681,7 +707,7 @@ for c = 1, nc do
       local l = L[i]
       if not l then
         l = {sp = false, key = false, vkey = false, bkey = false, ok = false, remaining = 0, reset = 0,
-          retry = 0, cap = 0, after = 0, idx = 0, prev = 0, count = 0, blocked = false,
+          retry = 0, cap = 0, after = 0, idx = 0, prev = 0, count = 0, cost = 0, blocked = false,
           ru = 0, rt = 0, rg = 0, ln = 0, lt = 0, lg = 0, top = 0}
         L[i] = l
       end
