@@ -85,7 +85,14 @@ func isRESTCheck(body []byte) bool {
 // (--redis-timeout after the check arrived) and counts it. resp is reset
 // first, so callers may reuse it.
 func (s *Server) decide(ctx context.Context, deadline time.Time, req *rules.CheckRequest, resp *rules.CheckResponse) error {
-	if err := s.storeCheck(ctx, deadline, req, resp); err != nil {
+	*resp = rules.CheckResponse{Decisions: resp.Decisions[:0]}
+	s.overrides.Apply(req)
+	t0 := time.Now()
+	err := s.store.Check(ctx, deadline, req, resp)
+	s.m.storeCheck.Observe(time.Since(t0).Seconds())
+	if err != nil {
+		s.m.checkError.Inc()
+		s.storeFailed("check", err)
 		return err
 	}
 	for i := range req.Limits {
@@ -128,22 +135,6 @@ func (s *Server) decide(ctx context.Context, deadline time.Time, req *rules.Chec
 		s.m.decision(res, req.Limits[i].Spec.Algorithm, req.Limits[i].Rule).Inc()
 	}
 	return nil
-}
-
-// storeCheck is decide's part with the store: it applies overrides to
-// req and runs it by deadline, resetting resp first; it counts only the
-// store's time and failures.
-func (s *Server) storeCheck(ctx context.Context, deadline time.Time, req *rules.CheckRequest, resp *rules.CheckResponse) error {
-	*resp = rules.CheckResponse{Decisions: resp.Decisions[:0]}
-	s.overrides.Apply(req)
-	t0 := time.Now()
-	err := s.store.Check(ctx, deadline, req, resp)
-	s.m.storeCheck.Observe(time.Since(t0).Seconds())
-	if err != nil {
-		s.m.checkError.Inc()
-		s.storeFailed("check", err)
-	}
-	return err
 }
 
 // mostRestrictive picks the decision the headers describe: a denying

@@ -220,14 +220,6 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 		s.m.checkDenied.Inc()
 		return reply, nil
 	}
-	if len(plan.first.Limits) > 0 {
-		if e := s.rlsFirst(ctx, deadline, plan, reply); e != nil {
-			return nil, e
-		}
-		if reply.overall == rls.CodeOverLimit {
-			return reply, nil
-		}
-	}
 	if len(plan.check.Limits) == 0 {
 		return reply, nil
 	}
@@ -239,15 +231,18 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 		reply.overall = rls.CodeOverLimit
 	}
 	for i, d := range resp.Decisions {
-		l := plan.limits[i]
+		l, lr := plan.limits[i], &plan.check.Limits[i]
 		st := &reply.statuses[plan.descriptor[i]]
 		st.Limit = l
+		// What the limit has left. A budget's or a peek's decision says
+		// what it had; any other's what a call let through would leave,
+		// and a refused call took nothing.
 		remaining := d.Remaining
-		if d.Allowed && !resp.Allowed {
-			// What the limit has left: the call was refused, so it took
-			// nothing from this one (the decision says what a call let
-			// through would have left).
-			remaining += plan.check.Limits[i].Spec.Cost
+		switch {
+		case lr.Fill && resp.Allowed:
+			remaining -= lr.Taken(&d)
+		case !lr.Fill && d.Allowed && !resp.Allowed:
+			remaining += lr.Spec.Cost
 		}
 		st.Remaining = uint32(min(max(remaining, 0), l.RequestsPerUnit, 1<<32-1))
 		// A fixed window ends on a multiple of its length (from the epoch).
@@ -260,63 +255,6 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	return reply, nil
 }
 
-// rlsFirst decides plan.first, consuming nothing: a peek's status is
-// what its limit has left, refused when nothing; a budget with nothing
-// left refuses the call, and otherwise its check takes what the call
-// costs or what is left, the less. A refusal here refuses the call
-// before anything is counted, and the statuses of the descriptors not
-// decided carry no limit.
-func (s *Server) rlsFirst(ctx context.Context, deadline time.Time, plan *rlsPlanned, reply *rlsReply) *rlsError {
-	plan.first.RequestID = plan.check.RequestID
-	plan.first.Op = rules.OpReturn // decided as the limits would decide, nothing consumed (nothing to hand back)
-	var resp rules.CheckResponse
-	if err := s.storeCheck(ctx, deadline, &plan.first, &resp); err != nil {
-		return &rlsError{grpcUnavailable, storeError(err).reason}
-	}
-	refused := false
-	for i, d := range resp.Decisions {
-		f, lr := plan.firstOf[i], &plan.first.Limits[i]
-		left := int64(0) // decided at one unit: what is left is one more than a unit leaves
-		if d.Allowed {
-			left = d.Remaining + 1
-		}
-		if f.limit.Budget && !f.peek && (left > 0 || lr.LogOnly) {
-			// Its check decides it and says its status: taking what the
-			// call costs, or what is left when less; with nothing left and
-			// log-only, refused as log-only there.
-			if left > 0 {
-				for j, desc := range plan.descriptor {
-					if desc == f.descriptor {
-						plan.check.Limits[j].Spec.Cost = min(plan.check.Limits[j].Spec.Cost, left)
-					}
-				}
-			}
-			continue
-		}
-		st := &reply.statuses[f.descriptor]
-		st.Limit, st.Remaining = f.limit, uint32(min(left, f.limit.RequestsPerUnit, 1<<32-1))
-		window := f.limit.WindowMS()
-		st.UntilReset = time.Duration(window-resp.NowMS%window) * time.Millisecond
-		res := "allowed"
-		switch {
-		case left > 0:
-		case lr.LogOnly:
-			res = "log_only_denied"
-			if !f.limit.ShadowMode {
-				st.Code = rls.CodeOverLimit // said, not refused (--rls-shadow-mode)
-			}
-		default:
-			res, st.Code, refused = "denied", rls.CodeOverLimit, true
-		}
-		s.m.decision(res, rules.FixedWindow, lr.Rule).Inc()
-	}
-	if refused {
-		reply.overall = rls.CodeOverLimit
-		s.m.checkDenied.Inc()
-	}
-	return nil
-}
-
 // rlsPlanned is a call's check: the limits its descriptors have, and for
 // each, the descriptor it is of.
 type rlsPlanned struct {
@@ -324,18 +262,6 @@ type rlsPlanned struct {
 	limits     []*rls.Limit
 	descriptor []int
 	zero       []zeroLimit // limits of 0, which refuse every call
-	// first is decided before check, counting nothing (takeFirst);
-	// firstOf says what each of its limits is.
-	first   rules.CheckRequest
-	firstOf []firstLimit
-}
-
-// firstLimit is a limit of rlsPlanned.first: of a peek, or of a budget
-// (whose check then takes what it has left at most).
-type firstLimit struct {
-	limit      *rls.Limit
-	descriptor int
-	peek       bool
 }
 
 // zeroLimit is a limit of 0 and the descriptor it is of.
@@ -380,7 +306,7 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 			continue
 		}
 		cost := hits
-		if d.HasHitsAddend { // 0: a peek (takeFirst)
+		if d.HasHitsAddend { // 0: a peek
 			cost = int64(min(d.HitsAddend, rules.MaxLimitValue))
 		}
 		key := rlsKey(req.Domain, d.Entries, l)
@@ -392,11 +318,14 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 		p.check.Limits = append(p.check.Limits, rules.LimitRequest{
 			Key: key, Rule: l.MetricName(), LogOnly: l.ShadowMode || s.set.RLSShadowMode,
 			Spec: rules.LimitSpec{Algorithm: rules.FixedWindow, Limit: l.RequestsPerUnit, WindowMS: l.WindowMS(), Burst: l.RequestsPerUnit, Cost: cost},
+			// A budget takes what it has left when a call costs more; a
+			// peek (cost 0) only asks whether anything is left. Both are
+			// refused once nothing is.
+			Fill: l.Budget || cost == 0,
 		})
 	}
 	p.dropReplaced()
 	p.takeZeros()
-	p.takeFirst()
 	return p, nil
 }
 
@@ -424,22 +353,6 @@ func (p *rlsPlanned) takeZeros() {
 		}
 		return true
 	})
-}
-
-// takeFirst puts in p.first what is decided before the call counts
-// anything, as one unit would be and consuming nothing: the peeks (a
-// descriptor's hits_addend of 0, which count nothing and leave the
-// check) and the budgets, for what they have left.
-func (p *rlsPlanned) takeFirst() {
-	for i, l := range p.limits {
-		lr := p.check.Limits[i]
-		if peek := lr.Spec.Cost == 0; peek || l.Budget {
-			lr.Spec.Cost = 1
-			p.first.Limits = append(p.first.Limits, lr)
-			p.firstOf = append(p.firstOf, firstLimit{l, p.descriptor[i], peek})
-		}
-	}
-	p.keep(func(i int) bool { return p.check.Limits[i].Spec.Cost > 0 })
 }
 
 // keep keeps the limits (with their descriptors and checks) that ok

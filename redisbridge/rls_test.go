@@ -222,6 +222,9 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 		{"a charge above what is left takes what is left", call(hits(descriptor("tokens", "team-a"), 70)), answer(ok, perMinute(ok, 100, 0))},
 		{"a peek of a spent budget", call(hits(descriptor("tokens", "team-a"), 0)), answer(over, perMinute(over, 100, 0))},
 		{"a charge of a spent budget", call(hits(descriptor("tokens", "team-a"), 10)), answer(over, perMinute(over, 100, 0))},
+		{"a peek of a spent budget refuses a call, which counts nothing", call(hits(descriptor("tokens", "team-a"), 0), descriptor("remote_address", "10.0.0.21")),
+			answer(over, perMinute(over, 100, 0), perAddress(ok, 2))},
+		{"the address of that call", call(descriptor("remote_address", "10.0.0.21")), answer(ok, perAddress(ok, 1))},
 		{"a budget in a call another limit refuses takes nothing", call(hits(descriptor("tokens", "team-b"), 10), descriptor("remote_address", "10.0.0.1")),
 			answer(over, perMinute(ok, 100, 100), perAddress(over, 0))},
 		{"the budget it did not take", call(hits(descriptor("tokens", "team-b"), 0)), answer(ok, perMinute(ok, 100, 100))},
@@ -444,9 +447,10 @@ descriptors:
 
 // TestRLS_BudgetOnRedis: a budget charged after the fact (Envoy's
 // apply_on_stream_done with hits_addend, as token budgets are) through
-// three bridges on one Redis: concurrent charges never take more than the
-// budget, a charge above what is left takes what is left, and then the
-// peeks (hits_addend 0), which count nothing, refuse.
+// three bridges on one Redis: concurrent charges pass while anything is
+// left and take exactly the budget, the one that finds less than it costs
+// taking what is left; then the peeks (hits_addend 0), which count
+// nothing, refuse.
 func TestRLS_BudgetOnRedis(t *testing.T) {
 	config := rlsConfig(t, `domain: ai
 descriptors:
@@ -492,22 +496,22 @@ descriptors:
 		return n
 	}
 	var wg sync.WaitGroup
+	var passed atomic.Int64
 	for i := range 30 {
-		wg.Go(func() { call(clients[i%3], 7) })
+		wg.Go(func() {
+			if call(clients[i%3], 7).OverallCode == rlsv3.RateLimitResponse_OK {
+				passed.Add(1)
+			}
+		})
 	}
 	wg.Wait()
-	// 210 charged: what was left went, never more; a charge racing
-	// another for it may have taken nothing.
-	if n := counted(); n > 100 || n < 7 {
-		t.Fatalf("30 concurrent charges of 7 counted %d of a budget of 100", n)
+	// 210 charged: 14 charges of 7 and one of the 2 left, in whatever
+	// order they came.
+	if n, p := counted(), passed.Load(); n != 100 || p != 15 {
+		t.Fatalf("30 concurrent charges of 7: %d passed, %d counted; want 15 passing and the budget of 100 spent", p, n)
 	}
-	for range 10 {
-		if res := call(clients[1], 7); res.OverallCode != rlsv3.RateLimitResponse_OK {
-			break // spent
-		}
-	}
-	if n := left(); n != 0 || counted() != 100 {
-		t.Errorf("%d left, %d counted: the charges above what was left did not take it", n, counted())
+	if n := left(); n != 0 {
+		t.Errorf("%d left of a spent budget", n)
 	}
 	if res := call(clients[2], 7); res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("a charge of a spent budget: %v", res.OverallCode)
