@@ -80,7 +80,11 @@ func (s *Server) serveRLS(ctx context.Context, in *checkio.Request, out *checkio
 		rlsFail(out, e)
 		return
 	}
-	grpcAnswer(out, func(b []byte) []byte { return rls.AppendResponse(b, reply.overall, reply.statuses) })
+	var headers *rls.Status
+	if s.set.RLSResponseHeaders {
+		headers = reply.closest()
+	}
+	grpcAnswer(out, func(b []byte) []byte { return rls.AppendResponse(b, reply.overall, reply.statuses, headers) })
 	s.m.checkDur.Observe(time.Since(start).Seconds())
 }
 
@@ -168,6 +172,24 @@ func (s *Server) ReloadRLS() error {
 type rlsReply struct {
 	overall  rls.Code
 	statuses []rls.Status
+}
+
+// closest is the status the answer's RateLimit headers speak of, as
+// envoyproxy/ratelimit picks it: the last over its limit, else the first
+// with the least remaining; nil when no descriptor has a limit.
+func (r *rlsReply) closest() *rls.Status {
+	var c *rls.Status
+	for i := range r.statuses {
+		st := &r.statuses[i]
+		switch {
+		case st.Limit == nil:
+		case st.Code == rls.CodeOverLimit:
+			c = st
+		case c == nil || c.Code != rls.CodeOverLimit && st.Remaining < c.Remaining:
+			c = st
+		}
+	}
+	return c
 }
 
 // shouldRateLimit reads the call's request into req, decides it as the

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -243,6 +244,46 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 		}
 		if !proto.Equal(got, tt.want) {
 			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestRLS_ResponseHeaders: with --rls-response-headers each answer
+// carries the RateLimit headers of the descriptor closest to its limit:
+// the last one over it, else the first with the least remaining; none
+// when no descriptor has a limit.
+func TestRLS_ResponseHeaders(t *testing.T) {
+	const now = 1_800_000_030_500 // 30.5 s into a minute
+	addr := startBridge(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
+		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
+		RLSConfig: rlsConfig(t, rlsTestConfig), RLSResponseHeaders: true, Now: func() int64 { return now }})
+	client := rlsClient(t, addr)
+	headers := func(limit, remaining, reset string) []*corev3.HeaderValue {
+		return []*corev3.HeaderValue{{Key: "RateLimit-Limit", Value: limit}, {Key: "RateLimit-Remaining", Value: remaining}, {Key: "RateLimit-Reset", Value: reset}}
+	}
+	call := func(d ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: d}
+	}
+	for _, tt := range []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want []*corev3.HeaderValue
+	}{
+		{"the least remaining", call(descriptor("path", "/login"), descriptor("remote_address", "10.0.0.1")), headers("2", "1", "30")},
+		{"the first of equals", call(descriptor("remote_address", "10.0.0.2"), descriptor("remote_address", "10.0.0.3")), headers("2", "1", "30")},
+		// The address is over (3 asked, 2 left); the file, refused with
+		// it, has 1 left.
+		{"over its limit, after one with less left", call(descriptor("file", "own/a"), hits(descriptor("remote_address", "10.0.0.5"), 3)),
+			headers("2", "2", "30")},
+		{"a limit of 0", call(descriptor("remote_address", "10.0.0.4"), descriptor("path", "/blocked")), headers("0", "0", "60")},
+		{"no limit", call(descriptor("path", "/health")), nil},
+	} {
+		got, err := client.ShouldRateLimit(context.Background(), tt.req)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if !proto.Equal(&rlsv3.RateLimitResponse{ResponseHeadersToAdd: got.ResponseHeadersToAdd}, &rlsv3.RateLimitResponse{ResponseHeadersToAdd: tt.want}) {
+			t.Errorf("%s: got %v, want %v", tt.name, got.ResponseHeadersToAdd, tt.want)
 		}
 	}
 }

@@ -58,6 +58,11 @@ type Settings struct {
 	// deciding and counting it as always: each limit is in shadow mode,
 	// as envoyproxy/ratelimit's SHADOW_MODE puts them all.
 	RLSShadowMode bool
+	// RLSResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset to every rate limit service answer (as
+	// envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED), for Envoy
+	// to send on to the client.
+	RLSResponseHeaders bool
 	// ValidateOnly: cmd/redisbridge checks the settings and the files
 	// they name (CheckFiles), says whether they are accepted, and exits.
 	ValidateOnly bool
@@ -151,6 +156,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
 	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
+	fs.BoolVar(&s.RLSResponseHeaders, "rls-response-headers", s.RLSResponseHeaders, "rate limit service: add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer, of the descriptor closest to its limit")
 	fs.BoolVar(&s.RLSShadowMode, "rls-shadow-mode", s.RLSShadowMode, "rate limit service: answer every call OK, deciding and counting it as always; what it would have refused is logged and counted as log-only denials")
 	return fs
 }

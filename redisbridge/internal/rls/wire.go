@@ -3,6 +3,7 @@ package rls
 import (
 	"encoding/binary"
 	"errors"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -190,15 +191,40 @@ type Status struct {
 	UntilReset time.Duration
 }
 
-// AppendResponse appends the RateLimitResponse of overall and statuses.
-func AppendResponse(b []byte, overall Code, statuses []Status) []byte {
+// AppendResponse appends the RateLimitResponse of overall and statuses,
+// with the RateLimit headers of headers (one of statuses, with a limit)
+// when it is not nil.
+func AppendResponse(b []byte, overall Code, statuses []Status, headers *Status) []byte {
 	b = protowire.AppendTag(b, 1, protowire.VarintType)
 	b = protowire.AppendVarint(b, uint64(overall))
 	for i := range statuses {
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
 		b = appendMessage(b, func(b []byte) []byte { return appendStatus(b, &statuses[i]) })
 	}
+	if h := headers; h != nil {
+		// The reset in whole seconds, rounded up; a limit of 0 never
+		// resets, and says its window.
+		reset := h.Limit.WindowMS() / 1000
+		if h.UntilReset >= 0 {
+			reset = int64((h.UntilReset + time.Second - 1) / time.Second)
+		}
+		b = appendHeader(b, "RateLimit-Limit", h.Limit.RequestsPerUnit)
+		b = appendHeader(b, "RateLimit-Remaining", int64(h.Remaining))
+		b = appendHeader(b, "RateLimit-Reset", reset)
+	}
 	return b
+}
+
+// appendHeader appends a response_headers_to_add of name and the value v
+// (config.core.v3.HeaderValue).
+func appendHeader(b []byte, name string, v int64) []byte {
+	b = protowire.AppendTag(b, 3, protowire.BytesType)
+	return appendMessage(b, func(b []byte) []byte {
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, name)
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		return appendMessage(b, func(b []byte) []byte { return strconv.AppendInt(b, v, 10) })
+	})
 }
 
 func appendStatus(b []byte, s *Status) []byte {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -87,7 +88,7 @@ func TestAppendResponse(t *testing.T) {
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 10}, Remaining: 6, UntilReset: time.Minute},
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 1}, Remaining: 6, UntilReset: time.Minute},
 	}
-	b := AppendResponse([]byte("prefix"), CodeOverLimit, statuses)
+	b := AppendResponse([]byte("prefix"), CodeOverLimit, statuses, nil)
 	if string(b[:6]) != "prefix" {
 		t.Fatalf("the prefix was overwritten: %q", b[:6])
 	}
@@ -114,8 +115,36 @@ func TestAppendResponse(t *testing.T) {
 	}
 	// A body over 127 bytes has a length of two bytes.
 	long := []Status{{Code: CodeOK, Limit: &Limit{Name: string(make([]byte, 200)), RequestsPerUnit: 1, Unit: 1}}}
-	if err := proto.Unmarshal(AppendResponse(nil, CodeOK, long), &got); err != nil || len(got.Statuses[0].CurrentLimit.Name) != 200 {
+	if err := proto.Unmarshal(AppendResponse(nil, CodeOK, long, nil), &got); err != nil || len(got.Statuses[0].CurrentLimit.Name) != 200 {
 		t.Errorf("a long status: %v", err)
+	}
+}
+
+// AppendResponse's RateLimit headers: the status's limit, remaining, and
+// reset in seconds rounded up (a limit of 0, which never resets: its
+// window).
+func TestAppendResponse_Headers(t *testing.T) {
+	header := func(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
+	for _, tt := range []struct {
+		status Status
+		want   []*corev3.HeaderValue
+	}{
+		{Status{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 100, Unit: 2}, Remaining: 40, UntilReset: 29*time.Second + time.Millisecond},
+			[]*corev3.HeaderValue{header("RateLimit-Limit", "100"), header("RateLimit-Remaining", "40"), header("RateLimit-Reset", "30")}},
+		{Status{Code: CodeOverLimit, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 10}, UntilReset: 90 * time.Second},
+			[]*corev3.HeaderValue{header("RateLimit-Limit", "7"), header("RateLimit-Remaining", "0"), header("RateLimit-Reset", "90")}},
+		{Status{Code: CodeOverLimit, Limit: &Limit{Unit: 3}, UntilReset: -1},
+			[]*corev3.HeaderValue{header("RateLimit-Limit", "0"), header("RateLimit-Remaining", "0"), header("RateLimit-Reset", "3600")}},
+	} {
+		statuses := []Status{{Code: CodeOK}, tt.status}
+		var got rlsv3.RateLimitResponse
+		if err := proto.Unmarshal(AppendResponse(nil, tt.status.Code, statuses, &statuses[1]), &got); err != nil {
+			t.Fatal(err)
+		}
+		want := &rlsv3.RateLimitResponse{ResponseHeadersToAdd: tt.want}
+		if !proto.Equal(&rlsv3.RateLimitResponse{ResponseHeadersToAdd: got.ResponseHeadersToAdd}, want) || len(got.Statuses) != 2 {
+			t.Errorf("%+v: got %v\nwant %v", tt.status, &got, want)
+		}
 	}
 }
 
