@@ -49,13 +49,19 @@ type LimitRequest struct {
 	// before the check (Taken). Set by the bridge's rate limit service for
 	// budgets and peeks; never on the wire, never throttled or leased.
 	Fill bool
+	// Quota: one of the check's quota limits, which deny it only all
+	// together: the check passes while any of them allows (and every
+	// other enforced limit does), and those that deny take nothing. Set
+	// by the bridge's rate limit service (quota_mode); never on the wire,
+	// never throttled.
+	Quota bool
 }
 
 // MaxDelay is the limit's max_delay_ms as the wire and the stores carry
 // it: -1 when it is not throttled. A sliding window estimates its count,
 // so it never is (a per-user override may have made a throttle limit one).
 func (l *LimitRequest) MaxDelay() int64 {
-	if !l.Throttle || l.Fill || l.Spec.Algorithm == SlidingWindow {
+	if !l.Throttle || l.Fill || l.Quota || l.Spec.Algorithm == SlidingWindow {
 		return -1
 	}
 	return l.MaxDelayMS

@@ -235,6 +235,45 @@ func TestStore_Fill(t *testing.T) {
 	}
 }
 
+// Quota limits deny a check only all together; one that denies takes
+// nothing (LimitRequest.Quota).
+func TestStore_Quota(t *testing.T) {
+	for _, h := range harnesses(t) {
+		t.Run(h.name, func(t *testing.T) {
+			// On redis-split, the second round's b is in a slot of its
+			// own: the check is decided in Go, and refunded.
+			for _, tagB := range []string{"{u:quota}", "{u:quota2}"} {
+				a := lim("rl:{u:quota}:a"+tagB, spec(rules.FixedWindow, 1, hour))
+				b := lim("rl:"+tagB+":b", spec(rules.FixedWindow, 2, hour))
+				c := lim("rl:{u:quota}:c"+tagB, spec(rules.FixedWindow, 5, hour))
+				a.Quota, b.Quota = true, true
+				type want struct {
+					allowed bool
+					ok      [3]bool
+					rem     [3]int64
+				}
+				for i, w := range []want{
+					{true, [3]bool{true, true, true}, [3]int64{0, 1, 4}},    // both quotas allow, both take
+					{true, [3]bool{false, true, true}, [3]int64{0, 0, 3}},   // a is spent: b lets it pass
+					{false, [3]bool{false, false, true}, [3]int64{0, 0, 2}}, // both spent: refused
+				} {
+					r := h.check(t, a, b, c)
+					got := want{allowed: r.Allowed}
+					for j, d := range r.Decisions {
+						got.ok[j], got.rem[j] = d.Allowed, d.Remaining
+					}
+					if got != w {
+						t.Fatalf("check %d: %+v, want %+v", i, got, w)
+					}
+				}
+				if d := h.check(t, c).Decisions[0]; d.Remaining != 2 {
+					t.Fatalf("c has %d left after taking one, want 2: the refused check took from it", d.Remaining)
+				}
+			}
+		})
+	}
+}
+
 func TestStore_AllOrNothing(t *testing.T) {
 	for _, h := range harnesses(t) {
 		t.Run(h.name, func(t *testing.T) {

@@ -71,6 +71,9 @@ func (s diffStep) String() string {
 		if l.Fill {
 			b.WriteString(" fill")
 		}
+		if l.Quota {
+			b.WriteString(" quota")
+		}
 		if l.Spec.Lease.Size > 0 {
 			fmt.Fprintf(&b, " lease %+v", l.Spec.Lease)
 		}
@@ -150,6 +153,7 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int, 
 			if rng.IntN(10) == 0 {
 				l.Spec = randomSpec(rng)
 			}
+			l.Quota = rng.IntN(6) == 0 // the rate limit service's quota_mode
 			if rng.IntN(6) == 0 { // a budget or a peek of one (the rate limit service's)
 				l.Fill = true
 				switch rng.IntN(3) {

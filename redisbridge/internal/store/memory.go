@@ -160,6 +160,7 @@ func (s *Memory) unlock(idx []int) {
 type memLimit struct {
 	spec             rules.LimitSpec // Cost: a fill limit's as decided (fillCost)
 	logOnly, fill    bool
+	quota            bool // a quota limit, never log-only (rules.LimitRequest.Quota)
 	key, vkey, bkey  string
 	ok, blocked      bool
 	cap              int64
@@ -191,6 +192,7 @@ func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, 
 		l := &req.Limits[i]
 		m := &ls[i]
 		m.spec, m.logOnly, m.fill, m.ret, m.maxDelay = l.Spec, l.LogOnly, l.Fill, l.Return, l.MaxDelay()
+		m.quota = isQuota(l)
 		m.spec.Lease = leaseOf(l)
 		m.throttle = m.maxDelay >= 0
 		if req.Op == rules.OpRenew {
@@ -259,14 +261,22 @@ func (s *Memory) decide(ls []memLimit, now int64, consume bool) (bool, int64) {
 			at = max(at, m.slot)
 		}
 	}
+	quotas, quotaOK := false, false
 	for i := range ls {
 		m := &ls[i]
 		if m.throttle && m.ok && at-now > m.maxDelay {
 			m.ok, m.retry = false, at-now-m.maxDelay
 		}
-		if !m.ok && !m.logOnly {
+		switch {
+		case m.quota:
+			quotas = true
+			quotaOK = quotaOK || m.ok
+		case !m.ok && !m.logOnly:
 			allowed = false
 		}
+	}
+	if quotas && !quotaOK {
+		allowed = false
 	}
 	delay := int64(0)
 	if allowed {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -473,13 +474,25 @@ func groupBySlot(ls []rules.LimitRequest) []group {
 // denied, the slots that consumed are refunded. Such a request is never
 // leased: a refund gives back what the request took, not a lease. Nor is
 // it delayed: the slots cannot agree on one time to reserve at, so its
-// throttle limits take it now or deny it. Renewals and returns are not
-// decisions of a request: their slots are not refunded.
+// throttle limits take it now or deny it. Its quota limits, which deny
+// only all together, are decided as log-only in their slots, and the
+// check as a whole here. Renewals and returns are not decisions of a
+// request: their slots are not refunded.
 func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []group, mode scriptMode, resp *rules.CheckResponse) error {
+	ls := req.Limits
 	if req.Op == rules.OpDecide {
 		for i := range req.Limits {
 			req.Limits[i].Spec.Lease = rules.Lease{}
 			req.Limits[i].MaxDelayMS = 0
+		}
+		cloned := false
+		for i := range req.Limits {
+			if isQuota(&req.Limits[i]) {
+				if !cloned {
+					ls, cloned = slices.Clone(req.Limits), true
+				}
+				ls[i].Quota, ls[i].LogOnly = false, true
+			}
 		}
 	}
 	type result struct {
@@ -490,13 +503,14 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 	var wg sync.WaitGroup
 	for g := range gs {
 		wg.Go(func() {
-			res[g].c, res[g].err = s.run(ctx, time.Time{}, scriptCall{mode: mode, ls: req.Limits, idx: gs[g].idx})
+			res[g].c, res[g].err = s.run(ctx, time.Time{}, scriptCall{mode: mode, ls: ls, idx: gs[g].idx})
 		})
 	}
 	wg.Wait()
 	resp.Allowed = true
 	consumed := make([]bool, len(gs))
 	var firstErr error
+	quotas, quotaOK := false, false
 	for g := range gs {
 		err := res[g].err
 		ok := false
@@ -510,10 +524,18 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 		}
 		consumed[g] = ok
 		for _, i := range gs[g].idx {
-			if !resp.Decisions[i].Allowed && !req.Limits[i].LogOnly {
+			l, d := &req.Limits[i], &resp.Decisions[i]
+			switch {
+			case isQuota(l):
+				quotas = true
+				quotaOK = quotaOK || d.Allowed
+			case !d.Allowed && !l.LogOnly:
 				resp.Allowed = false
 			}
 		}
+	}
+	if quotas && !quotaOK {
+		resp.Allowed = false
 	}
 	if !resp.Allowed && req.Op == rules.OpDecide {
 		for g := range gs {
@@ -526,6 +548,10 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 	}
 	return firstErr
 }
+
+// isQuota tells whether l is a quota limit that can deny its check:
+// a log-only limit denies nothing.
+func isQuota(l *rules.LimitRequest) bool { return l.Quota && !l.LogOnly }
 
 // refund gives back what the limits idx of ls consumed.
 func (s *Redis) refund(ctx context.Context, ls []rules.LimitRequest, idx []int, ds []rules.Decision) error {

@@ -27,7 +27,7 @@ import (
 //	KEYS  per check, per limit: its counter key (base key + algorithm
 //	      suffix), then, with a penalty, its violations and block keys
 //	ARGV  violations cap, number of specs, then per spec: algorithm id,
-//	      limit, window_ms, burst, cost, flags (1: log_only, 2: fill),
+//	      limit, window_ms, burst, cost, flags (1: log_only, 2: fill, 4: quota),
 //	      lease size (0: none), lease ttl_ms, max_delay_ms (-1: not
 //	      throttled), penalty window_ms (0: no penalty) [, threshold,
 //	      number of multipliers, multipliers...]; then the number of
@@ -401,6 +401,9 @@ func specFlags(l *rules.LimitRequest) int64 {
 	}
 	if l.Fill {
 		f |= 2
+	}
+	if l.Quota {
+		f |= 4
 	}
 	return f
 }

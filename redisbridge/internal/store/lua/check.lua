@@ -9,7 +9,7 @@
 -- ARGV[2] number of specs, then per spec (what limits share, sent once):
 --   alg (1 token_bucket, 2 sliding_window, 3 sliding_log, 4 fixed_window),
 --   limit, window_ms, burst, cost, flags (1: log_only, 2: fill, see
---   fillCost), lease size (0: none),
+--   fillCost; 4: quota, see checkMany), lease size (0: none),
 --   lease ttl_ms, max_delay_ms (-1: not a throttle limit), penalty
 --   window_ms (0: no penalty) [, threshold, #multipliers, multipliers...]
 -- then the number of checks, then per check: its number of limits
@@ -522,13 +522,15 @@ local out, o = {now}, 2
 
 -- The specs the batch's limits refer to, each sent once per call:
 -- {alg, limit, window, burst, cost, log_only, penalty window, threshold,
--- multipliers, lease size, lease ttl, max delay, fill}.
+-- multipliers, lease size, lease ttl, max delay, fill, quota}.
+-- A log-only limit is never a quota limit: it denies nothing.
 local SP, a = {}, 3
 for i = 1, tonumber(ARGV[2]) do
   local flags = tonumber(ARGV[a + 5])
   local sp = {tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
     tonumber(ARGV[a + 4]), flags % 2 == 1, tonumber(ARGV[a + 9]), 0, false,
-    tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), flags >= 2}
+    tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), flags % 4 >= 2,
+    flags % 2 == 0 and flags >= 4}
   -- A sliding window estimates: it is never throttled (script.go sends
   -- none; this keeps a slip from reading its HASH as a log).
   if sp[1] == 2 then sp[12] = -1 end
@@ -601,6 +603,8 @@ end
 
 -- checkMany decides a check of n limits, L[1..n], all-or-nothing: the
 -- throttle limits at T, the latest of their slots, the others at now.
+-- Its quota limits deny it only all together (one alone is as any other
+-- limit, so checkOne need not know them).
 local L = {}
 local function checkMany(n, write)
   for i = 1, n do
@@ -629,12 +633,17 @@ local function checkMany(n, write)
     end
     if sp[12] >= 0 and l.ok then T = max(T, slot) end
   end
+  local quotas, quotaOk = false, false
   for i = 1, n do
     local l = L[i]
     local md = l.sp[12]
     if md >= 0 and l.ok and T - now > md then l.ok, l.retry = false, T - now - md end
-    if not l.ok and not l.sp[6] then allowed = false end
+    if l.sp[14] then
+      quotas = true
+      if l.ok then quotaOk = true end
+    elseif not l.ok and not l.sp[6] then allowed = false end
   end
+  if quotas and not quotaOk then allowed = false end
   if write then
     for i = 1, n do
       local l = L[i]
