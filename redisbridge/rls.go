@@ -222,7 +222,9 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	}
 	// A limit of 0 refuses the call, as in envoyproxy/ratelimit, and then
 	// nothing is counted: the other descriptors are not decided, so their
-	// statuses carry no limit. In shadow mode it is reported only.
+	// statuses carry no limit. In shadow mode it is reported only; in
+	// quota mode, it is a quota limit that is over, and the call's other
+	// quota limits, if it has any, decide.
 	refused := false
 	for _, z := range plan.zero {
 		st := &reply.statuses[z.descriptor]
@@ -232,6 +234,10 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 		}
 		if z.limit.ShadowMode || s.set.RLSShadowMode {
 			s.m.decision("log_only_denied", rules.FixedWindow, z.limit.MetricName()).Inc()
+			continue
+		}
+		if z.quota && plan.hasQuota() {
+			s.m.decision("denied", rules.FixedWindow, z.limit.MetricName()).Inc()
 			continue
 		}
 		refused = true
@@ -290,6 +296,7 @@ type rlsPlanned struct {
 type zeroLimit struct {
 	limit      *rls.Limit
 	descriptor int
+	quota      bool // in quota mode
 }
 
 // rlsPlan finds the limit of each of req's descriptors and makes the
@@ -343,12 +350,24 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 			// A budget takes what it has left when a call costs more; a
 			// peek (cost 0) only asks whether anything is left. Both are
 			// refused once nothing is.
-			Fill: l.Budget || cost == 0,
+			Fill:  l.Budget || cost == 0,
+			Quota: l.Quota || s.set.RLSQuotaMode,
 		})
 	}
 	p.dropReplaced()
 	p.takeZeros()
 	return p, nil
+}
+
+// hasQuota tells whether the check has a quota limit that can refuse it
+// (one in shadow mode cannot).
+func (p *rlsPlanned) hasQuota() bool {
+	for i := range p.check.Limits {
+		if l := &p.check.Limits[i]; l.Quota && !l.LogOnly {
+			return true
+		}
+	}
+	return false
 }
 
 // dropReplaced takes out the limits that another limit of the call
@@ -370,7 +389,7 @@ func (p *rlsPlanned) dropReplaced() {
 func (p *rlsPlanned) takeZeros() {
 	p.keep(func(i int) bool {
 		if p.limits[i].RequestsPerUnit == 0 {
-			p.zero = append(p.zero, zeroLimit{p.limits[i], p.descriptor[i]})
+			p.zero = append(p.zero, zeroLimit{p.limits[i], p.descriptor[i], p.check.Limits[i].Quota})
 			return false
 		}
 		return true

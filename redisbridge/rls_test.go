@@ -70,6 +70,27 @@ descriptors:
   - key: tokens
     budget: true
     rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: service
+    value: service_0
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: service
+    value: service_3
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: service
+    value: service_shadow
+    quota_mode: true
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
 `
 
 // rlsConfig writes config to a file and returns its path.
@@ -229,6 +250,17 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 		{"a budget in a call another limit refuses takes nothing", call(hits(descriptor("tokens", "team-b"), 10), descriptor("remote_address", "10.0.0.1")),
 			answer(over, perMinute(ok, 100, 100), perAddress(over, 0))},
 		{"the budget it did not take", call(hits(descriptor("tokens", "team-b"), 0)), answer(ok, perMinute(ok, 100, 100))},
+		{"quotas", call(descriptor("service", "service_1"), descriptor("service", "service_2")), answer(ok, perMinute(ok, 1, 0), perMinute(ok, 2, 1))},
+		{"a quota over, another not", call(descriptor("service", "service_1"), descriptor("service", "service_2")), answer(ok, perMinute(over, 1, 0), perMinute(ok, 2, 0))},
+		{"every quota over", call(descriptor("service", "service_1"), descriptor("service", "service_2")), answer(over, perMinute(over, 1, 0), perMinute(over, 2, 0))},
+		{"a quota of 0 alone refuses", call(descriptor("service", "service_0"), descriptor("remote_address", "10.0.0.30")),
+			answer(over, &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}, none)},
+		{"a quota of 0 with another quota", call(descriptor("service", "service_0"), descriptor("service", "service_3")),
+			answer(ok, &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}, perMinute(ok, 5, 4))},
+		{"a quota of 0 with a quota in shadow mode", call(descriptor("service", "service_0"), descriptor("service", "service_shadow")),
+			answer(over, &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}, none)},
+		{"a quota with a limit over: refused, the quota takes nothing", call(descriptor("remote_address", "10.0.0.1"), descriptor("service", "service_3")),
+			answer(over, perAddress(over, 0), perMinute(ok, 5, 4))},
 		{"a shared wildcard", call(descriptor("file", "shared/a")), answer(ok, perMinute(ok, 2, 1))},
 		{"a shared wildcard: another value counts with it", call(descriptor("file", "shared/b")), answer(ok, perMinute(ok, 2, 0))},
 		{"a shared wildcard: over for every value", call(descriptor("file", "shared/c")), answer(over, perMinute(over, 2, 0))},
@@ -284,6 +316,51 @@ func TestRLS_ResponseHeaders(t *testing.T) {
 		}
 		if !proto.Equal(&rlsv3.RateLimitResponse{ResponseHeadersToAdd: got.ResponseHeadersToAdd}, &rlsv3.RateLimitResponse{ResponseHeadersToAdd: tt.want}) {
 			t.Errorf("%s: got %v, want %v", tt.name, got.ResponseHeadersToAdd, tt.want)
+		}
+	}
+}
+
+// TestRLS_QuotaMode: with --rls-quota-mode every limit is in quota mode:
+// a call is refused only when all its limits are over, a limit of 0
+// among them.
+func TestRLS_QuotaMode(t *testing.T) {
+	const now = 1_800_000_030_000 // 30 s into a minute
+	addr := startBridge(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
+		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
+		RLSConfig: rlsConfig(t, rlsTestConfig), RLSQuotaMode: true, Now: func() int64 { return now }})
+	client := rlsClient(t, addr)
+	const (
+		ok   = rlsv3.RateLimitResponse_OK
+		over = rlsv3.RateLimitResponse_OVER_LIMIT
+	)
+	untilMinute := durationpb.New(time.Duration(60_000-now%60_000) * time.Millisecond)
+	perAddress := func(code rlsv3.RateLimitResponse_Code, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: untilMinute,
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+	}
+	blocked := &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+	call := func(d ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: d}
+	}
+	address, blockedPath := descriptor("remote_address", "10.0.0.1"), descriptor("path", "/blocked")
+	for _, tt := range []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want *rlsv3.RateLimitResponse
+	}{
+		{"a limit of 0 with one that is not over", call(address, blockedPath), &rlsv3.RateLimitResponse{OverallCode: ok,
+			Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 1), blocked}}},
+		{"the last", call(address), &rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 0)}}},
+		{"over", call(address), &rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(over, 0)}}},
+		{"all over", call(address, blockedPath), &rlsv3.RateLimitResponse{OverallCode: over,
+			Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(over, 0), blocked}}},
+	} {
+		got, err := client.ShouldRateLimit(context.Background(), tt.req)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if !proto.Equal(got, tt.want) {
+			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
 		}
 	}
 }

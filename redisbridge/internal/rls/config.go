@@ -76,6 +76,9 @@ type Limit struct {
 	// and passes while anything is (the descriptor's budget: true, for
 	// spending charged after the fact).
 	Budget bool
+	// Quota: the limit is one of a call's quota limits, which refuse it
+	// only all together (the descriptor's quota_mode).
+	Quota bool
 	// Shared is, by entry, the value a counter of the limit is kept under
 	// in place of the request's: the pattern of the wildcard with
 	// share_threshold that took the entry, so every value it takes
@@ -256,12 +259,7 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 		if !ok {
 			return fmt.Errorf("%s: want a mapping", path)
 		}
-		if _, ok := d["quota_mode"]; ok {
-			// A call would pass on the room of any one of its quota
-			// descriptors; here a call's limits are decided all or nothing.
-			return fmt.Errorf("%s.quota_mode: not supported", path)
-		}
-		if err := known(d, path, "key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric",
+		if err := known(d, path, "key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
 			"value_to_metric", "share_threshold", "metadata", "budget"); err != nil {
 			return err
 		}
@@ -284,6 +282,10 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 			return fmt.Errorf("%s: descriptor %s.%s is configured twice", path, parent, name)
 		}
 		shadow, err := boolean(d, path, "shadow_mode")
+		if err != nil {
+			return err
+		}
+		quota, err := boolean(d, path, "quota_mode") // as shadow_mode, of the descriptor's own rate_limit
 		if err != nil {
 			return err
 		}
@@ -324,7 +326,7 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 			if child.limit, err = parseLimit(rl, path+".rate_limit", parent+"."+name, shadow); err != nil {
 				return err
 			}
-			child.limit.Shared, child.limit.Budget = mine, budget
+			child.limit.Shared, child.limit.Budget, child.limit.Quota = mine, budget, quota
 		} else if budget {
 			return fmt.Errorf("%s.budget: only with a rate_limit", path)
 		}

@@ -68,6 +68,10 @@ descriptors:
   - key: tokens
     budget: true
     rate_limit: {unit: day, requests_per_unit: 100000}
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
 `
 
 func TestConfig_Match(t *testing.T) {
@@ -111,6 +115,7 @@ func TestConfig_Match(t *testing.T) {
 		{"a shared wildcard above the limit", "edge", e("tenant", "team-a", "method", "GET"),
 			&Limit{Place: "edge.tenant_team-*.method", RequestsPerUnit: 60, Unit: 2, Shared: []string{"team-*", ""}}},
 		{"a budget", "edge", e("tokens", "team-a"), &Limit{Place: "edge.tokens", RequestsPerUnit: 100000, Unit: 4, Budget: true}},
+		{"a quota", "edge", e("service", "service_1"), &Limit{Place: "edge.service_service_1", RequestsPerUnit: 1, Unit: 2, Quota: true}},
 		{"shared wildcards on two levels", "edge", e("tenant", "team-b", "region", "eu-west"),
 			&Limit{Place: "edge.tenant_team-*.region_eu-*", RequestsPerUnit: 61, Unit: 2, Shared: []string{"team-*", "eu-*"}}},
 		{"unknown domain", "nope", e("remote_address", "a"), nil},
@@ -148,7 +153,7 @@ func TestParse_Errors(t *testing.T) {
 		{"domain: d\ndescriptors:\n  - key: k\n    value: v*\n    share_threshold: 1", "f.yaml: descriptors[0].share_threshold: want true or false"},
 		{"domain: d\ndescriptors:\n  - key: k\n    value_to_metric: yes please", "f.yaml: descriptors[0].value_to_metric: want true or false"},
 		{"domain: d\ndescriptors:\n  - key: k\n    metadata: [a]", "f.yaml: descriptors[0].metadata: want a mapping"},
-		{"domain: d\ndescriptors:\n  - key: k\n    quota_mode: true", "f.yaml: descriptors[0].quota_mode: not supported"},
+		{"domain: d\ndescriptors:\n  - key: k\n    quota_mode: 1", "f.yaml: descriptors[0].quota_mode: want true or false"},
 		{"domain: d\ndescriptors:\n  - key: k\n    budget: true", "f.yaml: descriptors[0].budget: only with a rate_limit"},
 		{"domain: d\ndescriptors:\n  - key: k\n    budget: 1\n    rate_limit: {unit: second, requests_per_unit: 1}", "f.yaml: descriptors[0].budget: want true or false"},
 		{"domain: [d", "f.yaml: yaml: line 1"},

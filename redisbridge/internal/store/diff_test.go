@@ -153,8 +153,10 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int, 
 			if rng.IntN(10) == 0 {
 				l.Spec = randomSpec(rng)
 			}
-			l.Quota = rng.IntN(6) == 0 // the rate limit service's quota_mode
-			if rng.IntN(6) == 0 { // a budget or a peek of one (the rate limit service's)
+			// The rate limit service's: quota_mode, and budgets and their
+			// peeks.
+			l.Quota = rng.IntN(6) == 0
+			if rng.IntN(6) == 0 {
 				l.Fill = true
 				switch rng.IntN(3) {
 				case 0:

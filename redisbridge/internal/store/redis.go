@@ -8,8 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"slices"
+	"sort"
 	"sync"
 	"time"
 
