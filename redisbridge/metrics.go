@@ -21,6 +21,8 @@ type metrics struct {
 	leaseGrants prometheus.Counter       // leases granted
 	leaseUnits  *prometheus.CounterVec   // by op: granted, returned
 	leaseCalls  *prometheus.CounterVec   // checks that only renew or return leases, by op
+	// rate limit service calls refused by the over-limit cache
+	overLimitCacheHits prometheus.Counter
 
 	// Children of the vectors the check path uses, looked up once: a
 	// WithLabelValues per check costs label hashing and a lock.
@@ -85,8 +87,11 @@ func newMetrics() *metrics {
 		Name: "sluice_bridge_throttle_delay_seconds", Help: "Delays of checks allowed after a delay (throttle limits).",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 	})
+	m.overLimitCacheHits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_bridge_rls_over_limit_cache_hits_total", Help: "Rate limit service calls refused by the over-limit cache, without a store call.",
+	})
 	m.reg.MustRegister(m.checks, m.decisions, m.checkDur, m.storeDur, m.storeErrors, m.adminOps, m.idemReplays,
-		m.leaseGrants, m.leaseUnits, m.leaseCalls, m.delays,
+		m.leaseGrants, m.leaseUnits, m.leaseCalls, m.delays, m.overLimitCacheHits,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.unitsGranted = m.leaseUnits.WithLabelValues("granted")
 	m.unitsReturned = m.leaseUnits.WithLabelValues("returned")

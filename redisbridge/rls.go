@@ -251,6 +251,9 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	if len(plan.check.Limits) == 0 {
 		return reply, nil
 	}
+	if s.spent != nil && s.refuseSpent(plan, reply) {
+		return reply, nil
+	}
 	var resp rules.CheckResponse
 	if err := s.decide(ctx, deadline, &plan.check, &resp); err != nil {
 		return nil, &rlsError{grpcUnavailable, storeError(err).reason}
@@ -279,8 +282,34 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 		if !d.Allowed && !l.ShadowMode {
 			st.Code = rls.CodeOverLimit
 		}
+		if s.spent != nil && remaining <= 0 && !lr.LogOnly && !lr.Quota && st.UntilReset > 0 {
+			s.spent.add(lr.Key, lr.Spec.Limit, st.UntilReset)
+		}
 	}
 	return reply, nil
+}
+
+// refuseSpent refuses the call, as its store call would, when one of its
+// limits that can refuse it alone has nothing left by the over-limit
+// cache. As with a limit of 0, nothing is counted, and the statuses of
+// the other descriptors carry no limit.
+func (s *Server) refuseSpent(plan *rlsPlanned, reply *rlsReply) bool {
+	for i := range plan.check.Limits {
+		lr := &plan.check.Limits[i]
+		if lr.LogOnly || lr.Quota {
+			continue
+		}
+		if until, ok := s.spent.spent(lr.Key, lr.Spec.Limit); ok {
+			st := &reply.statuses[plan.descriptor[i]]
+			st.Code, st.Limit, st.UntilReset = rls.CodeOverLimit, plan.limits[i], until
+			reply.overall = rls.CodeOverLimit
+			s.m.decision("denied", rules.FixedWindow, lr.Rule).Inc()
+			s.m.checkDenied.Inc()
+			s.m.overLimitCacheHits.Inc()
+			return true
+		}
+	}
+	return false
 }
 
 // rlsPlanned is a call's check: the limits its descriptors have, and for

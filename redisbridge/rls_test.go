@@ -320,6 +320,114 @@ func TestRLS_ResponseHeaders(t *testing.T) {
 	}
 }
 
+// TestRLS_OverLimitCache: with --rls-over-limit-cache a counter left
+// with nothing refuses its calls without a store call until its window
+// ends, counting nothing of the call's other descriptors; limits in
+// shadow mode are never cached.
+func TestRLS_OverLimitCache(t *testing.T) {
+	var now atomic.Int64
+	now.Store(1_800_000_030_000) // 30 s into a minute
+	ts := startServer(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
+		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
+		RLSConfig: rlsConfig(t, rlsTestConfig), RLSOverLimitCache: 100, Now: now.Load})
+	client := rlsClient(t, strings.TrimPrefix(ts.URL, "http://"))
+	const (
+		ok   = rlsv3.RateLimitResponse_OK
+		over = rlsv3.RateLimitResponse_OVER_LIMIT
+	)
+	perAddress := func(code rlsv3.RateLimitResponse_Code, remaining uint32, untilReset time.Duration) *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: durationpb.New(untilReset),
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+	}
+	login := func(remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, LimitRemaining: remaining, DurationUntilReset: durationpb.New(time.Hour - 40*time.Second),
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "login", RequestsPerUnit: 3, Unit: rlsv3.RateLimitResponse_RateLimit_HOUR}}
+	}
+	shadow := func(code rlsv3.RateLimitResponse_Code) *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, DurationUntilReset: durationpb.New(30 * time.Second),
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 1, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+	}
+	call := func(d ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: d}
+	}
+	answer := func(code rlsv3.RateLimitResponse_Code, st ...*rlsv3.RateLimitResponse_DescriptorStatus) *rlsv3.RateLimitResponse {
+		return &rlsv3.RateLimitResponse{OverallCode: code, Statuses: st}
+	}
+	storeCalls := func() string {
+		t.Helper()
+		var out []string
+		for _, l := range strings.Split(string(do(t, nil, "GET", ts.URL+"/metrics", "").body), "\n") {
+			if strings.HasPrefix(l, `sluice_bridge_store_duration_seconds_count{op="check"} `) || strings.HasPrefix(l, "sluice_bridge_rls_over_limit_cache_hits_total ") {
+				out = append(out, l)
+			}
+		}
+		return strings.Join(out, "\n")
+	}
+	address, path := descriptor("remote_address", "10.0.0.1"), descriptor("path", "/login")
+	for _, tt := range []struct {
+		name    string
+		advance time.Duration
+		req     *rlsv3.RateLimitRequest
+		want    *rlsv3.RateLimitResponse
+		metrics string // after the call
+	}{
+		{"first", 0, call(address), answer(ok, perAddress(ok, 1, 30*time.Second)), ""},
+		{"the last, which leaves nothing", 0, call(address), answer(ok, perAddress(ok, 0, 30*time.Second)),
+			"sluice_bridge_rls_over_limit_cache_hits_total 0\nsluice_bridge_store_duration_seconds_count{op=\"check\"} 2"},
+		{"refused by the cache", 10 * time.Second, call(address), answer(over, perAddress(over, 0, 20*time.Second)),
+			"sluice_bridge_rls_over_limit_cache_hits_total 1\nsluice_bridge_store_duration_seconds_count{op=\"check\"} 2"},
+		{"with another descriptor, not decided", 0, call(path, address), answer(over, &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok}, perAddress(over, 0, 20*time.Second)),
+			"sluice_bridge_rls_over_limit_cache_hits_total 2\nsluice_bridge_store_duration_seconds_count{op=\"check\"} 2"},
+		{"which counted nothing", 0, call(path), answer(ok, login(2)), ""},
+		{"the next window", 20 * time.Second, call(address), answer(ok, perAddress(ok, 1, time.Minute)),
+			"sluice_bridge_rls_over_limit_cache_hits_total 2\nsluice_bridge_store_duration_seconds_count{op=\"check\"} 4"},
+		{"shadow mode", 30 * time.Second, call(descriptor("path", "/shadow")), answer(ok, shadow(ok)), ""},
+		{"shadow mode over", 0, call(descriptor("path", "/shadow")), answer(ok, shadow(ok)), ""},
+		{"shadow mode over, from the store", 0, call(descriptor("path", "/shadow")), answer(ok, shadow(ok)),
+			"sluice_bridge_rls_over_limit_cache_hits_total 2\nsluice_bridge_store_duration_seconds_count{op=\"check\"} 7"},
+	} {
+		now.Add(tt.advance.Milliseconds())
+		got, err := client.ShouldRateLimit(context.Background(), tt.req)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if !proto.Equal(got, tt.want) {
+			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
+		}
+		if m := storeCalls(); tt.metrics != "" && m != tt.metrics {
+			t.Errorf("%s: metrics\n%s\nwant\n%s", tt.name, m, tt.metrics)
+		}
+	}
+}
+
+// TestRLS_OverLimitCacheRedisDown: a counter the over-limit cache holds
+// as spent is refused while Redis is down; others are UNAVAILABLE.
+func TestRLS_OverLimitCacheRedisDown(t *testing.T) {
+	rs := redistest.Start(t)
+	set := DefaultSettings()
+	set.Listen, set.LogLevel, set.Store, set.RedisURL = "127.0.0.1:0", "error", "redis", rs.URL
+	// A day's window: the calls do not straddle two.
+	set.RLSConfig = rlsConfig(t, "domain: edge\ndescriptors:\n  - {key: remote_address, rate_limit: {unit: day, requests_per_unit: 2}}")
+	set.RLSOverLimitCache = 100
+	client := rlsClient(t, startBridge(t, set))
+	call := func(addr string) (*rlsv3.RateLimitResponse, error) {
+		return client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", addr)}})
+	}
+	for range 2 {
+		if res, err := call("10.0.0.1"); err != nil || res.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("a call within the limit: %v, %v", res, err)
+		}
+	}
+	rs.Stop()
+	if res, err := call("10.0.0.1"); err != nil || res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the spent address with Redis down: %v, %v; want OVER_LIMIT", res, err)
+	}
+	if _, err := call("10.0.0.2"); status.Code(err) != codes.Unavailable {
+		t.Errorf("another address with Redis down: %v; want UNAVAILABLE", err)
+	}
+}
+
 // TestRLS_QuotaMode: with --rls-quota-mode every limit is in quota mode:
 // a call is refused only when all its limits are over, a limit of 0
 // among them.

@@ -36,6 +36,7 @@ type Server struct {
 	overrides *overrides.Set
 	policy    *policy.Store              // nil without --policy-store
 	rls       atomic.Pointer[rls.Config] // nil without --rls-config; ReloadRLS replaces it
+	spent     *overLimitCache            // nil without --rls-over-limit-cache
 	log       *slog.Logger
 	audit     *slog.Logger
 	auditOut  io.Closer
@@ -67,6 +68,9 @@ func New(set Settings) (*Server, error) {
 			return nil, fmt.Errorf("--rls-config: %w", err)
 		}
 		s.rls.Store(cfg)
+		if set.RLSOverLimitCache > 0 {
+			s.spent = newOverLimitCache(set.RLSOverLimitCache, set.Now)
+		}
 	}
 	s.log = set.Logger
 	if s.log == nil {

@@ -67,6 +67,11 @@ type Settings struct {
 	// mode (a descriptor's quota_mode), as envoyproxy/ratelimit's
 	// QUOTA_MODE does.
 	RLSQuotaMode bool
+	// RLSOverLimitCache is how many counters the rate limit service
+	// remembers as having nothing left until their window ends, to
+	// refuse their calls without a store call (as envoyproxy/ratelimit's
+	// LOCAL_CACHE_SIZE_IN_BYTES); 0: none.
+	RLSOverLimitCache int
 	// ValidateOnly: cmd/redisbridge checks the settings and the files
 	// they name (CheckFiles), says whether they are accepted, and exits.
 	ValidateOnly bool
@@ -161,6 +166,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
 	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
 	fs.BoolVar(&s.RLSResponseHeaders, "rls-response-headers", s.RLSResponseHeaders, "rate limit service: add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer, of the descriptor closest to its limit")
+	fs.IntVar(&s.RLSOverLimitCache, "rls-over-limit-cache", s.RLSOverLimitCache, "rate limit service: counters remembered as spent until their window ends, whose calls are refused without a store call (0: none)")
 	fs.BoolVar(&s.RLSQuotaMode, "rls-quota-mode", s.RLSQuotaMode, "rate limit service: every limit in quota mode, as envoyproxy/ratelimit's QUOTA_MODE: a call is refused only when all of its limits are over")
 	fs.BoolVar(&s.RLSShadowMode, "rls-shadow-mode", s.RLSShadowMode, "rate limit service: answer every call OK, deciding and counting it as always; what it would have refused is logged and counted as log-only denials")
 	return fs
@@ -191,6 +197,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.RedisPoolSize < 0 || s.RedisPipelines < 0 || s.MemoryMaxKeys < 0 {
 		return errors.New("--redis-pool-size, --redis-pipelines, --memory-max-keys: must not be negative")
+	}
+	if s.RLSOverLimitCache < 0 {
+		return errors.New("--rls-over-limit-cache: must not be negative")
 	}
 	if s.RedisBatch < 1 || s.RedisBatch > 1024 {
 		return errors.New("--redis-batch: must be from 1 to 1024")
