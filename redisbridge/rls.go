@@ -80,11 +80,14 @@ func (s *Server) serveRLS(ctx context.Context, in *checkio.Request, out *checkio
 		rlsFail(out, e)
 		return
 	}
-	var headers *rls.Status
+	res := rls.Response{Overall: reply.overall, Statuses: reply.statuses}
 	if s.set.RLSResponseHeaders {
-		headers = reply.closest()
+		res.Headers = reply.closest()
 	}
-	grpcAnswer(out, func(b []byte) []byte { return rls.AppendResponse(b, reply.overall, reply.statuses, headers) })
+	if s.set.RLSResponseMetadata {
+		res.Metadata = reply.metadata(&req)
+	}
+	grpcAnswer(out, func(b []byte) []byte { return rls.AppendResponse(b, &res) })
 	s.m.checkDur.Observe(time.Since(start).Seconds())
 }
 
@@ -172,6 +175,19 @@ func (s *Server) ReloadRLS() error {
 type rlsReply struct {
 	overall  rls.Code
 	statuses []rls.Status
+}
+
+// metadata is the answer's dynamic metadata: req's, and the metadata of
+// the limits that were not over, merged in the descriptors' order (a
+// descriptor not decided carries no limit, and so none).
+func (r *rlsReply) metadata(req *rls.Request) *rls.Metadata {
+	m := &rls.Metadata{Request: req}
+	for i := range r.statuses {
+		if st := &r.statuses[i]; st.Code == rls.CodeOK && st.Limit != nil && st.Limit.Metadata != nil {
+			m.Merged = rls.MergeMetadata(m.Merged, st.Limit.Metadata)
+		}
+	}
+	return m
 }
 
 // closest is the status the answer's RateLimit headers speak of, as

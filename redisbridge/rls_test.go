@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/redisbridge/internal/rls"
@@ -78,10 +79,12 @@ descriptors:
     value: service_1
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {service_with_quota: {name: service_1}}
   - key: service
     value: service_2
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata: {service_with_quota: {name: service_2, tier: 2}}
   - key: service
     value: service_3
     quota_mode: true
@@ -425,6 +428,48 @@ func TestRLS_OverLimitCacheRedisDown(t *testing.T) {
 	}
 	if _, err := call("10.0.0.2"); status.Code(err) != codes.Unavailable {
 		t.Errorf("another address with Redis down: %v; want UNAVAILABLE", err)
+	}
+}
+
+// TestRLS_ResponseMetadata: with --rls-response-metadata each answer
+// carries the request in its dynamic metadata, and the metadata of the
+// limits that were not over, merged (the first descriptor's value of a
+// field stays).
+func TestRLS_ResponseMetadata(t *testing.T) {
+	const now = 1_800_000_030_000
+	addr := startBridge(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
+		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
+		RLSConfig: rlsConfig(t, rlsTestConfig), RLSResponseMetadata: true, Now: func() int64 { return now }})
+	client := rlsClient(t, addr)
+	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		descriptor("service", "service_1"), descriptor("service", "service_2")}}
+	meta := func(merged map[string]any) *structpb.Struct {
+		f := map[string]any{"domain": "edge", "descriptors": []any{
+			map[string]any{"entries": []any{"service=service_1"}}, map[string]any{"entries": []any{"service=service_2"}}}}
+		if merged != nil {
+			f["metadata"] = merged
+		}
+		s, err := structpb.NewStruct(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, tt := range []struct {
+		name string
+		want *structpb.Struct
+	}{
+		{"both quotas pass", meta(map[string]any{"service_with_quota": map[string]any{"name": "service_1", "tier": 2}})},
+		{"the second passes", meta(map[string]any{"service_with_quota": map[string]any{"name": "service_2", "tier": 2}})},
+		{"neither passes", meta(nil)},
+	} {
+		got, err := client.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if !proto.Equal(got.DynamicMetadata, tt.want) {
+			t.Errorf("%s:\n got %v\nwant %v", tt.name, got.DynamicMetadata, tt.want)
+		}
 	}
 }
 

@@ -72,6 +72,11 @@ type Settings struct {
 	// refuse their calls without a store call (as envoyproxy/ratelimit's
 	// LOCAL_CACHE_SIZE_IN_BYTES); 0: none.
 	RLSOverLimitCache int
+	// RLSResponseMetadata adds dynamic metadata to every rate limit
+	// service answer, as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA:
+	// the request's domain, descriptors and hits_addend, and the metadata
+	// of the limits that were not over.
+	RLSResponseMetadata bool
 	// ValidateOnly: cmd/redisbridge checks the settings and the files
 	// they name (CheckFiles), says whether they are accepted, and exits.
 	ValidateOnly bool
@@ -167,6 +172,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
 	fs.BoolVar(&s.RLSResponseHeaders, "rls-response-headers", s.RLSResponseHeaders, "rate limit service: add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer, of the descriptor closest to its limit")
 	fs.IntVar(&s.RLSOverLimitCache, "rls-over-limit-cache", s.RLSOverLimitCache, "rate limit service: counters remembered as spent until their window ends, whose calls are refused without a store call (0: none)")
+	fs.BoolVar(&s.RLSResponseMetadata, "rls-response-metadata", s.RLSResponseMetadata, "rate limit service: add dynamic metadata to every answer: the request's domain, descriptors and hits_addend, and the configured metadata of the limits not over")
 	fs.BoolVar(&s.RLSQuotaMode, "rls-quota-mode", s.RLSQuotaMode, "rate limit service: every limit in quota mode, as envoyproxy/ratelimit's QUOTA_MODE: a call is refused only when all of its limits are over")
 	fs.BoolVar(&s.RLSShadowMode, "rls-shadow-mode", s.RLSShadowMode, "rate limit service: answer every call OK, deciding and counting it as always; what it would have refused is logged and counted as log-only denials")
 	return fs

@@ -79,6 +79,10 @@ type Limit struct {
 	// Quota: the limit is one of a call's quota limits, which refuse it
 	// only all together (the descriptor's quota_mode).
 	Quota bool
+	// Metadata is the descriptor's metadata, for answers' dynamic
+	// metadata (--rls-response-metadata): values as JSON holds them,
+	// json.Number for numbers. nil when it has none.
+	Metadata map[string]any
 	// Shared is, by entry, the value a counter of the limit is kept under
 	// in place of the request's: the pattern of the wildcard with
 	// share_threshold that took the entry, so every value it takes
@@ -290,15 +294,15 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 			return err
 		}
 		// Metrics here are per limit (Limit.MetricName), whatever these
-		// say; and the bridge sends no dynamic metadata, as
-		// envoyproxy/ratelimit sends none by default.
+		// say.
 		for _, f := range []string{"detailed_metric", "value_to_metric"} {
 			if _, err := boolean(d, path, f); err != nil {
 				return err
 			}
 		}
-		if m, ok := d["metadata"]; ok {
-			if _, ok := m.(map[string]any); !ok {
+		var meta map[string]any
+		if m, ok := d["metadata"]; ok && m != nil {
+			if meta, ok = m.(map[string]any); !ok {
 				return fmt.Errorf("%s.metadata: want a mapping", path)
 			}
 		}
@@ -326,7 +330,7 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 			if child.limit, err = parseLimit(rl, path+".rate_limit", parent+"."+name, shadow); err != nil {
 				return err
 			}
-			child.limit.Shared, child.limit.Budget, child.limit.Quota = mine, budget, quota
+			child.limit.Shared, child.limit.Budget, child.limit.Quota, child.limit.Metadata = mine, budget, quota, meta
 		} else if budget {
 			return fmt.Errorf("%s.budget: only with a rate_limit", path)
 		}

@@ -111,7 +111,7 @@ func TestConfig_Match(t *testing.T) {
 		{"the parts in order", "edge", e("path", "/v2/orders/users/orders"), nil},
 		{"the last part ends the value", "edge", e("path", "/v2/users/42/orders/1"), nil},
 		{"parts may not overlap", "edge", e("path", "/v/users/orders"), nil},
-		{"a shared wildcard", "edge", e("files", "files/a.pdf"), &Limit{Place: "edge.files_files/*", RequestsPerUnit: 10, Unit: 3, Shared: []string{"files/*"}}},
+		{"a shared wildcard", "edge", e("files", "files/a.pdf"), &Limit{Place: "edge.files_files/*", RequestsPerUnit: 10, Unit: 3, Shared: []string{"files/*"}, Metadata: map[string]any{"team": "storage"}}},
 		{"a shared wildcard above the limit", "edge", e("tenant", "team-a", "method", "GET"),
 			&Limit{Place: "edge.tenant_team-*.method", RequestsPerUnit: 60, Unit: 2, Shared: []string{"team-*", ""}}},
 		{"a budget", "edge", e("tokens", "team-a"), &Limit{Place: "edge.tokens", RequestsPerUnit: 100000, Unit: 4, Budget: true}},

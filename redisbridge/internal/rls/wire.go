@@ -2,8 +2,14 @@ package rls
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -191,17 +197,41 @@ type Status struct {
 	UntilReset time.Duration
 }
 
-// AppendResponse appends the RateLimitResponse of overall and statuses,
-// with the RateLimit headers of headers (one of statuses, with a limit)
-// when it is not nil.
-func AppendResponse(b []byte, overall Code, statuses []Status, headers *Status) []byte {
+// Response is a ShouldRateLimit answer (RateLimitResponse).
+type Response struct {
+	Overall  Code
+	Statuses []Status
+	// Headers is the status whose RateLimit headers the answer adds (one
+	// of Statuses, with a limit); nil: none.
+	Headers *Status
+	// Metadata is the answer's dynamic_metadata; nil: none.
+	Metadata *Metadata
+}
+
+// Metadata is an answer's dynamic metadata as envoyproxy/ratelimit makes
+// it (RESPONSE_DYNAMIC_METADATA): the request's domain, descriptors and
+// hits_addend, and the configured metadata of its limits that were not
+// over, merged.
+type Metadata struct {
+	Request *Request
+	// Merged is the limits' metadata merged: values as the configuration
+	// holds them (json.Number for numbers).
+	Merged map[string]any
+}
+
+// AppendResponse appends the RateLimitResponse r.
+func AppendResponse(b []byte, r *Response) []byte {
 	b = protowire.AppendTag(b, 1, protowire.VarintType)
-	b = protowire.AppendVarint(b, uint64(overall))
-	for i := range statuses {
+	b = protowire.AppendVarint(b, uint64(r.Overall))
+	for i := range r.Statuses {
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = appendMessage(b, func(b []byte) []byte { return appendStatus(b, &statuses[i]) })
+		b = appendMessage(b, func(b []byte) []byte { return appendStatus(b, &r.Statuses[i]) })
 	}
-	if h := headers; h != nil {
+	if m := r.Metadata; m != nil {
+		b = protowire.AppendTag(b, 6, protowire.BytesType)
+		b = appendMessage(b, func(b []byte) []byte { return appendStruct(b, m.fields()) })
+	}
+	if h := r.Headers; h != nil {
 		// The reset in whole seconds, rounded up; a limit of 0 never
 		// resets, and says its window.
 		reset := h.Limit.WindowMS() / 1000
@@ -213,6 +243,112 @@ func AppendResponse(b []byte, overall Code, statuses []Status, headers *Status) 
 		b = appendHeader(b, "RateLimit-Reset", reset)
 	}
 	return b
+}
+
+// fields are the metadata's fields, as a Struct holds them.
+func (m *Metadata) fields() map[string]any {
+	r := m.Request
+	ds := make([]any, len(r.Descriptors))
+	for i := range r.Descriptors {
+		d := &r.Descriptors[i]
+		entries := make([]any, len(d.Entries))
+		for j, e := range d.Entries {
+			entries[j] = e.Key + "=" + e.Value
+		}
+		f := map[string]any{"entries": entries}
+		if o := d.Override; o != nil {
+			// The override in protobuf's text format, as there.
+			limit := fmt.Sprintf("requests_per_unit:%d unit:%s", o.RequestsPerUnit, strings.ToUpper(o.Unit.String()))
+			if o.HasUnitMultiplier {
+				limit += fmt.Sprintf(" unit_multiplier:{value:%d}", o.UnitMultiplier)
+			}
+			f["limit"] = limit
+		}
+		if d.HasHitsAddend {
+			f["hitsAddend"] = float64(d.HitsAddend)
+		}
+		ds[i] = f
+	}
+	f := map[string]any{"domain": r.Domain, "descriptors": ds}
+	if r.HitsAddend != 0 {
+		f["hitsAddend"] = float64(r.HitsAddend)
+	}
+	if len(m.Merged) > 0 {
+		f["metadata"] = m.Merged
+	}
+	return f
+}
+
+// MergeMetadata merges src into dst, as envoyproxy/ratelimit merges the
+// metadata of a call's limits: a field dst lacks is added, two mappings
+// are merged, and otherwise dst's value stays. dst's mappings are copied
+// before they change, so src and dst may share them (configurations do).
+func MergeMetadata(dst, src map[string]any) map[string]any {
+	if dst == nil {
+		dst = map[string]any{}
+	}
+	for k, v := range src {
+		old, ok := dst[k]
+		if !ok {
+			dst[k] = v
+			continue
+		}
+		om, ok1 := old.(map[string]any)
+		vm, ok2 := v.(map[string]any)
+		if ok1 && ok2 {
+			dst[k] = MergeMetadata(maps.Clone(om), vm)
+		}
+	}
+	return dst
+}
+
+// appendStruct appends the fields of a google.protobuf.Struct, in order
+// of name.
+func appendStruct(b []byte, fields map[string]any) []byte {
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		b = protowire.AppendTag(b, 1, protowire.BytesType) // map<string, Value> entry
+		b = appendMessage(b, func(b []byte) []byte {
+			b = protowire.AppendTag(b, 1, protowire.BytesType)
+			b = protowire.AppendString(b, k)
+			b = protowire.AppendTag(b, 2, protowire.BytesType)
+			return appendMessage(b, func(b []byte) []byte { return appendValue(b, fields[k]) })
+		})
+	}
+	return b
+}
+
+// appendValue appends the fields of the google.protobuf.Value of v, a
+// value of a JSON document (json.Number for numbers) or a float64; any
+// other is null.
+func appendValue(b []byte, v any) []byte {
+	switch v := v.(type) {
+	case json.Number:
+		f, _ := v.Float64() // out of range: ±Inf, as a JSON parser reads it
+		return appendValue(b, f)
+	case float64:
+		b = protowire.AppendTag(b, 2, protowire.Fixed64Type)
+		return protowire.AppendFixed64(b, math.Float64bits(v))
+	case string:
+		b = protowire.AppendTag(b, 3, protowire.BytesType)
+		return protowire.AppendString(b, v)
+	case bool:
+		b = protowire.AppendTag(b, 4, protowire.VarintType)
+		return protowire.AppendVarint(b, protowire.EncodeBool(v))
+	case map[string]any:
+		b = protowire.AppendTag(b, 5, protowire.BytesType)
+		return appendMessage(b, func(b []byte) []byte { return appendStruct(b, v) })
+	case []any:
+		b = protowire.AppendTag(b, 6, protowire.BytesType)
+		return appendMessage(b, func(b []byte) []byte {
+			for _, x := range v {
+				b = protowire.AppendTag(b, 1, protowire.BytesType)
+				b = appendMessage(b, func(b []byte) []byte { return appendValue(b, x) })
+			}
+			return b
+		})
+	}
+	b = protowire.AppendTag(b, 1, protowire.VarintType) // null_value
+	return protowire.AppendVarint(b, 0)
 }
 
 // appendHeader appends a response_headers_to_add of name and the value v

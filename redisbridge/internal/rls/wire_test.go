@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"encoding/json"
 	"reflect"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -88,7 +90,7 @@ func TestAppendResponse(t *testing.T) {
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 10}, Remaining: 6, UntilReset: time.Minute},
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 1}, Remaining: 6, UntilReset: time.Minute},
 	}
-	b := AppendResponse([]byte("prefix"), CodeOverLimit, statuses, nil)
+	b := AppendResponse([]byte("prefix"), &Response{Overall: CodeOverLimit, Statuses: statuses})
 	if string(b[:6]) != "prefix" {
 		t.Fatalf("the prefix was overwritten: %q", b[:6])
 	}
@@ -115,7 +117,7 @@ func TestAppendResponse(t *testing.T) {
 	}
 	// A body over 127 bytes has a length of two bytes.
 	long := []Status{{Code: CodeOK, Limit: &Limit{Name: string(make([]byte, 200)), RequestsPerUnit: 1, Unit: 1}}}
-	if err := proto.Unmarshal(AppendResponse(nil, CodeOK, long, nil), &got); err != nil || len(got.Statuses[0].CurrentLimit.Name) != 200 {
+	if err := proto.Unmarshal(AppendResponse(nil, &Response{Overall: CodeOK, Statuses: long}), &got); err != nil || len(got.Statuses[0].CurrentLimit.Name) != 200 {
 		t.Errorf("a long status: %v", err)
 	}
 }
@@ -138,13 +140,73 @@ func TestAppendResponse_Headers(t *testing.T) {
 	} {
 		statuses := []Status{{Code: CodeOK}, tt.status}
 		var got rlsv3.RateLimitResponse
-		if err := proto.Unmarshal(AppendResponse(nil, tt.status.Code, statuses, &statuses[1]), &got); err != nil {
+		if err := proto.Unmarshal(AppendResponse(nil, &Response{Overall: tt.status.Code, Statuses: statuses, Headers: &statuses[1]}), &got); err != nil {
 			t.Fatal(err)
 		}
 		want := &rlsv3.RateLimitResponse{ResponseHeadersToAdd: tt.want}
 		if !proto.Equal(&rlsv3.RateLimitResponse{ResponseHeadersToAdd: got.ResponseHeadersToAdd}, want) || len(got.Statuses) != 2 {
 			t.Errorf("%+v: got %v\nwant %v", tt.status, &got, want)
 		}
+	}
+}
+
+// AppendResponse's dynamic metadata, read back whole by the generated
+// type.
+func TestAppendResponse_Metadata(t *testing.T) {
+	req := &Request{Domain: "edge", HitsAddend: 3, Descriptors: []Descriptor{
+		{Entries: []Entry{{"service", "service_1"}, {"path", "/a"}}},
+		{Entries: []Entry{{"user", "u"}}, Override: &Override{RequestsPerUnit: 42, Unit: 3, UnitMultiplier: 2, HasUnitMultiplier: true},
+			HitsAddend: 0, HasHitsAddend: true},
+	}}
+	merged := map[string]any{"n": json.Number("1.5"), "s": map[string]any{"t": true, "z": nil}, "l": []any{"x", json.Number("2")}}
+	var got rlsv3.RateLimitResponse
+	if err := proto.Unmarshal(AppendResponse(nil, &Response{Overall: CodeOK, Metadata: &Metadata{Request: req, Merged: merged}}), &got); err != nil {
+		t.Fatal(err)
+	}
+	want, err := structpb.NewStruct(map[string]any{
+		"domain":     "edge",
+		"hitsAddend": 3,
+		"descriptors": []any{
+			map[string]any{"entries": []any{"service=service_1", "path=/a"}},
+			map[string]any{"entries": []any{"user=u"}, "limit": "requests_per_unit:42 unit:HOUR unit_multiplier:{value:2}", "hitsAddend": 0},
+		},
+		"metadata": map[string]any{"n": 1.5, "s": map[string]any{"t": true, "z": nil}, "l": []any{"x", 2}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got.DynamicMetadata, want) {
+		t.Errorf("got %v\nwant %v", got.DynamicMetadata, want)
+	}
+	// Without hits_addend or metadata, neither field is there.
+	got.Reset()
+	if err := proto.Unmarshal(AppendResponse(nil, &Response{Overall: CodeOK, Metadata: &Metadata{Request: &Request{Domain: "d"}}}), &got); err != nil {
+		t.Fatal(err)
+	}
+	if want, _ := structpb.NewStruct(map[string]any{"domain": "d", "descriptors": []any{}}); !proto.Equal(got.DynamicMetadata, want) {
+		t.Errorf("got %v\nwant %v", got.DynamicMetadata, want)
+	}
+}
+
+func TestMergeMetadata(t *testing.T) {
+	shared := map[string]any{"x": "from b"}
+	for _, tt := range []struct {
+		name          string
+		dst, src, out map[string]any
+	}{
+		{"into nothing", nil, map[string]any{"a": "1"}, map[string]any{"a": "1"}},
+		{"a field added", map[string]any{"a": "1"}, map[string]any{"b": "2"}, map[string]any{"a": "1", "b": "2"}},
+		{"the first value stays", map[string]any{"a": "1"}, map[string]any{"a": "2"}, map[string]any{"a": "1"}},
+		{"mappings merged", map[string]any{"m": shared}, map[string]any{"m": map[string]any{"x": "other", "y": "2"}},
+			map[string]any{"m": map[string]any{"x": "from b", "y": "2"}}},
+		{"a mapping and a value: the first stays", map[string]any{"m": "1"}, map[string]any{"m": map[string]any{"y": "2"}}, map[string]any{"m": "1"}},
+	} {
+		if got := MergeMetadata(tt.dst, tt.src); !reflect.DeepEqual(got, tt.out) {
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.out)
+		}
+	}
+	if len(shared) != 1 {
+		t.Errorf("a merge changed a mapping it was given: %v", shared)
 	}
 }
 
