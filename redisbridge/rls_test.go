@@ -662,9 +662,12 @@ descriptors:
 				url, stop = c.URL, nil
 			}
 			var clients []rlsv3.RateLimitServiceClient
-			for range 3 {
+			for i := range 3 {
 				set := DefaultSettings()
 				set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", url, config
+				if i > 0 { // two of them refuse from their over-limit cache once they saw k spent
+					set.RLSOverLimitCache = 100
+				}
 				clients = append(clients, rlsClient(t, startBridge(t, set)))
 			}
 			var admitted atomic.Int64

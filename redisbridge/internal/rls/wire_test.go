@@ -3,6 +3,8 @@ package rls
 import (
 	"encoding/json"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,6 +188,60 @@ func TestAppendResponse_Metadata(t *testing.T) {
 	if want, _ := structpb.NewStruct(map[string]any{"domain": "d", "descriptors": []any{}}); !proto.Equal(got.DynamicMetadata, want) {
 		t.Errorf("got %v\nwant %v", got.DynamicMetadata, want)
 	}
+}
+
+// FuzzAppendResponse_Metadata: the metadata of any JSON object, as a
+// configuration holds it, reads back as the generated Struct of it.
+func FuzzAppendResponse_Metadata(f *testing.F) {
+	for _, s := range []string{`{}`, `{"a":1}`, `{"s":{"n":null,"b":false,"l":[1.5,"x",[],{}]}}`, `{"big":1e400,"neg":-0,"u":"\u00e9"}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, doc string) {
+		dec := json.NewDecoder(strings.NewReader(doc))
+		dec.UseNumber()
+		var merged map[string]any
+		if dec.Decode(&merged) != nil || merged == nil {
+			return
+		}
+		var got rlsv3.RateLimitResponse
+		b := AppendResponse(nil, &Response{Overall: CodeOK, Metadata: &Metadata{Request: &Request{Domain: "d"}, Merged: merged}})
+		if err := proto.Unmarshal(b, &got); err != nil {
+			t.Fatalf("%s: %v", doc, err)
+		}
+		fields := map[string]any{"domain": "d", "descriptors": []any{}}
+		if len(merged) > 0 {
+			fields["metadata"] = floats(merged)
+		}
+		want, err := structpb.NewStruct(fields)
+		if err != nil {
+			t.Fatalf("%s: %v", doc, err)
+		}
+		if !proto.Equal(got.DynamicMetadata, want) {
+			t.Fatalf("%s:\n got %v\nwant %v", doc, got.DynamicMetadata, want)
+		}
+	})
+}
+
+// floats is v with its json.Numbers as float64, as structpb takes them.
+func floats(v any) any {
+	switch v := v.(type) {
+	case json.Number:
+		f, _ := strconv.ParseFloat(string(v), 64)
+		return f
+	case map[string]any:
+		out := map[string]any{}
+		for k, x := range v {
+			out[k] = floats(x)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = floats(x)
+		}
+		return out
+	}
+	return v
 }
 
 func TestMergeMetadata(t *testing.T) {
