@@ -2,6 +2,7 @@ package redisbridge
 
 import (
 	"context"
+	"fmt"
 	"encoding/binary"
 	"os"
 	"path/filepath"
@@ -795,6 +796,54 @@ descriptors:
 // BenchmarkRLS_ShouldRateLimit: calls of two descriptors each, 16 users,
 // from a grpc-go client in this process to a bridge on its memory store
 // (client and bridge share the CPUs and the allocation figures).
+// BenchmarkRLS_Refused: calls for 16 spent counters on Redis, from a
+// grpc-go client in this process, with and without the over-limit
+// cache; redis-calls/op is the script calls Redis ran per call.
+func BenchmarkRLS_Refused(b *testing.B) {
+	rs := redistest.Start(b)
+	for _, cache := range []int{0, 1000} {
+		b.Run(fmt.Sprintf("over-limit-cache=%d", cache), func(b *testing.B) {
+			set := DefaultSettings()
+			set.Listen, set.LogLevel, set.Store, set.RedisURL = "127.0.0.1:0", "error", "redis", rs.URL
+			set.RLSConfig, set.RLSOverLimitCache = rlsConfig(b, "domain: d\ndescriptors:\n  - {key: k, rate_limit: {unit: day, requests_per_unit: 1}}"), cache
+			client := rlsClient(b, startBridge(b, set))
+			var reqs []*rlsv3.RateLimitRequest
+			for i := range 16 {
+				reqs = append(reqs, &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+					descriptor("k", fmt.Sprintf("spent-%d-%d", cache, i))}})
+				for range 2 {
+					if _, err := client.ShouldRateLimit(context.Background(), reqs[i]); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			evalsha := func() int64 {
+				v, err := redistest.DoString(rs.Addr, time.Second, "INFO", "commandstats")
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, after, _ := strings.Cut(v, "cmdstat_evalsha:calls=")
+				n, _ := strconv.ParseInt(after[:strings.IndexByte(after, ',')], 10, 64)
+				return n
+			}
+			before := evalsha()
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			var n atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					res, err := client.ShouldRateLimit(context.Background(), reqs[n.Add(1)%16])
+					if err != nil || res.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+						b.Errorf("%v, %v: want OVER_LIMIT", res, err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(evalsha()-before)/float64(b.N), "redis-calls/op")
+		})
+	}
+}
+
 func BenchmarkRLS_ShouldRateLimit(b *testing.B) {
 	set := DefaultSettings()
 	set.Listen, set.LogLevel, set.RLSConfig = "127.0.0.1:0", "error", rlsConfig(b, rlsTestConfig)
