@@ -2,8 +2,8 @@ package redisbridge
 
 import (
 	"context"
-	"fmt"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
