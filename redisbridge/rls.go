@@ -252,12 +252,10 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 			s.m.decision("log_only_denied", rules.FixedWindow, z.limit.MetricName()).Inc()
 			continue
 		}
-		if z.quota && plan.hasQuota() {
-			s.m.decision("denied", rules.FixedWindow, z.limit.MetricName()).Inc()
-			continue
-		}
-		refused = true
 		s.m.decision("denied", rules.FixedWindow, z.limit.MetricName()).Inc()
+		if !z.quota || !plan.hasQuota() {
+			refused = true
+		}
 	}
 	if refused {
 		reply.overall = rls.CodeOverLimit
@@ -408,7 +406,7 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 // (one in shadow mode cannot).
 func (p *rlsPlanned) hasQuota() bool {
 	for i := range p.check.Limits {
-		if l := &p.check.Limits[i]; l.Quota && !l.LogOnly {
+		if p.check.Limits[i].InQuota() {
 			return true
 		}
 	}

@@ -67,6 +67,10 @@ func (l *LimitRequest) MaxDelay() int64 {
 	return l.MaxDelayMS
 }
 
+// InQuota tells whether l is one of its check's quota limits: marked
+// Quota, and able to deny (a log-only limit denies nothing).
+func (l *LimitRequest) InQuota() bool { return l.Quota && !l.LogOnly }
+
 // Taken is what the limit took in a check that consumed it, from its
 // decision d there: its cost, or a Fill limit's cost capped at what it had.
 func (l *LimitRequest) Taken(d *Decision) int64 {

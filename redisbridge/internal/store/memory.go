@@ -192,7 +192,7 @@ func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, 
 		l := &req.Limits[i]
 		m := &ls[i]
 		m.spec, m.logOnly, m.fill, m.ret, m.maxDelay = l.Spec, l.LogOnly, l.Fill, l.Return, l.MaxDelay()
-		m.quota = isQuota(l)
+		m.quota = l.InQuota()
 		m.spec.Lease = leaseOf(l)
 		m.throttle = m.maxDelay >= 0
 		if req.Op == rules.OpRenew {

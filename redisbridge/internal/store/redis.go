@@ -487,7 +487,7 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 		}
 		cloned := false
 		for i := range req.Limits {
-			if isQuota(&req.Limits[i]) {
+			if req.Limits[i].InQuota() {
 				if !cloned {
 					ls, cloned = slices.Clone(req.Limits), true
 				}
@@ -526,7 +526,7 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 		for _, i := range gs[g].idx {
 			l, d := &req.Limits[i], &resp.Decisions[i]
 			switch {
-			case isQuota(l):
+			case l.InQuota():
 				quotas = true
 				quotaOK = quotaOK || d.Allowed
 			case !d.Allowed && !l.LogOnly:
@@ -548,10 +548,6 @@ func (s *Redis) checkGroups(ctx context.Context, req *rules.CheckRequest, gs []g
 	}
 	return firstErr
 }
-
-// isQuota tells whether l is a quota limit that can deny its check:
-// a log-only limit denies nothing.
-func isQuota(l *rules.LimitRequest) bool { return l.Quota && !l.LogOnly }
 
 // refund gives back what the limits idx of ls consumed.
 func (s *Redis) refund(ctx context.Context, ls []rules.LimitRequest, idx []int, ds []rules.Decision) error {
