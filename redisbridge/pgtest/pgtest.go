@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -60,6 +61,12 @@ type Server struct {
 	data string
 	cred *syscall.Credential // nil when not root
 	seq  atomic.Int64
+	// prefix begins its databases' names: the digits of its temporary
+	// directory's name, which no other server running has. A killed
+	// server's port may be taken by another test process's server, and
+	// a client still dialing it must then find no database of its name
+	// there (not a t1 of the other's, which would take its writes).
+	prefix string
 
 	mu     sync.Mutex // guards cmd: fault tests stop the server from other goroutines
 	cmd    *exec.Cmd
@@ -118,7 +125,7 @@ func start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{bin: bin, dir: dir, data: filepath.Join(dir, "data")}
+	s := &Server{bin: bin, dir: dir, data: filepath.Join(dir, "data"), prefix: "t" + strings.TrimPrefix(filepath.Base(dir), "pgtest-") + "_"}
 	fail := func(err error) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, err
@@ -247,7 +254,7 @@ func (s *Server) URL(db string) string {
 // dropped when t ends.
 func (s *Server) NewDatabase(t testing.TB) string {
 	t.Helper()
-	name := "t" + strconv.FormatInt(s.seq.Add(1), 10)
+	name := s.prefix + strconv.FormatInt(s.seq.Add(1), 10)
 	if err := s.exec("CREATE DATABASE " + name); err != nil {
 		t.Fatalf("pgtest: create database: %v", err)
 	}
