@@ -149,11 +149,26 @@ func descriptor(kv ...string) *ratelimitv3.RateLimitDescriptor {
 // and the whole answers, on the memory store at a fixed time: each
 // descriptor's limit found as envoyproxy/ratelimit finds it, and the
 // limits of a call decided together, so a call refused consumes nothing.
+// rlsSettings is a bridge on its memory store serving rlsTestConfig, on
+// the clock now.
+func rlsSettings(t testing.TB, now func() int64) Settings {
+	return Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
+		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
+		RLSConfig: rlsConfig(t, rlsTestConfig), Now: now}
+}
+
+// addressStatus is the status of a remote_address descriptor of
+// rlsTestConfig (2 a minute) with remaining left, untilReset before its
+// window ends.
+func addressStatus(code rlsv3.RateLimitResponse_Code, remaining uint32, untilReset time.Duration) *rlsv3.RateLimitResponse_DescriptorStatus {
+	return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: durationpb.New(untilReset),
+		CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+}
+
 func TestRLS_ShouldRateLimit(t *testing.T) {
 	const now = 1_800_000_030_000 // 30 s into a minute
-	addr := startBridge(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
-		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
-		RLSConfig: rlsConfig(t, rlsTestConfig), Now: func() int64 { return now }})
+	set := rlsSettings(t, func() int64 { return now })
+	addr := startBridge(t, set)
 	client := rlsClient(t, addr)
 	const (
 		ok   = rlsv3.RateLimitResponse_OK
@@ -162,8 +177,7 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 	untilMinute := durationpb.New(time.Duration(60_000-now%60_000) * time.Millisecond)
 	untilHour := durationpb.New(time.Duration(3_600_000-now%3_600_000) * time.Millisecond)
 	perAddress := func(code rlsv3.RateLimitResponse_Code, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: untilMinute,
-			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+		return addressStatus(code, remaining, 30*time.Second)
 	}
 	login := func(remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
 		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, LimitRemaining: remaining, DurationUntilReset: untilHour,
@@ -290,9 +304,9 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 // when no descriptor has a limit.
 func TestRLS_ResponseHeaders(t *testing.T) {
 	const now = 1_800_000_030_500 // 30.5 s into a minute
-	addr := startBridge(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
-		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
-		RLSConfig: rlsConfig(t, rlsTestConfig), RLSResponseHeaders: true, Now: func() int64 { return now }})
+	set := rlsSettings(t, func() int64 { return now })
+	set.RLSResponseHeaders = true
+	addr := startBridge(t, set)
 	client := rlsClient(t, addr)
 	headers := func(limit, remaining, reset string) []*corev3.HeaderValue {
 		return []*corev3.HeaderValue{{Key: "RateLimit-Limit", Value: limit}, {Key: "RateLimit-Remaining", Value: remaining}, {Key: "RateLimit-Reset", Value: reset}}
@@ -331,18 +345,14 @@ func TestRLS_ResponseHeaders(t *testing.T) {
 func TestRLS_OverLimitCache(t *testing.T) {
 	var now atomic.Int64
 	now.Store(1_800_000_030_000) // 30 s into a minute
-	ts := startServer(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
-		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
-		RLSConfig: rlsConfig(t, rlsTestConfig), RLSOverLimitCache: 100, Now: now.Load})
+	set := rlsSettings(t, now.Load)
+	set.RLSOverLimitCache = 100
+	ts := startServer(t, set)
 	client := rlsClient(t, strings.TrimPrefix(ts.URL, "http://"))
 	const (
 		ok   = rlsv3.RateLimitResponse_OK
 		over = rlsv3.RateLimitResponse_OVER_LIMIT
 	)
-	perAddress := func(code rlsv3.RateLimitResponse_Code, remaining uint32, untilReset time.Duration) *rlsv3.RateLimitResponse_DescriptorStatus {
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: durationpb.New(untilReset),
-			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
-	}
 	login := func(remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
 		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, LimitRemaining: remaining, DurationUntilReset: durationpb.New(time.Hour - 40*time.Second),
 			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "login", RequestsPerUnit: 3, Unit: rlsv3.RateLimitResponse_RateLimit_HOUR}}
@@ -375,15 +385,15 @@ func TestRLS_OverLimitCache(t *testing.T) {
 		want    *rlsv3.RateLimitResponse
 		metrics string // after the call
 	}{
-		{"first", 0, call(address), answer(ok, perAddress(ok, 1, 30*time.Second)), ""},
-		{"the last, which leaves nothing", 0, call(address), answer(ok, perAddress(ok, 0, 30*time.Second)),
+		{"first", 0, call(address), answer(ok, addressStatus(ok, 1, 30*time.Second)), ""},
+		{"the last, which leaves nothing", 0, call(address), answer(ok, addressStatus(ok, 0, 30*time.Second)),
 			"sluice_bridge_rls_over_limit_cache_hits_total 0\nsluice_bridge_store_duration_seconds_count{op=\"check\"} 2"},
-		{"refused by the cache", 10 * time.Second, call(address), answer(over, perAddress(over, 0, 20*time.Second)),
+		{"refused by the cache", 10 * time.Second, call(address), answer(over, addressStatus(over, 0, 20*time.Second)),
 			"sluice_bridge_rls_over_limit_cache_hits_total 1\nsluice_bridge_store_duration_seconds_count{op=\"check\"} 2"},
-		{"with another descriptor, not decided", 0, call(path, address), answer(over, &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok}, perAddress(over, 0, 20*time.Second)),
+		{"with another descriptor, not decided", 0, call(path, address), answer(over, &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok}, addressStatus(over, 0, 20*time.Second)),
 			"sluice_bridge_rls_over_limit_cache_hits_total 2\nsluice_bridge_store_duration_seconds_count{op=\"check\"} 2"},
 		{"which counted nothing", 0, call(path), answer(ok, login(2)), ""},
-		{"the next window", 20 * time.Second, call(address), answer(ok, perAddress(ok, 1, time.Minute)),
+		{"the next window", 20 * time.Second, call(address), answer(ok, addressStatus(ok, 1, time.Minute)),
 			"sluice_bridge_rls_over_limit_cache_hits_total 2\nsluice_bridge_store_duration_seconds_count{op=\"check\"} 4"},
 		{"shadow mode", 30 * time.Second, call(descriptor("path", "/shadow")), answer(ok, shadow(ok)), ""},
 		{"shadow mode over", 0, call(descriptor("path", "/shadow")), answer(ok, shadow(ok)), ""},
@@ -438,9 +448,9 @@ func TestRLS_OverLimitCacheRedisDown(t *testing.T) {
 // field stays).
 func TestRLS_ResponseMetadata(t *testing.T) {
 	const now = 1_800_000_030_000
-	addr := startBridge(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
-		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
-		RLSConfig: rlsConfig(t, rlsTestConfig), RLSResponseMetadata: true, Now: func() int64 { return now }})
+	set := rlsSettings(t, func() int64 { return now })
+	set.RLSResponseMetadata = true
+	addr := startBridge(t, set)
 	client := rlsClient(t, addr)
 	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 		descriptor("service", "service_1"), descriptor("service", "service_2")}}
@@ -479,18 +489,16 @@ func TestRLS_ResponseMetadata(t *testing.T) {
 // among them.
 func TestRLS_QuotaMode(t *testing.T) {
 	const now = 1_800_000_030_000 // 30 s into a minute
-	addr := startBridge(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
-		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
-		RLSConfig: rlsConfig(t, rlsTestConfig), RLSQuotaMode: true, Now: func() int64 { return now }})
+	set := rlsSettings(t, func() int64 { return now })
+	set.RLSQuotaMode = true
+	addr := startBridge(t, set)
 	client := rlsClient(t, addr)
 	const (
 		ok   = rlsv3.RateLimitResponse_OK
 		over = rlsv3.RateLimitResponse_OVER_LIMIT
 	)
-	untilMinute := durationpb.New(time.Duration(60_000-now%60_000) * time.Millisecond)
 	perAddress := func(code rlsv3.RateLimitResponse_Code, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: untilMinute,
-			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+		return addressStatus(code, remaining, 30*time.Second)
 	}
 	blocked := &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
 	call := func(d ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
@@ -525,18 +533,16 @@ func TestRLS_QuotaMode(t *testing.T) {
 // denials.
 func TestRLS_ShadowMode(t *testing.T) {
 	const now = 1_800_000_030_000 // 30 s into a minute
-	ts := startServer(t, Settings{Listen: "127.0.0.1:0", Store: "memory", RedisTimeout: time.Second, RedisPipelines: 1, RedisBatch: 1,
-		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window", MemoryMaxKeys: 1000, LogLevel: "error",
-		RLSConfig: rlsConfig(t, rlsTestConfig), RLSShadowMode: true, Now: func() int64 { return now }})
+	set := rlsSettings(t, func() int64 { return now })
+	set.RLSShadowMode = true
+	ts := startServer(t, set)
 	client := rlsClient(t, strings.TrimPrefix(ts.URL, "http://"))
 	const (
 		ok   = rlsv3.RateLimitResponse_OK
 		over = rlsv3.RateLimitResponse_OVER_LIMIT
 	)
-	untilMinute := durationpb.New(time.Duration(60_000-now%60_000) * time.Millisecond)
 	perAddress := func(code rlsv3.RateLimitResponse_Code, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: untilMinute,
-			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 2, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+		return addressStatus(code, remaining, 30*time.Second)
 	}
 	address := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.1")}}
 	for _, tt := range []struct {
