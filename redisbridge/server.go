@@ -177,12 +177,13 @@ func (s *Server) Serve(ln net.Listener) error {
 		return serverClosed(srv.ServeTLS(ln, s.set.TLSCert, s.set.TLSKey))
 	}
 	fast := h1fast.New(ln, checkio.HandlerFunc(s.serveCheck))
+	fast.SetMaxAge(s.set.MaxConnectionAge)
 	var serveRLS checkio.Handler // nil: no rate limit service, and its calls go to net/http
 	if s.set.RLSConfig != "" {
 		serveRLS = checkio.HandlerFunc(s.serveRLS)
 	}
 	s.h2 = h2fast.New(h2fast.Options{Handler: checkio.HandlerFunc(s.serveCheck), RLS: serveRLS, Handoff: fast.Give,
-		MaxBody: maxBody, IdleTimeout: srv.IdleTimeout})
+		MaxBody: maxBody, IdleTimeout: srv.IdleTimeout, MaxAge: s.set.MaxConnectionAge})
 	fast.ServeH2(s.h2.ServeConn)
 	s.fast = fast
 	s.mu.Unlock()

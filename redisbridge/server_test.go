@@ -1,10 +1,12 @@
 package redisbridge
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -658,5 +660,53 @@ func TestServer_ListenUnix(t *testing.T) {
 		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("--listen %s --listen-mode %q: %v, want %q", tc.listen, tc.mode, err, tc.err)
 		}
+	}
+}
+
+// Settings.Validate names the setting it refuses.
+func TestSettings_Validate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*Settings)
+		err  string
+	}{
+		{"a negative age", func(s *Settings) { s.MaxConnectionAge = -time.Second }, "--max-connection-age: must not be negative"},
+		{"an age with TLS", func(s *Settings) { s.MaxConnectionAge, s.TLSCert, s.TLSKey = time.Hour, "c.pem", "k.pem" },
+			"--max-connection-age: not with --tls-cert"},
+		{"a negative over-limit cache", func(s *Settings) { s.RLSOverLimitCache = -1 }, "--rls-over-limit-cache: must not be negative"},
+	} {
+		set := testSettings()
+		tc.set(&set)
+		if err := set.Validate(); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.err)
+		}
+	}
+	set := testSettings()
+	set.MaxConnectionAge = time.Hour
+	if err := set.Validate(); err != nil {
+		t.Errorf("an age without TLS: %v", err)
+	}
+}
+
+// TestServer_MaxConnectionAge: with --max-connection-age the bridge's
+// fast paths ask clients to reconnect; an aged HTTP/1.1 connection gets
+// its answer with Connection: close.
+func TestServer_MaxConnectionAge(t *testing.T) {
+	set := testSettings()
+	set.MaxConnectionAge = time.Nanosecond
+	ts := startServer(t, set)
+	c, err := net.Dial("tcp", strings.TrimPrefix(ts.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := checkBody(limit("rl:{u:age}:a", rules.FixedWindow, 5))
+	fmt.Fprintf(c, "POST /v1/rate-limit/check HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || !resp.Close {
+		t.Errorf("an aged connection's answer: %d, Connection: close %v; want 200 and close", resp.StatusCode, resp.Close)
 	}
 }

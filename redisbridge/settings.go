@@ -43,6 +43,13 @@ type Settings struct {
 	TLSCert                               string // PEM certificate; with TLSKey serves HTTPS (HTTP/1.1 and h2)
 	TLSKey                                string
 	ShutdownGrace                         time.Duration // drain time on SIGTERM, default 10s
+	// MaxConnectionAge asks a client to reconnect once its connection is
+	// about that old (a tenth more or less, at random): an HTTP/2
+	// connection gets a graceful GOAWAY, an HTTP/1.1 one Connection:
+	// close on its next answer. Bridges added behind a Service then get
+	// their share of long-lived proxy connections. 0: never (the
+	// default). Not with TLS, whose connections net/http serves.
+	MaxConnectionAge time.Duration
 	// DebugListen serves net/http/pprof on its own address ("" disables it,
 	// the default). cmd/redisbridge serves it; keep it on loopback.
 	DebugListen string
@@ -166,6 +173,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.TLSCert, "tls-cert", s.TLSCert, "TLS certificate file")
 	fs.StringVar(&s.TLSKey, "tls-key", s.TLSKey, "TLS key file")
 	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
+	fs.DurationVar(&s.MaxConnectionAge, "max-connection-age", s.MaxConnectionAge, "ask clients to reconnect once a connection is about this old (HTTP/2: a graceful GOAWAY; HTTP/1.1: Connection: close), so bridges added later get connections (0: never)")
 	fs.StringVar(&s.DebugListen, "debug-listen", s.DebugListen, "address for /debug/pprof/ (empty: off)")
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
@@ -230,6 +238,12 @@ func (s *Settings) Validate() error {
 	}
 	if (s.TLSCert == "") != (s.TLSKey == "") {
 		return errors.New("--tls-cert, --tls-key: set both or neither")
+	}
+	switch {
+	case s.MaxConnectionAge < 0:
+		return errors.New("--max-connection-age: must not be negative")
+	case s.MaxConnectionAge > 0 && s.TLSCert != "":
+		return errors.New("--max-connection-age: not with --tls-cert (net/http serves TLS connections, and cannot age them)")
 	}
 	if s.PolicyStore != "" && !strings.HasPrefix(s.PolicyStore, "postgres://") && !strings.HasPrefix(s.PolicyStore, "postgresql://") {
 		return errors.New("--policy-store: must be a postgres:// or postgresql:// URL")

@@ -156,6 +156,7 @@ func TestRun_EmbeddedBridgeSettings(t *testing.T) {
 		{"SLUICE_TLS_CERT", "cert.pem", "--embed-bridge: SLUICE_TLS_CERT does not apply to an embedded bridge"},
 		{"SLUICE_RLS_CONFIG", "ratelimit.yaml", "--embed-bridge: SLUICE_RLS_CONFIG does not apply to an embedded bridge"},
 		{"SLUICE_RLS_SHADOW_MODE", "true", "--embed-bridge: SLUICE_RLS_SHADOW_MODE does not apply to an embedded bridge"},
+		{"SLUICE_MAX_CONNECTION_AGE", "1h", "--embed-bridge: SLUICE_MAX_CONNECTION_AGE does not apply to an embedded bridge"},
 		{"SLUICE_RLS_QUOTA_MODE", "true", "--embed-bridge: SLUICE_RLS_QUOTA_MODE does not apply to an embedded bridge"},
 		{"SLUICE_RLS_OVER_LIMIT_CACHE", "1000", "--embed-bridge: SLUICE_RLS_OVER_LIMIT_CACHE does not apply to an embedded bridge"},
 		{"SLUICE_RLS_RESPONSE_METADATA", "true", "--embed-bridge: SLUICE_RLS_RESPONSE_METADATA does not apply to an embedded bridge"},

@@ -12,10 +12,19 @@ package checkio
 
 import (
 	"context"
+	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
 )
+
+// ConnAge is the age at which a transport asks a connection's client to
+// go elsewhere, for a maximum age d (--max-connection-age): d give or
+// take a tenth at random, so that the connections a proxy opened
+// together do not all reconnect at once.
+func ConnAge(d time.Duration) time.Duration {
+	return d - d/10 + time.Duration(rand.Int64N(int64(d/5)+1))
+}
 
 // Request is one check request. Its slices belong to the transport and are
 // valid only during Handler.ServeCheck.

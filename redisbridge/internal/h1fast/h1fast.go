@@ -54,6 +54,7 @@ type Server struct {
 	// handoff feeds connections to net/http's Serve.
 	handoff *chanListener
 
+	maxAge  time.Duration // SetMaxAge
 	closing atomic.Bool
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -71,6 +72,12 @@ func New(ln net.Listener, h checkio.Handler) *Server {
 // Serve. Shutdown does not end those connections: h2's server does.
 func (s *Server) ServeH2(h2 func(c net.Conn, r *bufio.Reader)) { s.h2 = h2 }
 
+// SetMaxAge has the fast path close a connection after its first answer
+// once it is about d old (checkio.ConnAge), with Connection: close, so
+// that its client opens a new one, possibly to another bridge. Call it
+// before Serve; 0, the default, never does.
+func (s *Server) SetMaxAge(d time.Duration) { s.maxAge = d }
+
 // Give hands c to net/http (through Handoff) as if accepted; false once
 // Handoff is closed.
 func (s *Server) Give(c net.Conn) bool { return s.handoff.put(c) }
@@ -83,6 +90,7 @@ func (s *Server) Handoff() net.Listener { return s.handoff }
 type conn struct {
 	c    net.Conn
 	r    *bufio.Reader
+	old  time.Time // when it is old enough to close (SetMaxAge); zero: never
 	idle atomic.Bool
 	req  checkio.Request
 	resp checkio.Response
@@ -108,6 +116,9 @@ func (s *Server) Serve() error {
 		}
 		delay = 0
 		fc := &conn{c: c}
+		if s.maxAge > 0 {
+			fc.old = time.Now().Add(checkio.ConnAge(s.maxAge))
+		}
 		s.mu.Lock()
 		if s.closing.Load() {
 			s.mu.Unlock()
@@ -198,6 +209,9 @@ func (s *Server) serveConn(fc *conn) {
 		head, ok, err := peekHead(fc)
 		if err != nil {
 			break
+		}
+		if !fc.old.IsZero() && time.Now().After(fc.old) {
+			head.close = true
 		}
 		if ok {
 			if ok, err = s.answer(fc, &head); err != nil {

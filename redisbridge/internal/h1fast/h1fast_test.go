@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
 
@@ -156,6 +157,44 @@ func TestServer_AnswersAndHandsOver(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Fatalf("Serve: %v", err)
+	}
+}
+
+// TestServer_MaxAge: a connection past its age gets its answer with
+// Connection: close, and is closed; a younger one is kept.
+func TestServer_MaxAge(t *testing.T) {
+	for _, tt := range []struct {
+		age    time.Duration
+		closed bool
+	}{{time.Nanosecond, true}, {time.Hour, false}, {0, false}} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := New(ln, checkio.HandlerFunc(func(_ context.Context, _ *checkio.Request, resp *checkio.Response) { resp.Status = http.StatusOK }))
+		s.SetMaxAge(tt.age)
+		go s.Serve()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(c, "POST /v1/rate-limit/check HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if resp.Close != tt.closed {
+			t.Errorf("max age %v: Connection: close is %v, want %v", tt.age, resp.Close, tt.closed)
+		}
+		if tt.closed {
+			if _, err := br.ReadByte(); err != io.EOF {
+				t.Errorf("max age %v: the connection was not closed after the answer: %v", tt.age, err)
+			}
+		}
+		c.Close()
+		s.Shutdown(context.Background())
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 )
 
 // streamState is where a stream stands, as net/http's server tracks it.
@@ -57,6 +59,7 @@ type conn struct {
 	goAwayCode http2.ErrCode
 	closeTimer *time.Timer
 	idleTimer  *time.Timer
+	ageTimer   *time.Timer // Options.MaxAge
 
 	back  *backLeg   // the relay to net/http that takes new streams, or nil
 	backs []*backLeg // every relay leg open
@@ -98,6 +101,9 @@ func (c *conn) serve() {
 	c.unackedSettings++
 	_ = c.wfr.WriteWindowUpdate(0, connWindowSize-defaultWindow)
 	c.idleTimer = time.AfterFunc(c.s.o.IdleTimeout, c.onIdle)
+	if age := c.s.o.MaxAge; age > 0 {
+		c.ageTimer = time.AfterFunc(checkio.ConnAge(age), c.startGracefulShutdown)
+	}
 	c.kick()
 	c.mu.Unlock()
 	for {
@@ -114,6 +120,9 @@ func (c *conn) finish() {
 	c.dead = true
 	if c.idleTimer != nil {
 		c.idleTimer.Stop()
+	}
+	if c.ageTimer != nil {
+		c.ageTimer.Stop()
 	}
 	if c.closeTimer != nil {
 		c.closeTimer.Stop()

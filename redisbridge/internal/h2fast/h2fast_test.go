@@ -248,6 +248,30 @@ func TestServer_IdleTimeout(t *testing.T) {
 	}
 }
 
+// TestServer_MaxAge: a connection past its age gets a graceful GOAWAY,
+// though it is not idle long enough to, and is closed.
+func TestServer_MaxAge(t *testing.T) {
+	_, addr := serve(t, Options{IdleTimeout: time.Hour, MaxAge: time.Nanosecond})
+	cl := dial(t, addr)
+	cl.c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a server that never ages it fails rather than hangs
+	cl.fr.WriteSettings()
+	for {
+		f, err := cl.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("closed without GOAWAY: %v", err)
+		}
+		if g, ok := f.(*http2.GoAwayFrame); ok {
+			if g.ErrCode != http2.ErrCodeNo {
+				t.Fatalf("GOAWAY %v", g.ErrCode)
+			}
+			break
+		}
+	}
+	if _, err := cl.fr.ReadFrame(); err == nil {
+		t.Fatal("not closed after the GOAWAY")
+	}
+}
+
 // TestServer_ShutdownWaitsForStreams: Shutdown sends GOAWAY at once,
 // answers the check in flight, then closes the connection.
 func TestServer_ShutdownWaitsForStreams(t *testing.T) {
