@@ -60,6 +60,7 @@ type conn struct {
 	closeTimer *time.Timer
 	idleTimer  *time.Timer
 	ageTimer   *time.Timer // Options.MaxAge
+	aging      bool        // onAged's first GOAWAY is sent
 
 	back  *backLeg   // the relay to net/http that takes new streams, or nil
 	backs []*backLeg // every relay leg open
@@ -102,7 +103,7 @@ func (c *conn) serve() {
 	_ = c.wfr.WriteWindowUpdate(0, connWindowSize-defaultWindow)
 	c.idleTimer = time.AfterFunc(c.s.o.IdleTimeout, c.onIdle)
 	if age := c.s.o.MaxAge; age > 0 {
-		c.ageTimer = time.AfterFunc(checkio.ConnAge(age), c.startGracefulShutdown)
+		c.ageTimer = time.AfterFunc(checkio.ConnAge(age), c.onAged)
 	}
 	c.kick()
 	c.mu.Unlock()
@@ -122,7 +123,7 @@ func (c *conn) finish() {
 		c.idleTimer.Stop()
 	}
 	if c.ageTimer != nil {
-		c.ageTimer.Stop()
+		c.ageTimer.Stop() // the second GOAWAY's timer too, once onAged ran
 	}
 	if c.closeTimer != nil {
 		c.closeTimer.Stop()
@@ -165,6 +166,30 @@ func (c *conn) onIdle() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.goAway(http2.ErrCodeNo)
+}
+
+// agingPing is the payload of the PING onAged sends.
+var agingPing = [8]byte{'s', 'l', 'u', 'i', 'c', 'e', '-', 'a'}
+
+// onAged asks the client of a connection past its age (Options.MaxAge)
+// to go elsewhere, as RFC 9113 section 6.8 advises for a graceful
+// shutdown: a GOAWAY naming the largest stream id, which stops the
+// client opening streams here, and a PING. Once the client answers the
+// PING (it has seen the GOAWAY), or goAwayTimeout passed, goAway names
+// the last stream it opened, and the connection closes after its
+// streams. A stream the client opened before it saw the first GOAWAY is
+// served, not refused: the proxy's check is not failed by the age.
+func (c *conn) onAged() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead || c.inGoAway || c.aging {
+		return
+	}
+	c.aging = true
+	_ = c.wfr.WriteGoAway(1<<31-1, http2.ErrCodeNo, nil)
+	_ = c.wfr.WritePing(false, agingPing)
+	c.kick()
+	c.ageTimer = time.AfterFunc(goAwayTimeout, c.startGracefulShutdown)
 }
 
 // startGracefulShutdown is net/http's: a GOAWAY, then closing once the
@@ -301,7 +326,10 @@ func (c *conn) processFrame(f http2.Frame) error {
 		return c.processWindowUpdate(f)
 	case *http2.PingFrame:
 		if f.IsAck() {
-			return nil // we send no PING
+			if c.aging && f.Data == agingPing {
+				c.goAway(http2.ErrCodeNo)
+			}
+			return nil // we send no other PING
 		}
 		_ = c.wfr.WritePing(true, f.Data)
 		c.control()

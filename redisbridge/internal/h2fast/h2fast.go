@@ -91,10 +91,10 @@ type Options struct {
 	// IdleTimeout closes connections without streams, as net/http's
 	// IdleTimeout does (default 2 minutes).
 	IdleTimeout time.Duration
-	// MaxAge, when not 0, sends a connection a graceful GOAWAY once it is
-	// about that old (checkio.ConnAge), as gRPC servers' max connection
-	// age does: its client opens a new one, possibly to another bridge,
-	// and the old one closes after its last stream.
+	// MaxAge, when not 0, shuts a connection down gracefully once it is
+	// about that old (checkio.ConnAge; conn.onAged), as gRPC servers' max
+	// connection age does: its client opens a new one, possibly to
+	// another bridge, and the old one closes after its last stream.
 	MaxAge time.Duration
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -248,27 +249,39 @@ func TestServer_IdleTimeout(t *testing.T) {
 	}
 }
 
-// TestServer_MaxAge: a connection past its age gets a graceful GOAWAY,
-// though it is not idle long enough to, and is closed.
+// TestServer_MaxAge: a connection past its age is shut down as RFC 9113
+// advises: a GOAWAY naming the largest stream id and a PING, then, once
+// the PING is answered, a GOAWAY naming the last stream, which is still
+// answered; then the connection closes.
 func TestServer_MaxAge(t *testing.T) {
 	_, addr := serve(t, Options{IdleTimeout: time.Hour, MaxAge: time.Nanosecond})
 	cl := dial(t, addr)
 	cl.c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a server that never ages it fails rather than hangs
 	cl.fr.WriteSettings()
+	// Opened before the client reads the first GOAWAY, as a stream
+	// racing it would be.
+	cl.headers(1, false, checkReq...)
+	cl.fr.WriteData(1, true, []byte("x"))
+	var goAways []string
+	var body []byte
 	for {
 		f, err := cl.fr.ReadFrame()
 		if err != nil {
-			t.Fatalf("closed without GOAWAY: %v", err)
-		}
-		if g, ok := f.(*http2.GoAwayFrame); ok {
-			if g.ErrCode != http2.ErrCodeNo {
-				t.Fatalf("GOAWAY %v", g.ErrCode)
-			}
 			break
 		}
+		switch f := f.(type) {
+		case *http2.GoAwayFrame:
+			goAways = append(goAways, fmt.Sprintf("%v last %d", f.ErrCode, f.LastStreamID))
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				cl.fr.WritePing(true, f.Data)
+			}
+		case *http2.DataFrame:
+			body = append(body, f.Data()...)
+		}
 	}
-	if _, err := cl.fr.ReadFrame(); err == nil {
-		t.Fatal("not closed after the GOAWAY")
+	if want := []string{"NO_ERROR last 2147483647", "NO_ERROR last 1"}; !slices.Equal(goAways, want) || string(body) != "x" {
+		t.Fatalf("GOAWAYs %q, answer %q; want %q and the stream answered", goAways, body, want)
 	}
 }
 
