@@ -334,7 +334,7 @@ func (h *Host) fetch(c *callout) *calloutResponse {
 		return &calloutResponse{failed: true}
 	}
 	hm := make(fields.Map, 0, len(res.Header)+1)
-	hm = append(hm, [2]string{":status", strconv.Itoa(res.StatusCode)})
+	hm = append(hm, [2]string{":status", statusString(res.StatusCode)})
 	for k, vs := range res.Header {
 		for _, v := range vs {
 			hm.Add(k, v)
@@ -374,7 +374,7 @@ func failedBeforeResponse(err error, timeout bool) *calloutResponse {
 // localCalloutReply is a reply of Envoy's router in place of the upstream's.
 func localCalloutReply(status int, body string) *calloutResponse {
 	return &calloutResponse{
-		headers: fields.Map{{":status", strconv.Itoa(status)}, {"content-length", strconv.Itoa(len(body))}, {"content-type", "text/plain"}},
+		headers: fields.Map{{":status", statusString(status)}, {"content-length", strconv.Itoa(len(body))}, {"content-type", "text/plain"}},
 		body:    []byte(body),
 	}
 }

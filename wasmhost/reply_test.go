@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/nettest"
+	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
 // TestUpstreamFailure: what Envoy's router answers for each way an
@@ -72,5 +74,34 @@ func TestUpstreamFailure(t *testing.T) {
 					reply.Status, reply.Body, reply.Headers, flag, want.Status, want.Body, want.Headers, tt.flag)
 			}
 		})
+	}
+}
+
+// localHeaders parses a local response's headers once while they repeat,
+// and each caller gets a copy of its own.
+func TestInstance_LocalHeaders(t *testing.T) {
+	in := &instance{}
+	a := fields.Map{{"content-type", "application/json"}, {"retry-after", "7"}}.Append(nil)
+	b := fields.Map{{"retry-after", "8"}}.Append(nil)
+	for i, tc := range []struct {
+		raw  []byte
+		want fields.Map
+	}{
+		{a, fields.Map{{"content-type", "application/json"}, {"retry-after", "7"}}},
+		{a, fields.Map{{"content-type", "application/json"}, {"retry-after", "7"}}},
+		{b, fields.Map{{"retry-after", "8"}}},
+		{nil, nil},
+		{a, fields.Map{{"content-type", "application/json"}, {"retry-after", "7"}}},
+	} {
+		got, err := in.localHeaders(tc.raw)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Fatalf("call %d: %v, %v; want %v", i, got, err, tc.want)
+		}
+		if len(got) > 0 {
+			got[0][1] = "changed by a caller"
+		}
+	}
+	if _, err := in.localHeaders([]byte{1, 0, 0, 0}); err == nil {
+		t.Error("a malformed map was taken")
 	}
 }

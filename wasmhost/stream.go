@@ -372,7 +372,7 @@ func (s *Stream) sendLocal(l *LocalResponse) {
 		return
 	}
 	hm := make(fields.Map, 0, len(l.Headers)+3)
-	hm = append(hm, [2]string{":status", strconv.Itoa(l.Status)})
+	hm = append(hm, [2]string{":status", statusString(l.Status)})
 	for _, kv := range l.Headers {
 		hm.Add(kv[0], kv[1])
 	}
@@ -393,7 +393,8 @@ func (s *Stream) sendLocal(l *LocalResponse) {
 		in.vm.fail(in, err)
 		return
 	}
-	out := &LocalResponse{Status: l.Status, Details: l.Details, Body: l.Body, GrpcStatus: l.GrpcStatus}
+	out := &LocalResponse{Status: l.Status, Details: l.Details, Body: l.Body, GrpcStatus: l.GrpcStatus,
+		Headers: make([][2]string, 0, len(s.resp))}
 	for _, kv := range s.resp {
 		if kv[0] == ":status" {
 			if n, err := strconv.Atoi(kv[1]); err == nil {

@@ -75,6 +75,10 @@ type instance struct {
 	stack  [8]uint64
 	mstack [1]uint64
 	buf    []byte // serialization scratch
+	// The serialized headers of the last local response and their parse
+	// (localHeaders).
+	localRaw []byte
+	localMap fields.Map
 
 	rootID    uint32
 	nextID    uint32
