@@ -160,7 +160,7 @@ func (s *Memory) unlock(idx []int) {
 type memLimit struct {
 	spec             rules.LimitSpec // Cost: a fill limit's as decided (fillCost)
 	logOnly, fill    bool
-	quota            bool // a quota limit, never log-only (rules.LimitRequest.Quota)
+	quota            bool // rules.LimitRequest.InQuota
 	key, vkey, bkey  string
 	ok, blocked      bool
 	cap              int64
