@@ -82,7 +82,7 @@ func (s *Server) serveRLS(ctx context.Context, in *checkio.Request, out *checkio
 	}
 	res := rls.Response{Overall: reply.overall, Statuses: reply.statuses}
 	if s.set.RLSResponseHeaders {
-		res.Headers = reply.closest()
+		res.Headers, res.HeaderNames = reply.closest(), s.rlsHeaders
 	}
 	if s.set.RLSResponseMetadata {
 		res.Metadata = reply.metadata(&req)

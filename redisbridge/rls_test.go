@@ -301,8 +301,23 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 // TestRLS_ResponseHeaders: with --rls-response-headers each answer
 // carries the RateLimit headers of the descriptor closest to its limit:
 // the last one over it, else the first with the least remaining; none
-// when no descriptor has a limit.
+// when no descriptor has a limit. --rls-response-header-names renames
+// them.
 func TestRLS_ResponseHeaders(t *testing.T) {
+	t.Run("renamed", func(t *testing.T) {
+		set := rlsSettings(t, func() int64 { return 1_800_000_030_000 })
+		set.RLSResponseHeaders, set.RLSResponseHeaderNames = true, "X-Limit, X-Left,X-Reset"
+		client := rlsClient(t, startBridge(t, set))
+		got, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.1")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []*corev3.HeaderValue{{Key: "X-Limit", Value: "2"}, {Key: "X-Left", Value: "1"}, {Key: "X-Reset", Value: "30"}}
+		if !proto.Equal(&rlsv3.RateLimitResponse{ResponseHeadersToAdd: got.ResponseHeadersToAdd}, &rlsv3.RateLimitResponse{ResponseHeadersToAdd: want}) {
+			t.Errorf("got %v, want %v", got.ResponseHeadersToAdd, want)
+		}
+	})
 	const now = 1_800_000_030_500 // 30.5 s into a minute
 	set := rlsSettings(t, func() int64 { return now })
 	set.RLSResponseHeaders = true

@@ -37,15 +37,17 @@ type Server struct {
 	policy    *policy.Store              // nil without --policy-store
 	rls       atomic.Pointer[rls.Config] // nil without --rls-config; ReloadRLS replaces it
 	spent     *overLimitCache            // nil without --rls-over-limit-cache
-	log       *slog.Logger
-	audit     *slog.Logger
-	auditOut  io.Closer
-	m         *metrics
-	idem      *idemCache
-	handler   http.Handler
-	defSpec   rules.LimitSpec
-	adminSum  [32]byte
-	checkSum  [32]byte
+	// rlsHeaders names the RateLimit headers of --rls-response-headers.
+	rlsHeaders [3]string
+	log        *slog.Logger
+	audit      *slog.Logger
+	auditOut   io.Closer
+	m          *metrics
+	idem       *idemCache
+	handler    http.Handler
+	defSpec    rules.LimitSpec
+	adminSum   [32]byte
+	checkSum   [32]byte
 
 	errLogAt   atomic.Int64 // unix ms of the last logged store error
 	errSkipped atomic.Int64
@@ -62,6 +64,7 @@ func New(set Settings) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{set: set, m: newMetrics(), idem: newIdemCache(10_000, 5*time.Minute)}
+	s.rlsHeaders, _ = set.rlsHeaderNames() // checked by Validate
 	if set.RLSConfig != "" {
 		cfg, err := rls.Load(set.RLSConfig)
 		if err != nil {

@@ -674,6 +674,9 @@ func TestSettings_Validate(t *testing.T) {
 		{"an age with TLS", func(s *Settings) { s.MaxConnectionAge, s.TLSCert, s.TLSKey = time.Hour, "c.pem", "k.pem" },
 			"--max-connection-age: not with --tls-cert"},
 		{"a negative over-limit cache", func(s *Settings) { s.RLSOverLimitCache = -1 }, "--rls-over-limit-cache: must not be negative"},
+		{"two header names", func(s *Settings) { s.RLSResponseHeaderNames = "a,b" }, "--rls-response-header-names: want three names"},
+		{"a header name with a space", func(s *Settings) { s.RLSResponseHeaderNames = "a,b c,d" }, `--rls-response-header-names: "b c" is not a header name`},
+		{"a pseudo-header", func(s *Settings) { s.RLSResponseHeaderNames = "a,:status,d" }, `--rls-response-header-names: ":status" is not a header name`},
 	} {
 		set := testSettings()
 		tc.set(&set)
@@ -682,9 +685,9 @@ func TestSettings_Validate(t *testing.T) {
 		}
 	}
 	set := testSettings()
-	set.MaxConnectionAge = time.Hour
+	set.MaxConnectionAge, set.RLSResponseHeaderNames = time.Hour, "X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset"
 	if err := set.Validate(); err != nil {
-		t.Errorf("an age without TLS: %v", err)
+		t.Errorf("an age without TLS, three header names: %v", err)
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
@@ -70,6 +72,11 @@ type Settings struct {
 	// envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED), for Envoy
 	// to send on to the client.
 	RLSResponseHeaders bool
+	// RLSResponseHeaderNames renames those three headers: their names,
+	// limit, remaining and reset, separated by commas (envoyproxy/
+	// ratelimit's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and
+	// LIMIT_RESET_HEADER). "": the default names.
+	RLSResponseHeaderNames string
 	// RLSQuotaMode puts every limit of the rate limit service in quota
 	// mode (a descriptor's quota_mode), as envoyproxy/ratelimit's
 	// QUOTA_MODE does.
@@ -104,6 +111,26 @@ func DefaultSettings() Settings {
 		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window",
 		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second,
 	}
+}
+
+// rlsHeaderNames are the names --rls-response-header-names gives.
+func (s *Settings) rlsHeaderNames() ([3]string, error) {
+	if s.RLSResponseHeaderNames == "" {
+		return rls.DefaultHeaderNames, nil
+	}
+	var names [3]string
+	parts := strings.Split(s.RLSResponseHeaderNames, ",")
+	if len(parts) != 3 {
+		return names, fmt.Errorf("--rls-response-header-names: want three names (limit, remaining, reset) separated by commas, got %d", len(parts))
+	}
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if !httpguts.ValidHeaderFieldName(p) || strings.HasPrefix(p, ":") {
+			return names, fmt.Errorf("--rls-response-header-names: %q is not a header name", p)
+		}
+		names[i] = p
+	}
+	return names, nil
 }
 
 // ParseSettings reads settings from command-line args and the environment
@@ -178,6 +205,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
 	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
+	fs.StringVar(&s.RLSResponseHeaderNames, "rls-response-header-names", s.RLSResponseHeaderNames, "rate limit service: the names of the headers of --rls-response-headers, limit, remaining and reset, separated by commas (default RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset)")
 	fs.BoolVar(&s.RLSResponseHeaders, "rls-response-headers", s.RLSResponseHeaders, "rate limit service: add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer, of the descriptor closest to its limit")
 	fs.IntVar(&s.RLSOverLimitCache, "rls-over-limit-cache", s.RLSOverLimitCache, "rate limit service: counters remembered as spent until their window ends, whose calls are refused without a store call (0: none)")
 	fs.BoolVar(&s.RLSResponseMetadata, "rls-response-metadata", s.RLSResponseMetadata, "rate limit service: add dynamic metadata to every answer: the request's domain, descriptors and hits_addend, and the configured metadata of the limits not over")
@@ -214,6 +242,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.RLSOverLimitCache < 0 {
 		return errors.New("--rls-over-limit-cache: must not be negative")
+	}
+	if _, err := s.rlsHeaderNames(); err != nil {
+		return err
 	}
 	if s.RedisBatch < 1 || s.RedisBatch > 1024 {
 		return errors.New("--redis-batch: must be from 1 to 1024")

@@ -12,7 +12,7 @@ import (
 // Envoy, which Envoy reaches on the listener over HTTP/2: an
 // embedded bridge has none (the plugin's call-outs reach it in process,
 // its API is on --admin-listen), so they are refused rather than ignored.
-var notEmbedded = []string{"SLUICE_LISTEN", "SLUICE_LISTEN_MODE", "SLUICE_TLS_CERT", "SLUICE_TLS_KEY", "SLUICE_SHUTDOWN_GRACE", "SLUICE_MAX_CONNECTION_AGE", "SLUICE_DEBUG_LISTEN", "SLUICE_RLS_CONFIG", "SLUICE_RLS_SHADOW_MODE", "SLUICE_RLS_QUOTA_MODE", "SLUICE_RLS_RESPONSE_HEADERS", "SLUICE_RLS_RESPONSE_METADATA", "SLUICE_RLS_OVER_LIMIT_CACHE", "SLUICE_VALIDATE"}
+var notEmbedded = []string{"SLUICE_LISTEN", "SLUICE_LISTEN_MODE", "SLUICE_TLS_CERT", "SLUICE_TLS_KEY", "SLUICE_SHUTDOWN_GRACE", "SLUICE_MAX_CONNECTION_AGE", "SLUICE_DEBUG_LISTEN", "SLUICE_RLS_CONFIG", "SLUICE_RLS_SHADOW_MODE", "SLUICE_RLS_QUOTA_MODE", "SLUICE_RLS_RESPONSE_HEADERS", "SLUICE_RLS_RESPONSE_HEADER_NAMES", "SLUICE_RLS_RESPONSE_METADATA", "SLUICE_RLS_OVER_LIMIT_CACHE", "SLUICE_VALIDATE"}
 
 // embeddedBridge is the check service for --embed-bridge, in the
 // gateway's process, with the settings the bridge's SLUICE_* variables

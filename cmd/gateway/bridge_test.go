@@ -160,6 +160,7 @@ func TestRun_EmbeddedBridgeSettings(t *testing.T) {
 		{"SLUICE_RLS_QUOTA_MODE", "true", "--embed-bridge: SLUICE_RLS_QUOTA_MODE does not apply to an embedded bridge"},
 		{"SLUICE_RLS_OVER_LIMIT_CACHE", "1000", "--embed-bridge: SLUICE_RLS_OVER_LIMIT_CACHE does not apply to an embedded bridge"},
 		{"SLUICE_RLS_RESPONSE_METADATA", "true", "--embed-bridge: SLUICE_RLS_RESPONSE_METADATA does not apply to an embedded bridge"},
+		{"SLUICE_RLS_RESPONSE_HEADER_NAMES", "a,b,c", "--embed-bridge: SLUICE_RLS_RESPONSE_HEADER_NAMES does not apply to an embedded bridge"},
 		{"SLUICE_RLS_RESPONSE_HEADERS", "true", "--embed-bridge: SLUICE_RLS_RESPONSE_HEADERS does not apply to an embedded bridge"},
 		{"SLUICE_VALIDATE", "true", "--embed-bridge: SLUICE_VALIDATE does not apply to an embedded bridge"},
 	} {

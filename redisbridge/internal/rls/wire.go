@@ -204,9 +204,16 @@ type Response struct {
 	// Headers is the status whose RateLimit headers the answer adds (one
 	// of Statuses, with a limit); nil: none.
 	Headers *Status
+	// HeaderNames names them: limit, remaining, reset; empty, the default
+	// ones (DefaultHeaderNames).
+	HeaderNames [3]string
 	// Metadata is the answer's dynamic_metadata; nil: none.
 	Metadata *Metadata
 }
+
+// DefaultHeaderNames are the RateLimit headers' names, as
+// envoyproxy/ratelimit's are by default: limit, remaining, reset.
+var DefaultHeaderNames = [3]string{"RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"}
 
 // Metadata is an answer's dynamic metadata as envoyproxy/ratelimit makes
 // it (RESPONSE_DYNAMIC_METADATA): the request's domain, descriptors and
@@ -238,9 +245,13 @@ func AppendResponse(b []byte, r *Response) []byte {
 		if h.UntilReset >= 0 {
 			reset = int64((h.UntilReset + time.Second - 1) / time.Second)
 		}
-		b = appendHeader(b, "RateLimit-Limit", h.Limit.RequestsPerUnit)
-		b = appendHeader(b, "RateLimit-Remaining", int64(h.Remaining))
-		b = appendHeader(b, "RateLimit-Reset", reset)
+		names := r.HeaderNames
+		if names[0] == "" {
+			names = DefaultHeaderNames
+		}
+		b = appendHeader(b, names[0], h.Limit.RequestsPerUnit)
+		b = appendHeader(b, names[1], int64(h.Remaining))
+		b = appendHeader(b, names[2], reset)
 	}
 	return b
 }
