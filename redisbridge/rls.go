@@ -296,7 +296,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 		if !d.Allowed && !l.ShadowMode {
 			st.Code = rls.CodeOverLimit
 		}
-		if s.spent != nil && remaining <= 0 && !lr.LogOnly && !lr.Quota && st.UntilReset > 0 {
+		if s.spent != nil && remaining <= 0 && refusesAlone(lr) && st.UntilReset > 0 {
 			s.spent.add(lr.Key, lr.Spec.Limit, st.UntilReset)
 		}
 	}
@@ -310,7 +310,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 func (s *Server) refuseSpent(plan *rlsPlanned, reply *rlsReply) bool {
 	for i := range plan.check.Limits {
 		lr := &plan.check.Limits[i]
-		if lr.LogOnly || lr.Quota {
+		if !refusesAlone(lr) {
 			continue
 		}
 		if until, ok := s.spent.spent(lr.Key, lr.Spec.Limit); ok {
@@ -325,6 +325,11 @@ func (s *Server) refuseSpent(plan *rlsPlanned, reply *rlsReply) bool {
 	}
 	return false
 }
+
+// refusesAlone tells whether a limit with nothing left refuses its call
+// by itself: not log-only, and not one of the call's quota limits. Only
+// such limits are kept in, and refuse from, the over-limit cache.
+func refusesAlone(lr *rules.LimitRequest) bool { return !lr.LogOnly && !lr.Quota }
 
 // rlsPlanned is a call's check: the limits its descriptors have, and for
 // each, the descriptor it is of.

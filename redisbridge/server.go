@@ -37,7 +37,8 @@ type Server struct {
 	policy    *policy.Store              // nil without --policy-store
 	rls       atomic.Pointer[rls.Config] // nil without --rls-config; ReloadRLS replaces it
 	spent     *overLimitCache            // nil without --rls-over-limit-cache
-	// rlsHeaders names the RateLimit headers of --rls-response-headers.
+	// rlsHeaders names the RateLimit headers of --rls-response-headers
+	// (empty: rls.DefaultHeaderNames).
 	rlsHeaders [3]string
 	log        *slog.Logger
 	audit      *slog.Logger

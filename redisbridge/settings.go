@@ -113,12 +113,13 @@ func DefaultSettings() Settings {
 	}
 }
 
-// rlsHeaderNames are the names --rls-response-header-names gives.
+// rlsHeaderNames are the names --rls-response-header-names gives; none
+// when it is empty, and then the answers use rls.DefaultHeaderNames.
 func (s *Settings) rlsHeaderNames() ([3]string, error) {
-	if s.RLSResponseHeaderNames == "" {
-		return rls.DefaultHeaderNames, nil
-	}
 	var names [3]string
+	if s.RLSResponseHeaderNames == "" {
+		return names, nil
+	}
 	parts := strings.Split(s.RLSResponseHeaderNames, ",")
 	if len(parts) != 3 {
 		return names, fmt.Errorf("--rls-response-header-names: want three names (limit, remaining, reset) separated by commas, got %d", len(parts))

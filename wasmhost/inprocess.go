@@ -42,7 +42,6 @@ func (h *Host) serveInProcess(cl *cluster, req *http.Request) (res *calloutRespo
 			return
 		}
 		res = failedBeforeResponse(nil, false) // the connection ended before an answer
-
 	}()
 	cl.handler.ServeHTTP(a, req)
 	switch {

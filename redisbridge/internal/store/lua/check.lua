@@ -363,8 +363,9 @@ local function decideLimit(alg, key, limit, W, cap, cost, fill)
         retry = max(1, tonumber(r[2]) + W - now)
       end
     end
-    if fill then return ok, max(0, limit - count), reset, retry, limit, after, 0, 0, count, cost end
-    return ok, limit - after, reset, retry, limit, after, 0, 0, count, cost
+    local remaining = limit - after
+    if fill then remaining = max(0, limit - count) end
+    return ok, remaining, reset, retry, limit, after, 0, 0, count, cost
   end
   -- fixed window: HASH w (window index), c (count, see fwCount)
   local idx = floor(now / W)
@@ -377,8 +378,9 @@ local function decideLimit(alg, key, limit, W, cap, cost, fill)
   if not ok then
     if cost > limit then retry = W else retry = (idx + 1) * W - now end
   end
-  if fill then return ok, max(0, limit - cur), reset, retry, limit, after, idx, 0, 0, cost end
-  return ok, max(0, limit - after), reset, retry, limit, after, idx, 0, 0, cost
+  local remaining = max(0, limit - after)
+  if fill then remaining = max(0, limit - cur) end
+  return ok, remaining, reset, retry, limit, after, idx, 0, 0, cost
 end
 
 -- slotOf returns, for a throttle limit, the earliest time from now on at
