@@ -1000,3 +1000,19 @@ func TestServer_GRPCHealth(t *testing.T) {
 		t.Errorf("Redis gone: %s, want NOT_SERVING", got)
 	}
 }
+
+func TestGRPCTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"150m", 150 * time.Millisecond, true}, {"2S", 2 * time.Second, true}, {"1H", time.Hour, true}, {"3M", 3 * time.Minute, true},
+		{"7u", 7 * time.Microsecond, true}, {"9n", 9, true}, {"99999999m", 99999999 * time.Millisecond, true},
+		{"m", 0, false}, {"150", 0, false}, {"150x", 0, false}, {"-1m", 0, false}, {"123456789m", 0, false}, {"", 0, false},
+	} {
+		if got, ok := grpcTimeout([]byte(tt.in)); got != tt.want || ok != tt.ok {
+			t.Errorf("grpcTimeout(%q) = %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.ok)
+		}
+	}
+}
