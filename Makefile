@@ -113,7 +113,9 @@ test-fuzz:
 # processes to 3 bridges, with and without leases (docs/bridge.md, Leases).
 # -bench=Wasm in ./plugin prints the plugin's cost per request on V8
 # (BenchmarkWasmV8, through Node) beside wazero's (BenchmarkWasm): same
-# configuration, same requests, guest-ns/op measured the same way.
+# configuration, same requests, guest-ns/op measured the same way, and
+# above-baseline-ns/op the median of rounds alternating each path with
+# the disabled plugin.
 # Benchmarks that measure paths against each other append rows to
 # $(BENCH_TABLE) (internal/benchtable); the table is printed at the end.
 BENCH_TABLE := $(BUILD)/bench-table.jsonl

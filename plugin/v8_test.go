@@ -141,7 +141,7 @@ func BenchmarkWasmV8(b *testing.B) {
 		b.Cleanup(func() { host.Close() })
 		return host
 	}
-	host := start(benchConfig)
+	host, disabled := start(benchConfig), start(`{"enabled":false}`)
 	ctx := context.Background()
 	request := func(path, user string) v8host.Request {
 		return v8host.Request{Path: path, Authority: "api.example.com", SourceAddress: "198.51.100.7:4242",
@@ -150,26 +150,38 @@ func BenchmarkWasmV8(b *testing.B) {
 	if _, err := host.Do(ctx, request("/api/x", "mallory")); err != nil { // caches mallory's denial
 		b.Fatal(err)
 	}
-	guestNs := map[string]float64{}
-	run := func(b *testing.B, host *v8host.Host, path, user string) {
-		// V8 compiles a function when it first runs: a proxy serving
-		// traffic has run them all, so the measure starts warm.
-		if _, err := host.Bench(ctx, request(path, user), benchWarmup); err != nil {
-			b.Fatal(err)
-		}
-		r, err := host.Bench(ctx, request(path, user), b.N)
+	bench := func(b *testing.B, h *v8host.Host, path, user string, n int) v8host.BenchResult {
+		r, err := h.Bench(ctx, request(path, user), n)
 		if err != nil {
 			b.Fatal(err)
 		}
+		return r
+	}
+	aboveNs := map[string]float64{}
+	for _, p := range benchPaths {
+		b.Run(p.name, func(b *testing.B) {
+			// V8 compiles a function when it first runs: a proxy serving
+			// traffic has run them all, so the measure starts warm.
+			bench(b, host, p.path, p.user, benchWarmup)
+			bench(b, disabled, p.path, p.user, benchWarmup)
+			var wall, cpu float64
+			above, guest, base := aboveBaseline(b, func(n int) float64 {
+				r := bench(b, host, p.path, p.user, n)
+				wall, cpu = wall+r.WallNs*float64(n), cpu+r.CPUNs*float64(n)
+				return r.GuestNs
+			}, func(n int) float64 { return bench(b, disabled, p.path, p.user, n).GuestNs })
+			reportGuest(b, above, guest, base)
+			b.ReportMetric(wall/float64(b.N), "node-ns/op")
+			b.ReportMetric(cpu/float64(b.N), "node-cpu-ns/op")
+			aboveNs[p.name] = above
+		})
+	}
+	b.Run("baseline-disabled", func(b *testing.B) {
+		bench(b, disabled, "/api/x", "alice", benchWarmup)
+		r := bench(b, disabled, "/api/x", "alice", b.N)
 		b.ReportMetric(r.GuestNs, "guest-ns/op")
-		guestNs[b.Name()[len("BenchmarkWasmV8/"):]] = r.GuestNs
 		b.ReportMetric(r.WallNs, "node-ns/op")
 		b.ReportMetric(r.CPUNs, "node-cpu-ns/op")
-	}
-	for _, p := range benchPaths {
-		b.Run(p.name, func(b *testing.B) { run(b, host, p.path, p.user) })
-	}
-	disabled := start(`{"enabled":false}`)
-	b.Run("baseline-disabled", func(b *testing.B) { run(b, disabled, "/api/x", "alice") })
-	appendGuestRows(b, "V8", guestNs)
+	})
+	appendGuestRows(b, "V8", aboveNs)
 }

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -113,14 +112,7 @@ func BenchmarkBridgeTable(b *testing.B) {
 	b.StopTimer()
 	var out []benchtable.Row
 	for i, r := range rows {
-		med := func(f func(tableFigures) float64) float64 {
-			v := make([]float64, len(runs[i]))
-			for j, x := range runs[i] {
-				v[j] = f(x)
-			}
-			slices.Sort(v)
-			return v[len(v)/2]
-		}
+		med := func(f func(tableFigures) float64) float64 { return benchtable.Median(runs[i], f) }
 		g := group
 		if r.hot {
 			g = hotGroup

@@ -304,7 +304,7 @@ func BenchmarkGateway(b *testing.B) {
 		}
 		pairs = append(pairs, with/without)
 	}
-	rate := median(saturated[callout], func(r gatewayRun) float64 { return r.rate })
+	rate := benchtable.Median(saturated[callout], func(r gatewayRun) float64 { return r.rate })
 	// Paced: the reverse proxy, the gateway without plugin and the
 	// call-out case at the same rates.
 	pacedCases := []int{1, 2, callout, embeddedCallout}
@@ -352,20 +352,20 @@ func BenchmarkGateway(b *testing.B) {
 	for i, c := range cases {
 		runs := saturated[i]
 		rows = append(rows, benchtable.Row{Group: group, Name: c.label, Base: c.base, Metrics: []benchtable.Metric{
-			{Name: "req/s", Value: median(runs, func(r gatewayRun) float64 { return r.rate }), Ratio: true},
-			{Name: "its process CPU µs/req", Value: median(runs, func(r gatewayRun) float64 { return r.serverCPU }), Ratio: true},
-			{Name: "machine CPU µs/req", Value: median(runs, func(r gatewayRun) float64 { return r.machineCPU }), Ratio: true},
-			{Name: "p99 ms", Value: median(runs, func(r gatewayRun) float64 { return r.p99ms })},
+			{Name: "req/s", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.rate }), Ratio: true},
+			{Name: "its process CPU µs/req", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.serverCPU }), Ratio: true},
+			{Name: "machine CPU µs/req", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.machineCPU }), Ratio: true},
+			{Name: "p99 ms", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.p99ms })},
 		}})
 		b.Logf("%s: %+v", c.label, runs)
 	}
 	ratio := func(num, den int) float64 {
-		return median(saturated[num], func(r gatewayRun) float64 { return r.rate }) /
-			median(saturated[den], func(r gatewayRun) float64 { return r.rate })
+		return benchtable.Median(saturated[num], func(r gatewayRun) float64 { return r.rate }) /
+			benchtable.Median(saturated[den], func(r gatewayRun) float64 { return r.rate })
 	}
 	rows = append(rows, benchtable.Row{Group: group, Name: "gateway, plugin, no limit matches, over the gateway without plugin: the medians above",
 		Metrics: []benchtable.Metric{{Name: "req/s", Value: ratio(noMatch, noPlugin)}}})
-	pairRatio := median(pairs, func(r float64) float64 { return r })
+	pairRatio := benchtable.Median(pairs, func(r float64) float64 { return r })
 	rows = append(rows, benchtable.Row{Group: group,
 		Name:    fmt.Sprintf("gateway, plugin, no limit matches, over the gateway without plugin: median of %d pairs of runs back to back (target ≥ 0.90)", len(pairs)),
 		Metrics: []benchtable.Metric{{Name: "req/s", Value: pairRatio}},
@@ -376,10 +376,10 @@ func BenchmarkGateway(b *testing.B) {
 		for j, i := range pacedCases {
 			runs := p.runs[j]
 			rows = append(rows, benchtable.Row{Group: group, Name: cases[i].label + ", " + at, Metrics: []benchtable.Metric{
-				{Name: "its process CPU µs/req", Value: median(runs, func(r gatewayRun) float64 { return r.serverCPU })},
-				{Name: "machine CPU µs/req", Value: median(runs, func(r gatewayRun) float64 { return r.machineCPU })},
-				{Name: "p99 ms", Value: median(runs, func(r gatewayRun) float64 { return r.p99ms })},
-				{Name: "machine busy %", Value: median(runs, func(r gatewayRun) float64 { return r.busy })},
+				{Name: "its process CPU µs/req", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.serverCPU })},
+				{Name: "machine CPU µs/req", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.machineCPU })},
+				{Name: "p99 ms", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.p99ms })},
+				{Name: "machine busy %", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.busy })},
 			}})
 			b.Logf("%s, %s: %+v", cases[i].label, at, runs)
 		}
@@ -398,18 +398,18 @@ func BenchmarkGateway(b *testing.B) {
 			name := "p99 " + what + " adds over the gateway without plugin " + at
 			if p.frac == "a half" && j == 2 {
 				name += " (target < 1 ms)"
-				b.ReportMetric(median(added, func(r gatewayRun) float64 { return r.p99ms })*1000, "half-sat-added-p99-us")
+				b.ReportMetric(benchtable.Median(added, func(r gatewayRun) float64 { return r.p99ms })*1000, "half-sat-added-p99-us")
 			}
 			rows = append(rows, benchtable.Row{Group: group, Name: name,
-				Metrics: []benchtable.Metric{{Name: "p99 ms", Value: median(added, func(r gatewayRun) float64 { return r.p99ms })}}})
+				Metrics: []benchtable.Metric{{Name: "p99 ms", Value: benchtable.Median(added, func(r gatewayRun) float64 { return r.p99ms })}}})
 		}
 	}
 	rows = append(rows, benchtable.Row{Group: group, Name: fmt.Sprintf("%s, paced to keep the machine as busy as the call-out case at a half of its saturated rate (%.0f req/s)",
-		cases[noPlugin].label, median(asBusyRates, func(r float64) float64 { return r })), Metrics: []benchtable.Metric{
-		{Name: "its process CPU µs/req", Value: median(asBusy, func(r gatewayRun) float64 { return r.serverCPU })},
-		{Name: "machine CPU µs/req", Value: median(asBusy, func(r gatewayRun) float64 { return r.machineCPU })},
-		{Name: "p99 ms", Value: median(asBusy, func(r gatewayRun) float64 { return r.p99ms })},
-		{Name: "machine busy %", Value: median(asBusy, func(r gatewayRun) float64 { return r.busy })},
+		cases[noPlugin].label, benchtable.Median(asBusyRates, func(r float64) float64 { return r })), Metrics: []benchtable.Metric{
+		{Name: "its process CPU µs/req", Value: benchtable.Median(asBusy, func(r gatewayRun) float64 { return r.serverCPU })},
+		{Name: "machine CPU µs/req", Value: benchtable.Median(asBusy, func(r gatewayRun) float64 { return r.machineCPU })},
+		{Name: "p99 ms", Value: benchtable.Median(asBusy, func(r gatewayRun) float64 { return r.p99ms })},
+		{Name: "machine busy %", Value: benchtable.Median(asBusy, func(r gatewayRun) float64 { return r.busy })},
 	}})
 	b.Logf("%s, as busy as the call-out case at a half (%v req/s): %+v", cases[noPlugin].label, asBusyRates, asBusy)
 	// What a hop costs that finds the next process asleep, on this
@@ -417,8 +417,8 @@ func BenchmarkGateway(b *testing.B) {
 	wakeGroup := fmt.Sprintf("This machine: two threads waking each other through pipes, each blocked in read (medians of %d, one per round above)", *benchRounds)
 	for i, where := range []string{"on two CPUs", "on one CPU"} {
 		rows = append(rows, benchtable.Row{Group: wakeGroup, Name: where, Base: i == 1, Metrics: []benchtable.Metric{
-			{Name: "round trip µs", Value: median(wakes[i], func(r wakeRun) float64 { return r.us }), Ratio: true},
-			{Name: "CPU µs per round trip", Value: median(wakes[i], func(r wakeRun) float64 { return r.cpuUS }), Ratio: true},
+			{Name: "round trip µs", Value: benchtable.Median(wakes[i], func(r wakeRun) float64 { return r.us }), Ratio: true},
+			{Name: "CPU µs per round trip", Value: benchtable.Median(wakes[i], func(r wakeRun) float64 { return r.cpuUS }), Ratio: true},
 		}})
 	}
 	b.ReportMetric(rate, "call-out-req/s")
@@ -431,16 +431,6 @@ func BenchmarkGateway(b *testing.B) {
 	} else if err := benchtable.Append(rows...); err != nil {
 		b.Fatal(err)
 	}
-}
-
-// median is the median of f over runs.
-func median[R any](runs []R, f func(R) float64) float64 {
-	v := make([]float64, len(runs))
-	for i, r := range runs {
-		v[i] = f(r)
-	}
-	slices.Sort(v)
-	return v[len(v)/2]
 }
 
 // childCPU is the CPU time process pid has used.

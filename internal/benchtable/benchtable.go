@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -56,6 +57,21 @@ func Append(rows ...Row) error {
 		}
 	}
 	return nil
+}
+
+// Median is the median of f over runs, the upper one of an even count:
+// the figure a table reports for runs repeated to let a machine's drift
+// and noise show.
+func Median[R any](runs []R, f func(R) float64) float64 {
+	if len(runs) == 0 {
+		return 0
+	}
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = f(r)
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
 }
 
 // Read reads the rows of a file Append wrote.

@@ -55,3 +55,21 @@ func TestAppendRead(t *testing.T) {
 		t.Fatalf("%+v %v", out, err)
 	}
 }
+
+func TestMedian(t *testing.T) {
+	id := func(v float64) float64 { return v }
+	for _, c := range []struct {
+		runs []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{7}, 7},
+		{[]float64{3, 1, 2}, 2},
+		{[]float64{4, 1, 3, 2}, 3},
+		{[]float64{5, -1, 9, 9, 0}, 5},
+	} {
+		if got := Median(c.runs, id); got != c.want {
+			t.Errorf("Median(%v) = %v, want %v", c.runs, got, c.want)
+		}
+	}
+}
