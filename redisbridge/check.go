@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"sync"
 	"time"
@@ -133,8 +134,27 @@ func (s *Server) decide(ctx context.Context, deadline time.Time, req *rules.Chec
 			res = "throttled"
 		}
 		s.m.decision(res, req.Limits[i].Spec.Algorithm, req.Limits[i].Rule).Inc()
+		if nearLimit(&req.Limits[i], &resp.Decisions[i], s.set.NearLimitRatio) {
+			s.m.near(req.Limits[i].Spec.Algorithm, req.Limits[i].Rule).Inc()
+		}
 	}
 	return nil
+}
+
+// nearLimit tells whether decision d of limit l left more than ratio of
+// the limit used: more than floor(limit × ratio) units, envoyproxy/
+// ratelimit's near-limit threshold. Only a decision that took units
+// counts; a refusal is over, not near.
+func nearLimit(l *rules.LimitRequest, d *rules.Decision, ratio float64) bool {
+	taken := l.Taken(d)
+	if taken <= 0 {
+		return false
+	}
+	left := d.Remaining
+	if l.Fill { // its Remaining is what it had before
+		left -= taken
+	}
+	return d.Limit-left > int64(math.Floor(float64(d.Limit)*ratio))
 }
 
 // mostRestrictive picks the decision the headers describe: a denying

@@ -155,3 +155,34 @@ func BenchmarkServer_ServeCheck(b *testing.B) {
 		}
 	}
 }
+
+func TestNearLimit(t *testing.T) {
+	fixed := rules.LimitRequest{Spec: rules.LimitSpec{Algorithm: rules.FixedWindow, Limit: 10, Cost: 1}}
+	fill := fixed
+	fill.Fill, fill.Spec.Cost = true, 3
+	peek := fill
+	peek.Spec.Cost = 0
+	for _, tc := range []struct {
+		name  string
+		l     rules.LimitRequest
+		d     rules.Decision
+		ratio float64
+		want  bool
+	}{
+		{"8 of 10 used: at the threshold, not past it", fixed, rules.Decision{Allowed: true, Limit: 10, Remaining: 2}, 0.8, false},
+		{"9 of 10 used", fixed, rules.Decision{Allowed: true, Limit: 10, Remaining: 1}, 0.8, true},
+		{"10 of 10 used", fixed, rules.Decision{Allowed: true, Limit: 10, Remaining: 0}, 0.8, true},
+		{"a refusal is over, not near", fixed, rules.Decision{Allowed: false, Limit: 10, Remaining: 0}, 0.8, false},
+		{"a ratio of 1: never", fixed, rules.Decision{Allowed: true, Limit: 10, Remaining: 0}, 1, false},
+		{"a small ratio", fixed, rules.Decision{Allowed: true, Limit: 10, Remaining: 8}, 0.1, true},
+		{"a fill limit: what it had before, less what it took", fill, rules.Decision{Allowed: true, Limit: 10, Remaining: 4}, 0.8, true},
+		{"a fill limit with room", fill, rules.Decision{Allowed: true, Limit: 10, Remaining: 5}, 0.8, false},
+		{"a peek takes nothing", peek, rules.Decision{Allowed: true, Limit: 10, Remaining: 1}, 0.8, false},
+		{"a throttle's reservation past the limit", fixed, rules.Decision{Allowed: true, Limit: 10, Remaining: -3}, 0.8, true},
+		{"floor(limit × ratio): 7 of 9 used at 0.75 is past 6", fixed, rules.Decision{Allowed: true, Limit: 9, Remaining: 2}, 0.75, true},
+	} {
+		if got := nearLimit(&tc.l, &tc.d, tc.ratio); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

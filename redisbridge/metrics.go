@@ -13,6 +13,7 @@ type metrics struct {
 	reg         *prometheus.Registry
 	checks      *prometheus.CounterVec   // by result
 	decisions   *prometheus.CounterVec   // by result, algorithm, rule
+	nearLimit   *prometheus.CounterVec   // allowed decisions near their limit, by algorithm, rule
 	checkDur    prometheus.Histogram     // whole check, as the HTTP handler sees it
 	storeDur    *prometheus.HistogramVec // by op
 	storeErrors *prometheus.CounterVec   // by op
@@ -34,11 +35,11 @@ type metrics struct {
 
 	mu    sync.RWMutex
 	rules map[string]struct{}                // rule label values seen, bounded
-	dec   map[decisionKey]prometheus.Counter // decisions children by key, same bound
+	dec   map[decisionKey]prometheus.Counter // decisions and nearLimit children by key, same bound
 }
 
 type decisionKey struct {
-	result string
+	result string // "": nearLimit's
 	alg    rules.Algorithm
 	rule   string
 }
@@ -54,6 +55,9 @@ func newMetrics() *metrics {
 	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_bridge_decisions_total", Help: "Limit decisions by result, algorithm and rule.",
 	}, []string{"result", "algorithm", "rule"})
+	m.nearLimit = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_bridge_near_limit_total", Help: "Allowed decisions that left more than --near-limit-ratio of their limit used, by algorithm and rule.",
+	}, []string{"algorithm", "rule"})
 	m.checkDur = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "sluice_bridge_check_duration_seconds", Help: "Time to answer a check request.",
 		// .15 and .2 are the default --redis-timeout and the plugin's default
@@ -90,7 +94,7 @@ func newMetrics() *metrics {
 	m.overLimitCacheHits = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_bridge_rls_over_limit_cache_hits_total", Help: "Rate limit service calls refused by the over-limit cache, without a store call.",
 	})
-	m.reg.MustRegister(m.checks, m.decisions, m.checkDur, m.storeDur, m.storeErrors, m.adminOps, m.idemReplays,
+	m.reg.MustRegister(m.checks, m.decisions, m.nearLimit, m.checkDur, m.storeDur, m.storeErrors, m.adminOps, m.idemReplays,
 		m.leaseGrants, m.leaseUnits, m.leaseCalls, m.delays, m.overLimitCacheHits,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.unitsGranted = m.leaseUnits.WithLabelValues("granted")
@@ -113,16 +117,30 @@ func newMetrics() *metrics {
 
 // decision returns the decisions counter for (result, alg, rule).
 func (m *metrics) decision(result string, alg rules.Algorithm, rule string) prometheus.Counter {
-	k := decisionKey{result, alg, rule}
+	return m.ruleCounter(decisionKey{result, alg, rule})
+}
+
+// near returns the near-limit counter for (alg, rule).
+func (m *metrics) near(alg rules.Algorithm, rule string) prometheus.Counter {
+	return m.ruleCounter(decisionKey{"", alg, rule})
+}
+
+// ruleCounter returns the child of decisions or nearLimit for k, its rule
+// label bounded by ruleLabel.
+func (m *metrics) ruleCounter(k decisionKey) prometheus.Counter {
 	m.mu.RLock()
 	c, ok := m.dec[k]
 	m.mu.RUnlock()
 	if ok {
 		return c
 	}
-	label := m.ruleLabel(rule)
-	c = m.decisions.WithLabelValues(result, alg.String(), label)
-	if label == rule {
+	label := m.ruleLabel(k.rule)
+	if k.result == "" {
+		c = m.nearLimit.WithLabelValues(k.alg.String(), label)
+	} else {
+		c = m.decisions.WithLabelValues(k.result, k.alg.String(), label)
+	}
+	if label == k.rule {
 		m.mu.Lock()
 		m.dec[k] = c
 		m.mu.Unlock()

@@ -66,6 +66,7 @@ func New(set Settings) (*Server, error) {
 	}
 	s := &Server{set: set, m: newMetrics(), idem: newIdemCache(10_000, 5*time.Minute)}
 	s.rlsHeaders, _ = set.rlsHeaderNames() // checked by Validate
+	s.set.NearLimitRatio = set.nearLimitRatio()
 	if set.RLSConfig != "" {
 		cfg, err := rls.Load(set.RLSConfig)
 		if err != nil {

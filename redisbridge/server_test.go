@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -458,6 +459,8 @@ func TestServer_Metrics(t *testing.T) {
 		`sluice_bridge_checks_total{result="allowed"} 1`,
 		`sluice_bridge_checks_total{result="denied"} 1`,
 		`sluice_bridge_decisions_total{algorithm="sliding_log",result="denied",rule="rule1"} 1`,
+		// The allowed check used the whole limit of 1.
+		`sluice_bridge_near_limit_total{algorithm="sliding_log",rule="rule1"} 1`,
 		`sluice_bridge_check_duration_seconds_count 2`,
 		`sluice_bridge_store_duration_seconds_count{op="check"} 2`,
 		// Present before any failure, so rate() sees the first one.
@@ -674,6 +677,9 @@ func TestSettings_Validate(t *testing.T) {
 		{"an age with TLS", func(s *Settings) { s.MaxConnectionAge, s.TLSCert, s.TLSKey = time.Hour, "c.pem", "k.pem" },
 			"--max-connection-age: not with --tls-cert"},
 		{"a negative over-limit cache", func(s *Settings) { s.RLSOverLimitCache = -1 }, "--rls-over-limit-cache: must not be negative"},
+		{"a negative near-limit ratio", func(s *Settings) { s.NearLimitRatio = -0.5 }, "--near-limit-ratio: -0.5 is not from 0 to 1"},
+		{"a near-limit ratio above 1", func(s *Settings) { s.NearLimitRatio = 1.5 }, "--near-limit-ratio: 1.5 is not"},
+		{"a near-limit ratio NaN", func(s *Settings) { s.NearLimitRatio = math.NaN() }, "--near-limit-ratio: NaN is not"},
 		{"two header names", func(s *Settings) { s.RLSResponseHeaderNames = "a,b" }, "--rls-response-header-names: want three names"},
 		{"a header name with a space", func(s *Settings) { s.RLSResponseHeaderNames = "a,b c,d" }, `--rls-response-header-names: "b c" is not a header name`},
 		{"a pseudo-header", func(s *Settings) { s.RLSResponseHeaderNames = "a,:status,d" }, `--rls-response-header-names: ":status" is not a header name`},
@@ -686,8 +692,9 @@ func TestSettings_Validate(t *testing.T) {
 	}
 	set := testSettings()
 	set.MaxConnectionAge, set.RLSResponseHeaderNames = time.Hour, "X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset"
+	set.NearLimitRatio = 1
 	if err := set.Validate(); err != nil {
-		t.Errorf("an age without TLS, three header names: %v", err)
+		t.Errorf("an age without TLS, three header names, a near-limit ratio of 1: %v", err)
 	}
 }
 

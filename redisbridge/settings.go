@@ -91,6 +91,12 @@ type Settings struct {
 	// the request's domain, descriptors and hits_addend, and the metadata
 	// of the limits that were not over.
 	RLSResponseMetadata bool
+	// NearLimitRatio: an allowed decision that leaves more than this
+	// share of its limit used (more than floor(limit × ratio) units, as
+	// envoyproxy/ratelimit's NEAR_LIMIT_RATIO) is counted in
+	// sluice_bridge_near_limit_total, an early warning of the refusals to
+	// come. At most 1 (1: none is); 0 takes the default, 0.8.
+	NearLimitRatio float64
 	// ValidateOnly: cmd/redisbridge checks the settings and the files
 	// they name (CheckFiles), says whether they are accepted, and exits.
 	ValidateOnly bool
@@ -109,8 +115,19 @@ func DefaultSettings() Settings {
 		// the request in Redis.
 		Listen: ":8081", Store: "memory", RedisTimeout: 150 * time.Millisecond, RedisPipelines: 2, RedisBatch: 128,
 		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window",
-		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second,
+		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second, NearLimitRatio: defaultNearLimitRatio,
 	}
+}
+
+// defaultNearLimitRatio is envoyproxy/ratelimit's NEAR_LIMIT_RATIO default.
+const defaultNearLimitRatio = 0.8
+
+// nearLimitRatio is NearLimitRatio, or its default for 0.
+func (s *Settings) nearLimitRatio() float64 {
+	if s.NearLimitRatio == 0 {
+		return defaultNearLimitRatio
+	}
+	return s.NearLimitRatio
 }
 
 // rlsHeaderNames are the names --rls-response-header-names gives; none
@@ -202,6 +219,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.TLSKey, "tls-key", s.TLSKey, "TLS key file")
 	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
 	fs.DurationVar(&s.MaxConnectionAge, "max-connection-age", s.MaxConnectionAge, "ask clients to reconnect once a connection is about this old (HTTP/2: a graceful GOAWAY; HTTP/1.1: Connection: close), so bridges added later get connections (0: never)")
+	fs.Float64Var(&s.NearLimitRatio, "near-limit-ratio", s.NearLimitRatio, "count an allowed decision in sluice_bridge_near_limit_total when more than this share of its limit is used after it (at most 1, which counts none; 0: the default)")
 	fs.StringVar(&s.DebugListen, "debug-listen", s.DebugListen, "address for /debug/pprof/ (empty: off)")
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
@@ -240,6 +258,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.RedisPoolSize < 0 || s.RedisPipelines < 0 || s.MemoryMaxKeys < 0 {
 		return errors.New("--redis-pool-size, --redis-pipelines, --memory-max-keys: must not be negative")
+	}
+	if !(s.NearLimitRatio >= 0 && s.NearLimitRatio <= 1) { // NaN too
+		return fmt.Errorf("--near-limit-ratio: %v is not from 0 to 1", s.NearLimitRatio)
 	}
 	if s.RLSOverLimitCache < 0 {
 		return errors.New("--rls-over-limit-cache: must not be negative")
