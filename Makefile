@@ -121,11 +121,6 @@ test-fuzz:
 BENCH_TABLE := $(BUILD)/bench-table.jsonl
 BENCH_ROUNDS ?= 5
 BENCH_ENV := SLUICE_BENCH_TABLE=$(abspath $(BENCH_TABLE))
-# envoyproxy/ratelimit, which the bridge table compares the rate limit
-# service with (same Redis, same calls), built from the Go module proxy at
-# the commit pinned here.
-RATELIMIT_VERSION := v1.4.1-0.20260122083618-3fb702589d36
-RATELIMIT := $(BUILD)/ratelimit-$(RATELIMIT_VERSION)/service_cmd
 
 bench: deps wasm
 	@mkdir -p $(BUILD); rm -f $(BENCH_TABLE)
@@ -149,11 +144,8 @@ bench-bridge: deps
 	$(MAKE) bench-bridge-rows
 	@$(GO) run ./internal/benchtable/cmd/benchtable $(BENCH_TABLE)
 
-bench-bridge-rows: $(RATELIMIT)
-	$(BENCH_ENV) $(GO) test -run='^$$' -bench='BridgeTable' -benchtime=120000x -timeout 30m ./redisbridge -args -bench.rounds $(BENCH_ROUNDS) -bench.ratelimit $(abspath $(RATELIMIT))
-
-$(RATELIMIT):
-	GOBIN=$(abspath $(dir $(RATELIMIT))) $(GO) install github.com/envoyproxy/ratelimit/src/service_cmd@$(RATELIMIT_VERSION)
+bench-bridge-rows:
+	$(BENCH_ENV) $(GO) test -run='^$$' -bench='BridgeTable' -benchtime=120000x -timeout 30m ./redisbridge -args -bench.rounds $(BENCH_ROUNDS)
 
 # Starts the bridge (memory store, or Redis when REDIS_URL is set), a demo
 # upstream and the gateway; Ctrl-C stops them all.

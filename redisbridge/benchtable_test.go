@@ -1,17 +1,13 @@
 package redisbridge
 
 import (
-	"bytes"
 	"context"
 	"debug/buildinfo"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,7 +17,6 @@ import (
 
 	"github.com/sluicehq/sluice/internal/benchtable"
 	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
@@ -29,8 +24,8 @@ import (
 )
 
 var (
-	tableRounds  = flag.Int("bench.rounds", 5, "BenchmarkBridgeTable: rounds of every row, interleaved; the table has their medians")
-	ratelimitBin = flag.String("bench.ratelimit", "", "BenchmarkBridgeTable: envoyproxy/ratelimit's service_cmd (make bench-bridge builds it): adds its rows, same calls to the same Redis; empty: none")
+	tableRounds    = flag.Int("bench.rounds", 5, "BenchmarkBridgeTable: rounds of every row, interleaved; the table has their medians")
+	tableRatelimit = flag.Bool("bench.ratelimit", true, "BenchmarkBridgeTable: add envoyproxy/ratelimit's rows (built from the Go module proxy), the same calls on the same Redis")
 )
 
 // tableRow is one way of deciding checks that BenchmarkBridgeTable
@@ -98,11 +93,13 @@ func BenchmarkBridgeTable(b *testing.B) {
 		{name: "bridge, h2c, --redis-batch 1 (a script call per check)", bridge: "h2c", batch1: true},
 		{name: "bridge, h2c, Envoy's rate limit service (gRPC ShouldRateLimit, a descriptor per user, fixed window)", bridge: "h2c", rls: true},
 	}
-	if *ratelimitBin != "" {
+	var ratelimitBin string
+	if *tableRatelimit {
+		ratelimitBin = envoyRatelimitBinary(b)
 		// The service users would otherwise run, on the same Redis with
 		// the same configuration and calls: as it starts by default, and
 		// with the write buffering its README advises for throughput.
-		note := "envoyproxy/ratelimit " + moduleVersion(b, *ratelimitBin) + " (its service_cmd, Redis INCRBY and EXPIRE pipelined per call); the bridge CPU column is its process's"
+		note := "envoyproxy/ratelimit " + moduleVersion(b, ratelimitBin) + " (its service_cmd, Redis INCRBY and EXPIRE pipelined per call); the bridge CPU column is its process's"
 		rows = append(rows,
 			tableRow{name: "envoyproxy/ratelimit, the same calls, its defaults", bridge: "h2c", rls: true, ratelimit: []string{}, note: note},
 			tableRow{name: "envoyproxy/ratelimit, the same calls, REDIS_PIPELINE_WINDOW=150us", bridge: "h2c", rls: true, ratelimit: []string{"REDIS_PIPELINE_WINDOW=150us"}})
@@ -119,7 +116,7 @@ func BenchmarkBridgeTable(b *testing.B) {
 	services := make([]process, len(rows)) // envoyproxy/ratelimit's, by row
 	for i, r := range rows {
 		if r.ratelimit != nil {
-			services[i].addr, services[i].pid = startRatelimit(b, *ratelimitBin, rs.Addr, rlsConfigYAML, r.ratelimit...)
+			services[i].addr, services[i].pid = startEnvoyRatelimit(b, ratelimitBin, rs.Addr, rlsConfigYAML, r.ratelimit...)
 		}
 	}
 	runs := make([][]tableFigures, len(rows))
@@ -191,53 +188,6 @@ func moduleVersion(b *testing.B, bin string) string {
 		b.Fatal(err)
 	}
 	return info.Main.Version
-}
-
-// startRatelimit starts envoyproxy/ratelimit's service (bin) on Redis at
-// redisAddr with the configuration yaml and the variables env, and
-// returns its gRPC address and pid once it answers a call.
-func startRatelimit(b *testing.B, bin, redisAddr, yaml string, env ...string) (string, int) {
-	dir := b.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, "ratelimit", "config"), 0o755); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "ratelimit", "config", "bench.yaml"), []byte(yaml), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	grpcAddr, httpAddr, debugAddr := nettest.FreeAddr(b), nettest.FreeAddr(b), nettest.FreeAddr(b)
-	port := func(a string) string { return a[strings.LastIndexByte(a, ':')+1:] }
-	cmd := exec.Command(bin)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "USE_STATSD=false", "LOG_LEVEL=error",
-		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,
-		"RUNTIME_ROOT=" + dir, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port(grpcAddr), "HOST=127.0.0.1", "PORT=" + port(httpAddr),
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + port(debugAddr)}, env...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	b.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); <-exited })
-	call := loadgen.Options{Addr: grpcAddr, Path: rlsPath, ContentType: "application/grpc", Check: rlsAllowed,
-		H2C: true, Conns: 1, Streams: 1, N: 1, Bodies: rlsBodies(b)[:1]}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		_, err := loadgen.Run(context.Background(), call)
-		if err == nil {
-			return grpcAddr, cmd.Process.Pid
-		}
-		select {
-		case <-exited:
-			b.Fatalf("envoyproxy/ratelimit exited: %s", out.String())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			<-exited
-			b.Fatalf("envoyproxy/ratelimit does not answer: %v\n%s", err, out.String())
-		}
-	}
 }
 
 // loadBridge sends n of row r's checks (or calls) to the bridge at addr

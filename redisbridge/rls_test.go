@@ -111,12 +111,18 @@ func rlsConfig(t testing.TB, config string) string {
 // HTTP/2 with prior knowledge) of the bridge at addr.
 func rlsClient(t testing.TB, addr string) rlsv3.RateLimitServiceClient {
 	t.Helper()
+	return rlsv3.NewRateLimitServiceClient(grpcConn(t, addr))
+}
+
+// grpcConn is a gRPC client connection to addr, closed when t ends.
+func grpcConn(t testing.TB, addr string) *grpc.ClientConn {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return rlsv3.NewRateLimitServiceClient(conn)
+	return conn
 }
 
 // rlsFrame is req as the body of a gRPC call: one uncompressed message.
@@ -972,12 +978,7 @@ func TestServer_GRPCHealth(t *testing.T) {
 	set.RLSConfig = ""
 	without := startBridge(t, set)
 	check := func(addr, service string) string {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		res, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
+		res, err := healthpb.NewHealthClient(grpcConn(t, addr)).Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
 		if err != nil {
 			st, _ := status.FromError(err)
 			return st.Code().String()

@@ -1,0 +1,85 @@
+package redisbridge
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sluicehq/sluice/internal/nettest"
+)
+
+// envoyRatelimit is envoyproxy/ratelimit's service at the commit the
+// bridge is compared with (the bridge table's rows, and the long test
+// that sends both the same calls): the newest the Go module proxy serves.
+const envoyRatelimit = "github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36"
+
+// envoyRatelimitBinary builds envoyRatelimit from the Go module proxy;
+// Go's build cache makes every build after the first a link.
+func envoyRatelimitBinary(tb testing.TB) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	cmd := exec.Command("go", "install", envoyRatelimit)
+	cmd.Env = append(os.Environ(), "GOBIN="+dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("go install %s: %v\n%s", envoyRatelimit, err, out)
+	}
+	return filepath.Join(dir, "service_cmd")
+}
+
+// startEnvoyRatelimit starts envoyproxy/ratelimit's service (bin) on
+// Redis at redisAddr with the configuration yaml and the variables env,
+// and returns its gRPC address and pid once its health service says
+// SERVING.
+func startEnvoyRatelimit(tb testing.TB, bin, redisAddr, yaml string, env ...string) (string, int) {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "ratelimit", "config"), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ratelimit", "config", "config.yaml"), []byte(yaml), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	grpcAddr, httpAddr, debugAddr := nettest.FreeAddr(tb), nettest.FreeAddr(tb), nettest.FreeAddr(tb)
+	port := func(a string) string { return a[strings.LastIndexByte(a, ':')+1:] }
+	cmd := exec.Command(bin)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "USE_STATSD=false", "LOG_LEVEL=error",
+		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,
+		"RUNTIME_ROOT=" + dir, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port(grpcAddr), "HOST=127.0.0.1", "PORT=" + port(httpAddr),
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + port(debugAddr)}, env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	tb.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); <-exited })
+	health := healthpb.NewHealthClient(grpcConn(tb, grpcAddr))
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && r.Status == healthpb.HealthCheckResponse_SERVING {
+			return grpcAddr, cmd.Process.Pid
+		}
+		select {
+		case <-exited:
+			tb.Fatalf("envoyproxy/ratelimit exited: %s", out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			<-exited
+			tb.Fatalf("envoyproxy/ratelimit does not answer: %v, %v\n%s", r, err, out.String())
+		}
+	}
+}
