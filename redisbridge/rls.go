@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -236,6 +237,9 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	for i := range reply.statuses {
 		reply.statuses[i].Code = rls.CodeOK
 	}
+	for _, i := range plan.unlimited {
+		reply.statuses[i].Remaining = math.MaxUint32 // as envoyproxy/ratelimit says it
+	}
 	// A limit of 0 refuses the call, as in envoyproxy/ratelimit, and then
 	// nothing is counted: the other descriptors are not decided, so their
 	// statuses carry no limit. In shadow mode it is reported only; in
@@ -282,11 +286,15 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 		// What the limit has left. A budget's or a peek's decision says
 		// what it had; any other's what a call let through would leave,
 		// and a refused call took nothing.
+		// A limit over says 0, as in envoyproxy/ratelimit, even when it
+		// had less left than the call's cost.
 		remaining := d.Remaining
 		switch {
+		case !d.Allowed:
+			remaining = 0
 		case lr.Fill && resp.Allowed:
 			remaining -= lr.Taken(&d)
-		case !lr.Fill && d.Allowed && !resp.Allowed:
+		case !lr.Fill && !resp.Allowed:
 			remaining += lr.Spec.Cost
 		}
 		st.Remaining = uint32(min(max(remaining, 0), l.RequestsPerUnit, 1<<32-1))
@@ -338,6 +346,7 @@ type rlsPlanned struct {
 	limits     []*rls.Limit
 	descriptor []int
 	zero       []zeroLimit // limits of 0, which refuse every call
+	unlimited  []int       // the descriptors whose limit is unlimited
 }
 
 // zeroLimit is a limit of 0 and the descriptor it is of.
@@ -379,7 +388,11 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 		} else {
 			l = cfg.Match(req.Domain, d.Entries)
 		}
-		if l == nil || l.Unlimited {
+		if l == nil {
+			continue
+		}
+		if l.Unlimited {
+			p.unlimited = append(p.unlimited, i)
 			continue
 		}
 		cost := hits

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -190,6 +191,7 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "login", RequestsPerUnit: 3, Unit: rlsv3.RateLimitResponse_RateLimit_HOUR}}
 	}
 	none := &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok}
+	unlimited := &rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, LimitRemaining: math.MaxUint32} // as envoyproxy/ratelimit says it
 	perMinute := func(code rlsv3.RateLimitResponse_Code, limit, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
 		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: untilMinute,
 			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: limit, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
@@ -221,7 +223,7 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{login(1)}}},
 		{"no limit, unlimited, unknown", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			descriptor("path", "/other"), descriptor("path", "/health"), descriptor("nope", "x")}},
-			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none, none, none}}},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none, unlimited, none}}},
 		{"an unknown domain", &rlsv3.RateLimitRequest{Domain: "other", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.1")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none}}},
 		{"shadow mode, within", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("path", "/shadow")}},
@@ -234,7 +236,7 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 0)}}},
 		{"a descriptor's own hits_addend", &rlsv3.RateLimitRequest{Domain: "edge", HitsAddend: 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			{Entries: descriptor("remote_address", "10.0.0.4").Entries, HitsAddend: wrapperspb.UInt64(3)}}},
-			&rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(over, 2)}}},
+			&rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(over, 0)}}},
 		{"a limit the caller gives", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			{Entries: descriptor("user", "u1").Entries, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 7, Unit: 4}}}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: ok, LimitRemaining: 6,
@@ -261,7 +263,9 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 5, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
 		{"a peek counts nothing", call(hits(descriptor("remote_address", "10.0.0.20"), 0)), answer(ok, perMinute(ok, 2, 2))},
 		{"after a peek", call(descriptor("remote_address", "10.0.0.20")), answer(ok, perMinute(ok, 2, 1))},
-		{"a cost past the limit: refused, nothing counted", call(hits(descriptor("remote_address", "10.0.0.20"), 5)), answer(over, perMinute(over, 2, 1))},
+		// Over says 0 left, as in envoyproxy/ratelimit, though 2 are.
+		{"a cost past the limit: refused, nothing counted", call(hits(descriptor("remote_address", "10.0.0.20"), 5)), answer(over, perMinute(over, 2, 0))},
+		{"the unit the refusal left", call(descriptor("remote_address", "10.0.0.20")), answer(ok, perMinute(ok, 2, 0))},
 		{"the budget's peek", call(hits(descriptor("tokens", "team-a"), 0)), answer(ok, perMinute(ok, 100, 100))},
 		{"a charge", call(hits(descriptor("tokens", "team-a"), 60)), answer(ok, perMinute(ok, 100, 40))},
 		{"a peek after it", call(hits(descriptor("tokens", "team-a"), 0)), answer(ok, perMinute(ok, 100, 40))},
@@ -345,7 +349,7 @@ func TestRLS_ResponseHeaders(t *testing.T) {
 		// The address is over (3 asked, 2 left); the file, refused with
 		// it, has 1 left.
 		{"over its limit, after one with less left", call(descriptor("file", "own/a"), hits(descriptor("remote_address", "10.0.0.5"), 3)),
-			headers("2", "2", "30")},
+			headers("2", "0", "30")},
 		{"a limit of 0", call(descriptor("remote_address", "10.0.0.4"), descriptor("path", "/blocked")), headers("0", "0", "60")},
 		{"no limit", call(descriptor("path", "/health")), nil},
 	} {

@@ -377,35 +377,36 @@ func appendHeader(b []byte, name string, v int64) []byte {
 func appendStatus(b []byte, s *Status) []byte {
 	b = protowire.AppendTag(b, 1, protowire.VarintType)
 	b = protowire.AppendVarint(b, uint64(s.Code))
-	if s.Limit == nil {
-		return b
-	}
-	b = protowire.AppendTag(b, 2, protowire.BytesType)
-	b = appendMessage(b, func(b []byte) []byte {
-		if rpu := uint32(min(s.Limit.RequestsPerUnit, 1<<32-1)); rpu != 0 {
-			b = protowire.AppendTag(b, 1, protowire.VarintType)
-			b = protowire.AppendVarint(b, uint64(rpu))
-		}
-		b = protowire.AppendTag(b, 2, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(s.Limit.Unit))
-		if s.Limit.Name != "" {
-			b = protowire.AppendTag(b, 3, protowire.BytesType)
-			b = protowire.AppendString(b, s.Limit.Name)
-		}
-		if m := s.Limit.UnitMultiplier; m > 1 {
-			b = protowire.AppendTag(b, 4, protowire.BytesType) // google.protobuf.UInt32Value
-			b = appendMessage(b, func(b []byte) []byte {
+	if s.Limit != nil {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = appendMessage(b, func(b []byte) []byte {
+			if rpu := uint32(min(s.Limit.RequestsPerUnit, 1<<32-1)); rpu != 0 {
 				b = protowire.AppendTag(b, 1, protowire.VarintType)
-				return protowire.AppendVarint(b, uint64(m))
-			})
-		}
-		return b
-	})
+				b = protowire.AppendVarint(b, uint64(rpu))
+			}
+			b = protowire.AppendTag(b, 2, protowire.VarintType)
+			b = protowire.AppendVarint(b, uint64(s.Limit.Unit))
+			if s.Limit.Name != "" {
+				b = protowire.AppendTag(b, 3, protowire.BytesType)
+				b = protowire.AppendString(b, s.Limit.Name)
+			}
+			if m := s.Limit.UnitMultiplier; m > 1 {
+				b = protowire.AppendTag(b, 4, protowire.BytesType) // google.protobuf.UInt32Value
+				b = appendMessage(b, func(b []byte) []byte {
+					b = protowire.AppendTag(b, 1, protowire.VarintType)
+					return protowire.AppendVarint(b, uint64(m))
+				})
+			}
+			return b
+		})
+	}
+	// Without a limit too: an unlimited descriptor's remaining is the
+	// largest uint32, as envoyproxy/ratelimit gives it.
 	if s.Remaining != 0 {
 		b = protowire.AppendTag(b, 3, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(s.Remaining))
 	}
-	if s.UntilReset < 0 {
+	if s.Limit == nil || s.UntilReset < 0 {
 		return b
 	}
 	b = protowire.AppendTag(b, 4, protowire.BytesType) // google.protobuf.Duration

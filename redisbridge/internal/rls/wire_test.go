@@ -91,6 +91,7 @@ func TestAppendResponse(t *testing.T) {
 		{Code: CodeOverLimit, Limit: &Limit{Unit: 2}, UntilReset: -1},
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 10}, Remaining: 6, UntilReset: time.Minute},
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 1}, Remaining: 6, UntilReset: time.Minute},
+		{Code: CodeOK, Remaining: 1<<32 - 1}, // unlimited
 	}
 	b := AppendResponse([]byte("prefix"), &Response{Overall: CodeOverLimit, Statuses: statuses})
 	if string(b[:6]) != "prefix" {
@@ -113,6 +114,7 @@ func TestAppendResponse(t *testing.T) {
 			LimitRemaining: 6, DurationUntilReset: durationpb.New(time.Minute)},
 		{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 7, Unit: 2},
 			LimitRemaining: 6, DurationUntilReset: durationpb.New(time.Minute)},
+		{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: 1<<32 - 1},
 	}}
 	if !proto.Equal(&got, want) {
 		t.Errorf("got %v\nwant %v", &got, want)
