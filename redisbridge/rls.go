@@ -281,31 +281,19 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	}
 	for i, d := range resp.Decisions {
 		l, lr := plan.limits[i], &plan.check.Limits[i]
-		st := &reply.statuses[plan.descriptor[i]]
-		st.Limit = l
-		// What the limit has left. A budget's or a peek's decision says
-		// what it had; any other's what a call let through would leave,
-		// and a refused call took nothing.
-		// A limit over says 0, as in envoyproxy/ratelimit, even when it
-		// had less left than the call's cost.
-		remaining := d.Remaining
-		switch {
-		case !d.Allowed:
-			remaining = 0
-		case lr.Fill && resp.Allowed:
-			remaining -= lr.Taken(&d)
-		case !lr.Fill && !resp.Allowed:
-			remaining += lr.Spec.Cost
-		}
-		st.Remaining = uint32(min(max(remaining, 0), l.RequestsPerUnit, 1<<32-1))
 		// A fixed window ends on a multiple of its length (from the epoch).
 		window := l.WindowMS()
-		st.UntilReset = time.Duration(window-resp.NowMS%window) * time.Millisecond
-		if !d.Allowed && !l.ShadowMode {
-			st.Code = rls.CodeOverLimit
-		}
-		if s.spent != nil && remaining <= 0 && refusesAlone(lr) && st.UntilReset > 0 {
-			s.spent.add(lr.Key, lr.Spec.Limit, st.UntilReset)
+		untilReset := time.Duration(window-resp.NowMS%window) * time.Millisecond
+		remaining := plan.statuses(i, &d, resp.Allowed, func(descriptor int, over bool, remaining int64) {
+			st := &reply.statuses[descriptor]
+			st.Limit, st.UntilReset = l, untilReset
+			st.Remaining = uint32(min(max(remaining, 0), l.RequestsPerUnit, 1<<32-1))
+			if over && !l.ShadowMode {
+				st.Code = rls.CodeOverLimit
+			}
+		})
+		if s.spent != nil && remaining <= 0 && refusesAlone(lr) && untilReset > 0 {
+			s.spent.add(lr.Key, lr.Spec.Limit, untilReset)
 		}
 	}
 	return reply, nil
@@ -322,8 +310,10 @@ func (s *Server) refuseSpent(plan *rlsPlanned, reply *rlsReply) bool {
 			continue
 		}
 		if until, ok := s.spent.spent(lr.Key, lr.Spec.Limit); ok {
-			st := &reply.statuses[plan.descriptor[i]]
-			st.Code, st.Limit, st.UntilReset = rls.CodeOverLimit, plan.limits[i], until
+			plan.listings(i, func(descriptor int, _ int64) {
+				st := &reply.statuses[descriptor]
+				st.Code, st.Limit, st.UntilReset = rls.CodeOverLimit, plan.limits[i], until
+			})
 			reply.overall = rls.CodeOverLimit
 			s.m.decision("denied", rules.FixedWindow, lr.Rule).Inc()
 			s.m.checkDenied.Inc()
@@ -340,13 +330,91 @@ func (s *Server) refuseSpent(plan *rlsPlanned, reply *rlsReply) bool {
 func refusesAlone(lr *rules.LimitRequest) bool { return !lr.LogOnly && !lr.Quota }
 
 // rlsPlanned is a call's check: the limits its descriptors have, and for
-// each, the descriptor it is of.
+// each, the descriptors it is of.
 type rlsPlanned struct {
-	check      rules.CheckRequest
-	limits     []*rls.Limit
+	check  rules.CheckRequest
+	limits []*rls.Limit
+	// descriptor is, by limit, the first descriptor of the call that
+	// counts in it; more are the others, when several descriptors make
+	// one counter (mergeListings), in the call's order.
 	descriptor []int
+	more       []listing
 	zero       []zeroLimit // limits of 0, which refuse every call
 	unlimited  []int       // the descriptors whose limit is unlimited
+}
+
+// listing is a descriptor that counts in a limit beside its first, and
+// its cost.
+type listing struct {
+	limit, descriptor int
+	cost              int64
+}
+
+// listings calls f with each descriptor that counts in limit i and its
+// cost, in the call's order.
+func (p *rlsPlanned) listings(i int, f func(descriptor int, cost int64)) {
+	first := p.check.Limits[i].Spec.Cost
+	for _, m := range p.more {
+		if m.limit == i {
+			first -= m.cost
+		}
+	}
+	f(p.descriptor[i], first)
+	for _, m := range p.more {
+		if m.limit == i {
+			f(m.descriptor, m.cost)
+		}
+	}
+}
+
+// statuses works out, from limit i's decision d in a call allowed or
+// not, the status of each descriptor that counts in it, and gives each
+// to set: whether it is over, and what the limit has left. It returns
+// what the limit has left after the call.
+//
+// Descriptors of one counter take from it one after another, as
+// envoyproxy/ratelimit counts them: the second finds what the first
+// left. A call refused took nothing, and each of them then says what the
+// limit has, or that it is over when it and those before it cost more.
+// A limit over says 0 left, as there, even when it had less left than
+// the call's cost. A budget's or a peek's decision (Fill, never merged)
+// says what it had.
+func (p *rlsPlanned) statuses(i int, d *rules.Decision, allowed bool, set func(descriptor int, over bool, remaining int64)) int64 {
+	lr := &p.check.Limits[i]
+	if lr.Fill {
+		remaining := d.Remaining
+		switch {
+		case !d.Allowed:
+			remaining = 0
+		case allowed:
+			remaining -= lr.Taken(d)
+		}
+		set(p.descriptor[i], !d.Allowed, remaining)
+		return remaining
+	}
+	// An allowed decision says what the limit would have after the call,
+	// whether or not the call took it; one refused what it has.
+	taken := d.Allowed && allowed
+	had := d.Remaining
+	if d.Allowed {
+		had += lr.Spec.Cost
+	}
+	var cost int64
+	p.listings(i, func(descriptor int, c int64) {
+		cost += c
+		switch {
+		case taken:
+			set(descriptor, false, had-cost)
+		case cost > had:
+			set(descriptor, true, 0)
+		default:
+			set(descriptor, false, had)
+		}
+	})
+	if taken {
+		return d.Remaining
+	}
+	return had
 }
 
 // zeroLimit is a limit of 0 and the descriptor it is of.
@@ -417,7 +485,47 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 	}
 	p.dropReplaced()
 	p.takeZeros()
+	p.mergeListings()
 	return p, nil
+}
+
+// mergeListings makes the limits of one counter one limit that costs
+// what they cost together, so that the call counts each of its
+// descriptors (the script call decides a key once however often a check
+// lists it). Only limits alike but for their cost are merged: not
+// budgets, peeks or quota limits, whose decisions say more than what is
+// left.
+func (p *rlsPlanned) mergeListings() {
+	if len(p.check.Limits) < 2 {
+		return
+	}
+	n := 0
+next:
+	for i := range p.check.Limits {
+		lr := p.check.Limits[i]
+		// A call has a few descriptors (rules.MaxLimitsPerCheck at most):
+		// a scan costs less than a map.
+		for j := 0; j < n && !lr.Fill && !lr.Quota; j++ {
+			if p.check.Limits[j].Key == lr.Key {
+				if !sameButCost(&p.check.Limits[j], &lr) {
+					break
+				}
+				p.check.Limits[j].Spec.Cost += lr.Spec.Cost
+				p.more = append(p.more, listing{j, p.descriptor[i], lr.Spec.Cost})
+				continue next
+			}
+		}
+		p.limits[n], p.descriptor[n], p.check.Limits[n] = p.limits[i], p.descriptor[i], lr
+		n++
+	}
+	p.limits, p.descriptor, p.check.Limits = p.limits[:n], p.descriptor[:n], p.check.Limits[:n]
+}
+
+// sameButCost tells whether a and b are the same limit but for their cost.
+func sameButCost(a, b *rules.LimitRequest) bool {
+	x, y := *a, *b
+	x.Spec.Cost, y.Spec.Cost = 0, 0
+	return x == y
 }
 
 // hasQuota tells whether the check has a quota limit that can refuse it

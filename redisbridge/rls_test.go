@@ -292,6 +292,16 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 		{"a shared wildcard", call(descriptor("file", "shared/a")), answer(ok, perMinute(ok, 2, 1))},
 		{"a shared wildcard: another value counts with it", call(descriptor("file", "shared/b")), answer(ok, perMinute(ok, 2, 0))},
 		{"a shared wildcard: over for every value", call(descriptor("file", "shared/c")), answer(over, perMinute(over, 2, 0))},
+		// Descriptors of one counter in one call each count in it, one
+		// after the other, as envoyproxy/ratelimit counts them.
+		{"one counter twice in a call", call(descriptor("remote_address", "10.0.0.30"), descriptor("remote_address", "10.0.0.30")),
+			answer(ok, perMinute(ok, 2, 1), perMinute(ok, 2, 0))},
+		{"one counter twice, spent", call(descriptor("remote_address", "10.0.0.30"), descriptor("remote_address", "10.0.0.30")),
+			answer(over, perMinute(over, 2, 0), perMinute(over, 2, 0))},
+		{"one counter twice, the second past the limit: refused, nothing counted",
+			call(hits(descriptor("remote_address", "10.0.0.31"), 1), descriptor("path", "/other"), hits(descriptor("remote_address", "10.0.0.31"), 2)),
+			answer(over, perMinute(ok, 2, 2), none, perMinute(over, 2, 0))},
+		{"what the refusal left", call(descriptor("remote_address", "10.0.0.31")), answer(ok, perMinute(ok, 2, 1))},
 		{"a wildcard not shared", call(descriptor("file", "own/a")), answer(ok, perMinute(ok, 1, 0))},
 		{"a wildcard not shared: each value on its own", call(descriptor("file", "own/b")), answer(ok, perMinute(ok, 1, 0))},
 		{"shared above the limit", call(descriptor("tenant", "team-a", "method", "GET")), answer(ok, perMinute(ok, 1, 0))},
