@@ -244,11 +244,12 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	// nothing is counted: the other descriptors are not decided, so their
 	// statuses carry no limit. In shadow mode it is reported only; in
 	// quota mode, it is a quota limit that is over, and the call's other
-	// quota limits, if it has any, decide.
+	// quota limits, if it has any, decide. Its reset is the end of its
+	// window, as there, by the bridge's clock: no store call is made.
 	refused := false
 	for _, z := range plan.zero {
 		st := &reply.statuses[z.descriptor]
-		st.Limit, st.UntilReset = z.limit, -1
+		st.Limit, st.UntilReset = z.limit, untilWindowEnd(z.limit, s.nowMS())
 		if !z.limit.ShadowMode {
 			st.Code = rls.CodeOverLimit // said even under --rls-shadow-mode
 		}
@@ -281,9 +282,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	}
 	for i, d := range resp.Decisions {
 		l, lr := plan.limits[i], &plan.check.Limits[i]
-		// A fixed window ends on a multiple of its length (from the epoch).
-		window := l.WindowMS()
-		untilReset := time.Duration(window-resp.NowMS%window) * time.Millisecond
+		untilReset := untilWindowEnd(l, resp.NowMS)
 		remaining := plan.statuses(i, &d, resp.Allowed, func(descriptor int, over bool, remaining int64) {
 			st := &reply.statuses[descriptor]
 			st.Limit, st.UntilReset = l, untilReset
@@ -322,6 +321,21 @@ func (s *Server) refuseSpent(plan *rlsPlanned, reply *rlsReply) bool {
 		}
 	}
 	return false
+}
+
+// untilWindowEnd is the time from now (unix ms) to the end of l's
+// window, which ends on a multiple of its length from the epoch.
+func untilWindowEnd(l *rls.Limit, now int64) time.Duration {
+	window := l.WindowMS()
+	return time.Duration(window-now%window) * time.Millisecond
+}
+
+// nowMS is the bridge's clock in unix ms: Settings.Now, or the system's.
+func (s *Server) nowMS() int64 {
+	if s.set.Now != nil {
+		return s.set.Now()
+	}
+	return time.Now().UnixMilli()
 }
 
 // refusesAlone tells whether a limit with nothing left refuses its call

@@ -250,13 +250,14 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 		{"a limit of 0: refused, nothing counted", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			descriptor("remote_address", "10.0.0.9"), descriptor("path", "/blocked")}},
 			&rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none,
-				{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+				{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE},
+					DurationUntilReset: durationpb.New(30 * time.Second)}}}},
 		{"the address the refused call named", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("remote_address", "10.0.0.9")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 1)}}},
 		{"a limit of 0 in shadow mode", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			descriptor("remote_address", "10.0.0.9"), descriptor("path", "/blocked-shadow")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 0),
-				{Code: ok, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+				{Code: ok, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}, DurationUntilReset: untilMinute}}}},
 		{"a limit that replaces another", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			descriptor("path", "/login"), descriptor("plan", "free")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{none, {Code: ok, LimitRemaining: 4, DurationUntilReset: untilMinute,
@@ -282,11 +283,11 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 		{"a quota over, another not", call(descriptor("service", "service_1"), descriptor("service", "service_2")), answer(ok, perMinute(over, 1, 0), perMinute(ok, 2, 0))},
 		{"every quota over", call(descriptor("service", "service_1"), descriptor("service", "service_2")), answer(over, perMinute(over, 1, 0), perMinute(over, 2, 0))},
 		{"a quota of 0 alone refuses", call(descriptor("service", "service_0"), descriptor("remote_address", "10.0.0.30")),
-			answer(over, &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}, none)},
+			answer(over, &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}, DurationUntilReset: untilMinute}, none)},
 		{"a quota of 0 with another quota", call(descriptor("service", "service_0"), descriptor("service", "service_3")),
-			answer(ok, &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}, perMinute(ok, 5, 4))},
+			answer(ok, &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}, DurationUntilReset: untilMinute}, perMinute(ok, 5, 4))},
 		{"a quota of 0 with a quota in shadow mode", call(descriptor("service", "service_0"), descriptor("service", "service_shadow")),
-			answer(over, &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}, none)},
+			answer(over, &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}, DurationUntilReset: untilMinute}, none)},
 		{"a quota with a limit over: refused, the quota takes nothing", call(descriptor("remote_address", "10.0.0.1"), descriptor("service", "service_3")),
 			answer(over, perAddress(over, 0), perMinute(ok, 5, 4))},
 		{"a shared wildcard", call(descriptor("file", "shared/a")), answer(ok, perMinute(ok, 2, 1))},
@@ -360,7 +361,7 @@ func TestRLS_ResponseHeaders(t *testing.T) {
 		// it, has 1 left.
 		{"over its limit, after one with less left", call(descriptor("file", "own/a"), hits(descriptor("remote_address", "10.0.0.5"), 3)),
 			headers("2", "0", "30")},
-		{"a limit of 0", call(descriptor("remote_address", "10.0.0.4"), descriptor("path", "/blocked")), headers("0", "0", "60")},
+		{"a limit of 0", call(descriptor("remote_address", "10.0.0.4"), descriptor("path", "/blocked")), headers("0", "0", "30")},
 		{"no limit", call(descriptor("path", "/health")), nil},
 	} {
 		got, err := client.ShouldRateLimit(context.Background(), tt.req)
@@ -535,7 +536,7 @@ func TestRLS_QuotaMode(t *testing.T) {
 	perAddress := func(code rlsv3.RateLimitResponse_Code, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
 		return addressStatus(code, remaining, 30*time.Second)
 	}
-	blocked := &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+	blocked := &rlsv3.RateLimitResponse_DescriptorStatus{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}, DurationUntilReset: durationpb.New(30 * time.Second)}
 	call := func(d ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
 		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: d}
 	}
@@ -591,7 +592,8 @@ func TestRLS_ShadowMode(t *testing.T) {
 		{"a limit of 0: said, not refused, and the call counted", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			descriptor("remote_address", "10.0.0.2"), descriptor("path", "/blocked")}},
 			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(ok, 1),
-				{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}}}},
+				{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE},
+					DurationUntilReset: durationpb.New(30 * time.Second)}}}},
 	} {
 		got, err := client.ShouldRateLimit(context.Background(), tt.req)
 		if err != nil {

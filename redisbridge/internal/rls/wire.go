@@ -192,8 +192,7 @@ type Status struct {
 	// none, and then nothing below is written.
 	Limit     *Limit
 	Remaining uint32
-	// UntilReset is the time to the limit's next window; below 0, none is
-	// given (a limit of 0 has no window that would let a call through).
+	// UntilReset is the time to the limit's next window.
 	UntilReset time.Duration
 }
 
@@ -239,12 +238,8 @@ func AppendResponse(b []byte, r *Response) []byte {
 		b = appendMessage(b, func(b []byte) []byte { return appendStruct(b, m.fields()) })
 	}
 	if h := r.Headers; h != nil {
-		// The reset in whole seconds, rounded up; a limit of 0 never
-		// resets, and says its window.
-		reset := h.Limit.WindowMS() / 1000
-		if h.UntilReset >= 0 {
-			reset = int64((h.UntilReset + time.Second - 1) / time.Second)
-		}
+		// The reset in whole seconds, rounded up.
+		reset := int64((h.UntilReset + time.Second - 1) / time.Second)
 		names := r.HeaderNames
 		if names[0] == "" {
 			names = DefaultHeaderNames
@@ -406,7 +401,7 @@ func appendStatus(b []byte, s *Status) []byte {
 		b = protowire.AppendTag(b, 3, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(s.Remaining))
 	}
-	if s.Limit == nil || s.UntilReset < 0 {
+	if s.Limit == nil {
 		return b
 	}
 	b = protowire.AppendTag(b, 4, protowire.BytesType) // google.protobuf.Duration

@@ -88,7 +88,7 @@ func TestAppendResponse(t *testing.T) {
 		{Code: CodeOverLimit, Limit: &Limit{Name: "edge.remote_address", RequestsPerUnit: 2, Unit: 2}, UntilReset: 30*time.Second + 5*time.Millisecond},
 		{Code: CodeOK, Limit: &Limit{Name: "login", RequestsPerUnit: 1 << 40, Unit: 3}, Remaining: 300, UntilReset: 0},
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 5, Unit: 7}, Remaining: 1, UntilReset: 2 * time.Hour},
-		{Code: CodeOverLimit, Limit: &Limit{Unit: 2}, UntilReset: -1},
+		{Code: CodeOverLimit, Limit: &Limit{Unit: 2}, UntilReset: 10 * time.Second},
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 10}, Remaining: 6, UntilReset: time.Minute},
 		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 1}, Remaining: 6, UntilReset: time.Minute},
 		{Code: CodeOK, Remaining: 1<<32 - 1}, // unlimited
@@ -109,7 +109,7 @@ func TestAppendResponse(t *testing.T) {
 			LimitRemaining: 300, DurationUntilReset: &durationpb.Duration{}},
 		{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 5, Unit: 7},
 			LimitRemaining: 1, DurationUntilReset: durationpb.New(2 * time.Hour)},
-		{Code: rlsv3.RateLimitResponse_OVER_LIMIT, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: 2}},
+		{Code: rlsv3.RateLimitResponse_OVER_LIMIT, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Unit: 2}, DurationUntilReset: durationpb.New(10 * time.Second)},
 		{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: wrapperspb.UInt32(10)},
 			LimitRemaining: 6, DurationUntilReset: durationpb.New(time.Minute)},
 		{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 7, Unit: 2},
@@ -139,8 +139,8 @@ func TestAppendResponse_Headers(t *testing.T) {
 			[]*corev3.HeaderValue{header("RateLimit-Limit", "100"), header("RateLimit-Remaining", "40"), header("RateLimit-Reset", "30")}},
 		{Status{Code: CodeOverLimit, Limit: &Limit{RequestsPerUnit: 7, Unit: 2, UnitMultiplier: 10}, UntilReset: 90 * time.Second},
 			[]*corev3.HeaderValue{header("RateLimit-Limit", "7"), header("RateLimit-Remaining", "0"), header("RateLimit-Reset", "90")}},
-		{Status{Code: CodeOverLimit, Limit: &Limit{Unit: 3}, UntilReset: -1},
-			[]*corev3.HeaderValue{header("RateLimit-Limit", "0"), header("RateLimit-Remaining", "0"), header("RateLimit-Reset", "3600")}},
+		{Status{Code: CodeOverLimit, Limit: &Limit{Unit: 3}, UntilReset: 1234 * time.Second},
+			[]*corev3.HeaderValue{header("RateLimit-Limit", "0"), header("RateLimit-Remaining", "0"), header("RateLimit-Reset", "1234")}},
 	} {
 		statuses := []Status{{Code: CodeOK}, tt.status}
 		var got rlsv3.RateLimitResponse
