@@ -1,0 +1,229 @@
+//go:build long
+
+package redisbridge
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/redisbridge/redistest"
+)
+
+// matchConfig is the configuration both services decide the calls of
+// TestLong_RLS_MatchesEnvoyRatelimit with; windows of an hour and a day,
+// which a scenario of the test seldom crosses. Quota mode is left out:
+// the bridge follows envoyproxy/ratelimit's later versions there, which
+// the module proxy does not serve.
+const matchConfig = `domain: m
+descriptors:
+  - key: ip
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: path
+    value: /login
+    rate_limit: {unit: hour, requests_per_unit: 2, name: login}
+  - key: path
+    value: /free
+    rate_limit: {unlimited: true}
+  - key: user
+    descriptors:
+      - key: path
+        rate_limit: {unit: day, requests_per_unit: 4}
+      - key: path
+        value: /login
+        rate_limit: {unit: hour, requests_per_unit: 1, replaces: [{name: login}]}
+  - key: file
+    value: a/*
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: file
+    value: s/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: zero
+    rate_limit: {unit: hour, requests_per_unit: 0}
+`
+
+// matchDescriptors are what the calls are made of.
+var matchDescriptors = [][]string{
+	{"ip", "10.0.0.1"}, {"ip", "10.0.0.2"},
+	{"path", "/login"}, {"path", "/free"}, {"path", "/other"},
+	{"user", "u1", "path", "/x"}, {"user", "u2", "path", "/x"}, {"user", "u1", "path", "/login"},
+	{"file", "a/1"}, {"file", "a/2"}, {"file", "s/1"}, {"file", "s/2"}, {"file", "b/1"},
+	{"zero", "z"}, {"unknown", "x"},
+}
+
+// TestLong_RLS_MatchesEnvoyRatelimit sends the same random calls, one at
+// a time, to the bridge's rate limit service and to envoyproxy/ratelimit,
+// both on one Redis with one configuration, and compares the answers.
+//
+// The two differ by design in what a refused call counts: nothing on the
+// bridge; with envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
+// (set here) the descriptors that went over, so that their counters pass
+// the limit; without it, every descriptor. So each scenario runs until a
+// call is refused, compares that answer's codes and limits (and what is
+// left, but where descriptors share a counter or a limit of 0 refused,
+// which the bridge decides without Redis), and Redis is emptied for the
+// next.
+func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
+	rs := redistest.Start(t)
+	theirAddr, _ := startEnvoyRatelimit(t, envoyRatelimitBinary(t), rs.Addr, matchConfig, "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true")
+	theirs := rlsClient(t, theirAddr)
+	set := DefaultSettings()
+	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", rs.URL, rlsConfig(t, matchConfig)
+	ours := rlsClient(t, startBridge(t, set))
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	ctx := context.Background()
+	var calls, refused, compared int
+	for scenario := 0; scenario < 300 && !t.Failed(); scenario++ {
+		if _, err := redistest.Do(rs.Addr, time.Second, "FLUSHALL"); err != nil {
+			t.Fatal(err)
+		}
+		hour := time.Now().Truncate(time.Hour)
+		var diffs []string
+		for range 30 {
+			req := matchCall(rng)
+			a, err := theirs.ShouldRateLimit(ctx, req)
+			if err != nil {
+				t.Fatalf("envoyproxy/ratelimit: %v", err)
+			}
+			b, err := ours.ShouldRateLimit(ctx, req)
+			if err != nil {
+				t.Fatalf("the bridge: %v", err)
+			}
+			calls++
+			last := a.OverallCode != rlsv3.RateLimitResponse_OK || b.OverallCode != rlsv3.RateLimitResponse_OK
+			if diff := answerDiff(a, b, last && (sharesCounter(req) || hasZero(req))); diff != "" {
+				diffs = append(diffs, fmt.Sprintf("call %s:\n%s", compactCall(req), diff))
+			}
+			if last {
+				refused++
+				break
+			}
+		}
+		if !time.Now().Truncate(time.Hour).Equal(hour) {
+			continue // a window ended during the scenario
+		}
+		compared++
+		for _, d := range diffs {
+			t.Errorf("scenario %d, %s", scenario, d)
+		}
+	}
+	t.Logf("%d calls in %d scenarios compared, %d ending with a refusal", calls, compared, refused)
+}
+
+// matchCall is a call of one to three of matchDescriptors, with hits
+// addends of the call or of its descriptors now and then (never 0: a
+// peek at a counter exactly at its limit is refused by the bridge, which
+// never lets a counter pass its limit to tell it from one over).
+func matchCall(rng *rand.Rand) *rlsv3.RateLimitRequest {
+	req := &rlsv3.RateLimitRequest{Domain: "m"}
+	if rng.IntN(4) == 0 {
+		req.HitsAddend = uint32(rng.IntN(3) + 1)
+	}
+	for range rng.IntN(3) + 1 {
+		d := descriptor(matchDescriptors[rng.IntN(len(matchDescriptors))]...)
+		if rng.IntN(6) == 0 {
+			d.HitsAddend = wrapperspb.UInt64(uint64(rng.IntN(3) + 1))
+		}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	return req
+}
+
+// sharesCounter tells whether two of req's descriptors count in one
+// counter of matchConfig: the same entries, or two files of s/*.
+func sharesCounter(req *rlsv3.RateLimitRequest) bool {
+	seen := map[string]bool{}
+	for _, d := range req.Descriptors {
+		k := ""
+		for _, e := range d.Entries {
+			v := e.Value
+			if e.Key == "file" && len(v) > 2 && v[:2] == "s/" {
+				v = "s/*"
+			}
+			k += e.Key + "=" + v + " "
+		}
+		if seen[k] {
+			return true
+		}
+		seen[k] = true
+	}
+	return false
+}
+
+// hasZero tells whether req has matchConfig's limit of 0.
+func hasZero(req *rlsv3.RateLimitRequest) bool {
+	for _, d := range req.Descriptors {
+		if d.Entries[0].Key == "zero" {
+			return true
+		}
+	}
+	return false
+}
+
+// answerDiff says how b differs from a; durations until reset may differ
+// by two seconds, the services' clocks read at different moments. With
+// codesOnly (a refused call where descriptors share a counter or a limit
+// of 0 refused), the overall codes and each status's limit are compared.
+func answerDiff(a, b *rlsv3.RateLimitResponse, codesOnly bool) string {
+	shown := "envoyproxy/ratelimit: " + compactAnswer(a) + "\nthe bridge:           " + compactAnswer(b)
+	a, b = proto.Clone(a).(*rlsv3.RateLimitResponse), proto.Clone(b).(*rlsv3.RateLimitResponse)
+	same := len(a.Statuses) == len(b.Statuses)
+	for i := 0; same && i < len(a.Statuses); i++ {
+		sa, sb := a.Statuses[i], b.Statuses[i]
+		if codesOnly && sb.CurrentLimit == nil && sa.CurrentLimit != nil {
+			// Not decided by the bridge: a limit of 0 refused the call.
+			sa.Code, sa.CurrentLimit, sa.LimitRemaining, sa.DurationUntilReset = sb.Code, nil, 0, nil
+		}
+		if codesOnly && sa.CurrentLimit != nil {
+			// Descriptors of one counter in a refused call: the bridge
+			// takes them one after another (what envoyproxy/ratelimit does
+			// without STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); with it,
+			// envoyproxy/ratelimit looks at each alone.
+			sa.Code, sa.LimitRemaining = sb.Code, sb.LimitRemaining
+		}
+		if d := sa.DurationUntilReset.AsDuration() - sb.DurationUntilReset.AsDuration(); d > 2*time.Second || d < -2*time.Second {
+			same = false
+		}
+		sa.DurationUntilReset, sb.DurationUntilReset = nil, nil
+	}
+	if same && proto.Equal(a, b) {
+		return ""
+	}
+	return shown
+}
+
+func compactAnswer(r *rlsv3.RateLimitResponse) string {
+	out := r.OverallCode.String() + " ["
+	for _, st := range r.Statuses {
+		out += " " + st.Code.String()
+		if l := st.CurrentLimit; l != nil {
+			out += fmt.Sprintf(" %d/%s%s", l.RequestsPerUnit, l.Unit, l.Name)
+		}
+		out += fmt.Sprintf(" left %d reset %v;", st.LimitRemaining, st.DurationUntilReset.AsDuration().Round(time.Second))
+	}
+	return out + " ]"
+}
+
+func compactCall(r *rlsv3.RateLimitRequest) string {
+	out := fmt.Sprintf("hits %d:", r.HitsAddend)
+	for _, d := range r.Descriptors {
+		out += " {"
+		for _, e := range d.Entries {
+			out += e.Key + "=" + e.Value + " "
+		}
+		if d.HitsAddend != nil {
+			out += fmt.Sprintf("hits %d", d.HitsAddend.Value)
+		}
+		out += "}"
+	}
+	return out
+}
