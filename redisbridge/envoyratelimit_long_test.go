@@ -6,10 +6,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -72,10 +74,12 @@ var matchDescriptors = [][]string{
 // next.
 func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 	rs := redistest.Start(t)
-	theirAddr, _ := startEnvoyRatelimit(t, envoyRatelimitBinary(t), rs.Addr, matchConfig, "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true")
+	theirAddr, _ := startEnvoyRatelimit(t, envoyRatelimitBinary(t), rs.Addr, matchConfig,
+		"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "RESPONSE_DYNAMIC_METADATA=true")
 	theirs := rlsClient(t, theirAddr)
 	set := DefaultSettings()
 	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", rs.URL, rlsConfig(t, matchConfig)
+	set.RLSResponseHeaders, set.RLSResponseMetadata = true, true
 	ours := rlsClient(t, startBridge(t, set))
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -172,11 +176,36 @@ func hasZero(req *rlsv3.RateLimitRequest) bool {
 // answerDiff says how b differs from a; durations until reset may differ
 // by two seconds, the services' clocks read at different moments. With
 // codesOnly (a refused call where descriptors share a counter or a limit
-// of 0 refused), the overall codes and each status's limit are compared.
+// of 0 refused), the overall codes and each status's limit are compared,
+// not the RateLimit headers.
 func answerDiff(a, b *rlsv3.RateLimitResponse, codesOnly bool) string {
 	shown := "envoyproxy/ratelimit: " + compactAnswer(a) + "\nthe bridge:           " + compactAnswer(b)
 	a, b = proto.Clone(a).(*rlsv3.RateLimitResponse), proto.Clone(b).(*rlsv3.RateLimitResponse)
-	same := len(a.Statuses) == len(b.Statuses)
+	if m := a.DynamicMetadata; m != nil {
+		// The version served says the quota mode here; later ones, which
+		// the bridge follows, do not.
+		delete(m.Fields, "quotaModeEnabled")
+		delete(m.Fields, "quotaModeViolations")
+	}
+	if codesOnly {
+		// The headers speak of the status picked among those: the
+		// bridge's of the limit of 0, or of the descriptor of a shared
+		// counter it found over, where envoyproxy/ratelimit's may speak of
+		// another.
+		a.ResponseHeadersToAdd, b.ResponseHeadersToAdd = nil, nil
+	}
+	same := len(a.Statuses) == len(b.Statuses) && len(a.ResponseHeadersToAdd) == len(b.ResponseHeadersToAdd)
+	for i := 0; same && i < len(a.ResponseHeadersToAdd); i++ {
+		ha, hb := a.ResponseHeadersToAdd[i], b.ResponseHeadersToAdd[i]
+		if ha.Key == "RateLimit-Reset" && hb.Key == ha.Key {
+			ra, _ := strconv.Atoi(ha.Value)
+			rb, _ := strconv.Atoi(hb.Value)
+			if ra-rb > 2 || rb-ra > 2 {
+				same = false
+			}
+			ha.Value = hb.Value
+		}
+	}
 	for i := 0; same && i < len(a.Statuses); i++ {
 		sa, sb := a.Statuses[i], b.Statuses[i]
 		if codesOnly && sb.CurrentLimit == nil && sa.CurrentLimit != nil {
@@ -210,7 +239,14 @@ func compactAnswer(r *rlsv3.RateLimitResponse) string {
 		}
 		out += fmt.Sprintf(" left %d reset %v;", st.LimitRemaining, st.DurationUntilReset.AsDuration().Round(time.Second))
 	}
-	return out + " ]"
+	out += " ]"
+	for _, h := range r.ResponseHeadersToAdd {
+		out += " " + h.Key + ": " + h.Value
+	}
+	if r.DynamicMetadata != nil {
+		out += " metadata " + prototext.MarshalOptions{}.Format(r.DynamicMetadata)
+	}
+	return out
 }
 
 func compactCall(r *rlsv3.RateLimitRequest) string {
