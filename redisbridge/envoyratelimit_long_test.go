@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,12 +74,34 @@ var matchDescriptors = [][]string{
 // which the bridge decides without Redis), and Redis is emptied for the
 // next.
 func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
-	rs := redistest.Start(t)
-	theirAddr, _ := startEnvoyRatelimit(t, envoyRatelimitBinary(t), rs.Addr, matchConfig,
-		"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "RESPONSE_DYNAMIC_METADATA=true")
+	bin := envoyRatelimitBinary(t)
+	t.Run("single", func(t *testing.T) {
+		rs := redistest.Start(t)
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, "REDIS_URL="+rs.Addr)
+	})
+	// On a Cluster the bridge decides a call's descriptors in their slots
+	// (every descriptor is a hash tag of its own).
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3, 0)
+		var addrs []string
+		for _, n := range c.Nodes {
+			addrs = append(addrs, n.Addr)
+		}
+		compareWithEnvoyRatelimit(t, bin, c.URL, addrs, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
+			"REDIS_PIPELINE_WINDOW=150us") // which its cluster client requires
+	})
+}
+
+// compareWithEnvoyRatelimit runs the scenarios of
+// TestLong_RLS_MatchesEnvoyRatelimit against a bridge on Redis at url
+// and envoyproxy/ratelimit (bin) with the variables env, on the same
+// Redis, whose nodes (emptied between scenarios) are at addrs.
+func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, env ...string) {
+	theirAddr, _ := startEnvoyRatelimit(t, bin, "", matchConfig, append([]string{
+		"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "RESPONSE_DYNAMIC_METADATA=true"}, env...)...)
 	theirs := rlsClient(t, theirAddr)
 	set := DefaultSettings()
-	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", rs.URL, rlsConfig(t, matchConfig)
+	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", url, rlsConfig(t, matchConfig)
 	set.RLSResponseHeaders, set.RLSResponseMetadata = true, true
 	ours := rlsClient(t, startBridge(t, set))
 	seed := uint64(time.Now().UnixNano())
@@ -87,8 +110,10 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 	ctx := context.Background()
 	var calls, refused, compared int
 	for scenario := 0; scenario < 300 && !t.Failed(); scenario++ {
-		if _, err := redistest.Do(rs.Addr, time.Second, "FLUSHALL"); err != nil {
-			t.Fatal(err)
+		for _, a := range addrs {
+			if _, err := redistest.Do(a, time.Second, "FLUSHALL"); err != nil {
+				t.Fatal(err)
+			}
 		}
 		hour := time.Now().Truncate(time.Hour)
 		var diffs []string

@@ -35,9 +35,9 @@ func envoyRatelimitBinary(tb testing.TB) string {
 }
 
 // startEnvoyRatelimit starts envoyproxy/ratelimit's service (bin) on
-// Redis at redisAddr with the configuration yaml and the variables env,
-// and returns its gRPC address and pid once its health service says
-// SERVING.
+// Redis at redisAddr (or where env's REDIS_URL says, when it is "") with
+// the configuration yaml and the variables env, and returns its gRPC
+// address and pid once its health service says SERVING.
 func startEnvoyRatelimit(tb testing.TB, bin, redisAddr, yaml string, env ...string) (string, int) {
 	tb.Helper()
 	dir := tb.TempDir()
@@ -50,8 +50,11 @@ func startEnvoyRatelimit(tb testing.TB, bin, redisAddr, yaml string, env ...stri
 	grpcAddr, httpAddr, debugAddr := nettest.FreeAddr(tb), nettest.FreeAddr(tb), nettest.FreeAddr(tb)
 	port := func(a string) string { return a[strings.LastIndexByte(a, ':')+1:] }
 	cmd := exec.Command(bin)
+	if redisAddr != "" {
+		env = append([]string{"REDIS_URL=" + redisAddr}, env...)
+	}
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "USE_STATSD=false", "LOG_LEVEL=error",
-		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,
+		"REDIS_SOCKET_TYPE=tcp",
 		"RUNTIME_ROOT=" + dir, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port(grpcAddr), "HOST=127.0.0.1", "PORT=" + port(httpAddr),
 		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + port(debugAddr)}, env...)
