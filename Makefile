@@ -137,8 +137,10 @@ bench: deps wasm
 	@$(GO) run ./internal/benchtable/cmd/benchtable $(BENCH_TABLE)
 
 # The bridge as its own process against a local redis-server, next to
-# redis-benchmark calling the check script directly, all in one run
-# (docs/bridge.md, "Measuring"); prints its part of the table.
+# redis-benchmark calling the check script directly and envoyproxy/
+# ratelimit answering the same rate limit service calls (built from the Go
+# module proxy), all in one run (docs/bridge.md, "Measuring"); prints its
+# part of the table.
 bench-bridge: deps
 	@mkdir -p $(BUILD); rm -f $(BENCH_TABLE)
 	$(MAKE) bench-bridge-rows
