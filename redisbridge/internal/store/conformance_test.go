@@ -352,6 +352,33 @@ func TestStore_WindowsPass(t *testing.T) {
 	}
 }
 
+// TestStore_LimitLowered: a limit lowered while its counter is full (a
+// reloaded configuration, a policy change) starts its next window empty:
+// a fixed window's count ends with its window, however much it was.
+func TestStore_LimitLowered(t *testing.T) {
+	for _, h := range harnesses(t) {
+		for _, alg := range algs {
+			t.Run(h.name+"/"+alg.String(), func(t *testing.T) {
+				key := "rl:{u:lowered}:" + alg.String()
+				for range 10 {
+					if d := h.check(t, lim(key, spec(alg, 10, 60_000))).Decisions[0]; !d.Allowed {
+						t.Fatalf("within 10: %+v", d)
+					}
+				}
+				h.sleep(120_000) // every algorithm has forgotten the 10 by now
+				for i := range 3 {
+					if d := h.check(t, lim(key, spec(alg, 3, 60_000))).Decisions[0]; !d.Allowed || d.Remaining != int64(2-i) {
+						t.Fatalf("check %d of 3 under the lowered limit: %+v", i+1, d)
+					}
+				}
+				if d := h.check(t, lim(key, spec(alg, 3, 60_000))).Decisions[0]; d.Allowed {
+					t.Fatalf("a fourth under the lowered limit: %+v", d)
+				}
+			})
+		}
+	}
+}
+
 func TestStore_PenaltyEscalates(t *testing.T) {
 	const w = 60_000
 	for _, h := range harnesses(t) {

@@ -478,7 +478,7 @@ func (s *Memory) fixedWindow(m *memLimit, now int64) {
 	limit, W := m.spec.Limit, m.spec.WindowMS
 	m.cap = limit
 	idx := now / W
-	cur := fwCount(s.get(m.key, now), idx, limit)
+	cur := fwCount(s.get(m.key, now), idx, limit, false)
 	if m.fill {
 		m.fillCost(limit - cur)
 	}
@@ -509,14 +509,17 @@ func (s *Memory) fixedWindow(m *memLimit, now int64) {
 }
 
 // fwCount is a fixed window's count in window idx (check.lua's fwCount):
-// the units counted from the stored window on, less the windows that
-// ended since, of limit units each.
-func fwCount(e *entry, idx, limit int64) int64 {
+// the units counted from the stored window on; with carry (a throttle
+// limit's), less the windows that ended since, of limit units each, and
+// without, none once its window ended.
+func fwCount(e *entry, idx, limit int64, carry bool) int64 {
 	switch {
 	case e == nil:
 		return 0
 	case e.w >= idx:
 		return e.c
+	case !carry:
+		return 0
 	}
 	return max(0, e.c-(idx-e.w)*limit)
 }
@@ -541,7 +544,7 @@ func (s *Memory) slotOf(m *memLimit, now int64) {
 		m.remaining, m.reset = max(0, floorInt(tokens)), now+ceilInt(float64((fc-tokens)*fw)/fl)
 	case rules.FixedWindow:
 		idx := now / W
-		cur := fwCount(e, idx, limit)
+		cur := fwCount(e, idx, limit, true)
 		j := cur / limit
 		if cur-j*limit+cost > limit {
 			j++

@@ -273,14 +273,17 @@ local function tokensNow(s, limit, W, cap)
 end
 
 -- fwCount is a fixed window's count in window idx: the units counted from
--- the stored window w on, less the windows that ended since, of limit
--- units each (a throttle limit's count runs on into later windows). A
--- window after idx (the clock went back) counts as this one.
-local function fwCount(s, idx, limit)
+-- the stored window w on; a window after idx (the clock went back) counts
+-- as this one. Only a throttle limit's count runs on into later windows
+-- (carry: less the windows that ended since, of limit units each); any
+-- other's ends with its window, so that a limit lowered since does not
+-- find the count it was written under carried into a later window.
+local function fwCount(s, idx, limit, carry)
   local w = tonumber(s[1])
   if not w then return 0 end
   local c = tonumber(s[2])
   if w >= idx then return c end
+  if not carry then return 0 end
   return max(0, c - (idx - w) * limit)
 end
 
@@ -369,7 +372,7 @@ local function decideLimit(alg, key, limit, W, cap, cost, fill)
   end
   -- fixed window: HASH w (window index), c (count, see fwCount)
   local idx = floor(now / W)
-  local cur = fwCount(s, idx, limit)
+  local cur = fwCount(s, idx, limit, false)
   if fill then cost = fillCost(limit - cur, cost) end
   local ok = cur + cost <= limit
   local after, reset, retry = cur, now, 0
@@ -397,7 +400,7 @@ local function slotOf(alg, key, limit, W, cap, cost)
     remaining, reset = max(0, floor(st)), now + ceil((cap - st) * W / limit)
   elseif alg == 4 then
     local idx = floor(now / W)
-    st = fwCount(fields(key, 4), idx, limit)
+    st = fwCount(fields(key, 4), idx, limit, true)
     local j = floor(st / limit)
     if st - j * limit + cost > limit then j = j + 1 end
     slot = now
