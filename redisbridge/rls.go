@@ -283,7 +283,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	for i, d := range resp.Decisions {
 		l, lr := plan.limits[i], &plan.check.Limits[i]
 		untilReset := untilWindowEnd(l, resp.NowMS)
-		remaining := plan.statuses(i, &d, resp.Allowed, func(descriptor int, over bool, remaining int64) {
+		remaining := plan.statuses(i, &d, resp.Allowed, func(descriptor int, l *rls.Limit, over bool, remaining int64) {
 			st := &reply.statuses[descriptor]
 			st.Limit, st.UntilReset = l, untilReset
 			st.Remaining = uint32(min(max(remaining, 0), l.RequestsPerUnit, 1<<32-1))
@@ -309,9 +309,9 @@ func (s *Server) refuseSpent(plan *rlsPlanned, reply *rlsReply) bool {
 			continue
 		}
 		if until, ok := s.spent.spent(lr.Key, lr.Spec.Limit); ok {
-			plan.listings(i, func(descriptor int, _ int64) {
+			plan.listings(i, func(descriptor int, l *rls.Limit, _ int64) {
 				st := &reply.statuses[descriptor]
-				st.Code, st.Limit, st.UntilReset = rls.CodeOverLimit, plan.limits[i], until
+				st.Code, st.Limit, st.UntilReset = rls.CodeOverLimit, l, until
 			})
 			reply.overall = rls.CodeOverLimit
 			s.m.decision("denied", rules.FixedWindow, lr.Rule).Inc()
@@ -357,43 +357,44 @@ type rlsPlanned struct {
 	unlimited  []int       // the descriptors whose limit is unlimited
 }
 
-// listing is a descriptor that counts in a limit beside its first, and
-// its cost.
+// listing is a descriptor that counts in limit of (an index of the
+// check's limits) beside its first: its own limit and cost.
 type listing struct {
-	limit, descriptor int
-	cost              int64
+	of, descriptor int
+	limit          *rls.Limit
+	cost           int64
 }
 
-// listings calls f with each descriptor that counts in limit i and its
-// cost, in the call's order.
-func (p *rlsPlanned) listings(i int, f func(descriptor int, cost int64)) {
+// listings calls f with each descriptor that counts in limit i, its own
+// limit and its cost, in the call's order.
+func (p *rlsPlanned) listings(i int, f func(descriptor int, l *rls.Limit, cost int64)) {
 	first := p.check.Limits[i].Spec.Cost
 	for _, m := range p.more {
-		if m.limit == i {
+		if m.of == i {
 			first -= m.cost
 		}
 	}
-	f(p.descriptor[i], first)
+	f(p.descriptor[i], p.limits[i], first)
 	for _, m := range p.more {
-		if m.limit == i {
-			f(m.descriptor, m.cost)
+		if m.of == i {
+			f(m.descriptor, m.limit, m.cost)
 		}
 	}
 }
 
 // statuses works out, from limit i's decision d in a call allowed or
 // not, the status of each descriptor that counts in it, and gives each
-// to set: whether it is over, and what the limit has left. It returns
-// what the limit has left after the call.
+// to set: its limit, whether it is over, and what that limit has left.
+// It returns what limit i has left after the call.
 //
 // Descriptors of one counter take from it one after another, as
 // envoyproxy/ratelimit counts them: the second finds what the first
-// left. A call refused took nothing, and each of them then says what the
-// limit has, or that it is over when it and those before it cost more.
-// A limit over says 0 left, as there, even when it had less left than
-// the call's cost. A budget's or a peek's decision (Fill, never merged)
-// says what it had.
-func (p *rlsPlanned) statuses(i int, d *rules.Decision, allowed bool, set func(descriptor int, over bool, remaining int64)) int64 {
+// left, each against its own limit. A call refused took nothing, and
+// each of them then says what its limit has, or that it is over when it
+// and those before it cost more. A limit over says 0 left, as there, even
+// when it had less left than the call's cost. A budget's or a peek's
+// decision (Fill, never merged) says what it had.
+func (p *rlsPlanned) statuses(i int, d *rules.Decision, allowed bool, set func(descriptor int, l *rls.Limit, over bool, remaining int64)) int64 {
 	lr := &p.check.Limits[i]
 	if lr.Fill {
 		remaining := d.Remaining
@@ -403,7 +404,7 @@ func (p *rlsPlanned) statuses(i int, d *rules.Decision, allowed bool, set func(d
 		case allowed:
 			remaining -= lr.Taken(d)
 		}
-		set(p.descriptor[i], !d.Allowed, remaining)
+		set(p.descriptor[i], p.limits[i], !d.Allowed, remaining)
 		return remaining
 	}
 	// An allowed decision says what the limit would have after the call,
@@ -413,16 +414,17 @@ func (p *rlsPlanned) statuses(i int, d *rules.Decision, allowed bool, set func(d
 	if d.Allowed {
 		had += lr.Spec.Cost
 	}
+	before := lr.Spec.Limit - had // the count before the call
 	var cost int64
-	p.listings(i, func(descriptor int, c int64) {
+	p.listings(i, func(descriptor int, l *rls.Limit, c int64) {
 		cost += c
 		switch {
 		case taken:
-			set(descriptor, false, had-cost)
-		case cost > had:
-			set(descriptor, true, 0)
+			set(descriptor, l, false, l.RequestsPerUnit-before-cost)
+		case before+cost > l.RequestsPerUnit:
+			set(descriptor, l, true, 0)
 		default:
-			set(descriptor, false, had)
+			set(descriptor, l, false, l.RequestsPerUnit-before)
 		}
 	})
 	if taken {
@@ -506,9 +508,12 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 // mergeListings makes the limits of one counter one limit that costs
 // what they cost together, so that the call counts each of its
 // descriptors (the script call decides a key once however often a check
-// lists it). Only limits alike but for their cost are merged: not
-// budgets, peeks or quota limits, whose decisions say more than what is
-// left.
+// lists it). The limits of one counter may differ in number (a limit
+// override of a configured descriptor): the merged limit lets the call
+// through when each fits, after those before it, under its own,
+// min(limit of each + the cost of those after it). Budgets, peeks and
+// quota limits, whose decisions say more than what is left, are not
+// merged.
 func (p *rlsPlanned) mergeListings() {
 	if len(p.check.Limits) < 2 {
 		return
@@ -521,11 +526,13 @@ next:
 		// a scan costs less than a map.
 		for j := 0; j < n && !lr.Fill && !lr.Quota; j++ {
 			if p.check.Limits[j].Key == lr.Key {
-				if !sameButCost(&p.check.Limits[j], &lr) {
+				m := &p.check.Limits[j]
+				if !sameCounter(m, &lr) {
 					break
 				}
-				p.check.Limits[j].Spec.Cost += lr.Spec.Cost
-				p.more = append(p.more, listing{j, p.descriptor[i], lr.Spec.Cost})
+				m.Spec.Limit = min(m.Spec.Limit+lr.Spec.Cost, lr.Spec.Limit)
+				m.Spec.Burst, m.Spec.Cost = m.Spec.Limit, m.Spec.Cost+lr.Spec.Cost
+				p.more = append(p.more, listing{j, p.descriptor[i], p.limits[i], lr.Spec.Cost})
 				continue next
 			}
 		}
@@ -535,10 +542,13 @@ next:
 	p.limits, p.descriptor, p.check.Limits = p.limits[:n], p.descriptor[:n], p.check.Limits[:n]
 }
 
-// sameButCost tells whether a and b are the same limit but for their cost.
-func sameButCost(a, b *rules.LimitRequest) bool {
+// sameCounter tells whether a and b are limits of one counter that may
+// be merged: alike but for their number and cost.
+func sameCounter(a, b *rules.LimitRequest) bool {
 	x, y := *a, *b
-	x.Spec.Cost, y.Spec.Cost = 0, 0
+	x.Spec.Limit, x.Spec.Burst, x.Spec.Cost = 0, 0, 0
+	y.Spec.Limit, y.Spec.Burst, y.Spec.Cost = 0, 0, 0
+	x.Rule, y.Rule = "", ""
 	return x == y
 }
 

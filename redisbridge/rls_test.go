@@ -17,6 +17,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -135,6 +136,12 @@ func rlsFrame(req *rlsv3.RateLimitRequest) []byte {
 	frame := make([]byte, 5, 5+len(msg))
 	binary.BigEndian.PutUint32(frame[1:], uint32(len(msg)))
 	return append(frame, msg...)
+}
+
+// override is d with Envoy's limit override of n a minute.
+func override(d *ratelimitv3.RateLimitDescriptor, n uint32) *ratelimitv3.RateLimitDescriptor {
+	d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_MINUTE}
+	return d
 }
 
 // hits is d with its own hits_addend n.
@@ -303,6 +310,13 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 			call(hits(descriptor("remote_address", "10.0.0.31"), 1), descriptor("path", "/other"), hits(descriptor("remote_address", "10.0.0.31"), 2)),
 			answer(over, perMinute(ok, 2, 2), none, perMinute(over, 2, 0))},
 		{"what the refusal left", call(descriptor("remote_address", "10.0.0.31")), answer(ok, perMinute(ok, 2, 1))},
+		// A limit override of a configured descriptor counts in its
+		// counter, each against its own limit.
+		{"one counter, a limit override and its limit", call(override(descriptor("remote_address", "10.0.0.40"), 5), descriptor("remote_address", "10.0.0.40")),
+			answer(ok, perMinute(ok, 5, 4), perMinute(ok, 2, 0))},
+		{"one counter, its limit spent: refused, nothing counted", call(override(descriptor("remote_address", "10.0.0.40"), 5), descriptor("remote_address", "10.0.0.40")),
+			answer(over, perMinute(ok, 5, 3), perMinute(over, 2, 0))},
+		{"the override alone", call(override(descriptor("remote_address", "10.0.0.40"), 5)), answer(ok, perMinute(ok, 5, 2))},
 		{"a wildcard not shared", call(descriptor("file", "own/a")), answer(ok, perMinute(ok, 1, 0))},
 		{"a wildcard not shared: each value on its own", call(descriptor("file", "own/b")), answer(ok, perMinute(ok, 1, 0))},
 		{"shared above the limit", call(descriptor("tenant", "team-a", "method", "GET")), answer(ok, perMinute(ok, 1, 0))},
