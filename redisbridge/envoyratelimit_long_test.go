@@ -23,8 +23,9 @@ import (
 )
 
 // matchConfig is the configuration both services decide the calls of
-// TestLong_RLS_MatchesEnvoyRatelimit with; windows of an hour and a day,
-// which a scenario of the test seldom crosses. Quota mode is left out:
+// TestLong_RLS_MatchesEnvoyRatelimit with; windows of a minute, an hour
+// and a day, which a scenario of the test (milliseconds) seldom crosses,
+// and is not compared when it does. Quota mode is left out:
 // the bridge follows envoyproxy/ratelimit's later versions there, which
 // the module proxy does not serve.
 const matchConfig = `domain: m
@@ -53,6 +54,11 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 3}
   - key: zero
     rate_limit: {unit: hour, requests_per_unit: 0}
+  - key: burst
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
 `
 
 // matchDescriptors are what the calls are made of.
@@ -61,7 +67,10 @@ var matchDescriptors = [][]string{
 	{"path", "/login"}, {"path", "/free"}, {"path", "/other"},
 	{"user", "u1", "path", "/x"}, {"user", "u2", "path", "/x"}, {"user", "u1", "path", "/login"},
 	{"file", "a/1"}, {"file", "a/2"}, {"file", "s/1"}, {"file", "s/2"}, {"file", "b/1"},
-	{"zero", "z"}, {"unknown", "x"},
+	{"zero", "z"}, {"unknown", "x"}, {"burst", "b"}, {"shadow", "s"},
+	// Entries that match no limit: fewer than a nested one, more, a
+	// wildcard's prefix without its rest.
+	{"user", "u1"}, {"user", "u1", "path", "/x", "verb", "GET"}, {"file", "a/"}, {"file", "a"},
 }
 
 // TestLong_RLS_MatchesEnvoyRatelimit sends the same random calls, one at
@@ -118,7 +127,7 @@ func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, en
 				t.Fatal(err)
 			}
 		}
-		hour := time.Now().Truncate(time.Hour)
+		minute := time.Now().Truncate(time.Minute)
 		var diffs []string
 		for range 30 {
 			req := matchCall(rng)
@@ -131,16 +140,32 @@ func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, en
 				t.Fatalf("the bridge: %v", err)
 			}
 			calls++
-			last := a.OverallCode != rlsv3.RateLimitResponse_OK || b.OverallCode != rlsv3.RateLimitResponse_OK
-			if diff := answerDiff(a, b, last && (sharesCounter(req) || hasZero(req))); diff != "" {
-				diffs = append(diffs, fmt.Sprintf("call %s:\n%s", compactCall(req), diff))
+			refusal := a.OverallCode != rlsv3.RateLimitResponse_OK || b.OverallCode != rlsv3.RateLimitResponse_OK
+			// A limit in shadow mode that goes over refuses nothing, but
+			// with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
+			// envoyproxy/ratelimit then counts the call in no other
+			// descriptor: the scenario ends there too.
+			shadowSpent := shadowSpent(a) || shadowSpent(b)
+			last := refusal || shadowSpent
+			// Where a descriptor alone would go over, envoyproxy/ratelimit
+			// (with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT) counts only
+			// such descriptors, and then holds those of a shared counter
+			// each to what it had alone; the bridge takes them one after
+			// another (as envoyproxy/ratelimit does without it). Such calls
+			// are not compared.
+			if !(last && sharesCounter(req)) {
+				if diff := answerDiff(a, b, shadowSpent || refusal && hasZero(req)); diff != "" {
+					diffs = append(diffs, fmt.Sprintf("call %s:\n%s", compactCall(req), diff))
+				}
 			}
 			if last {
-				refused++
+				if refusal {
+					refused++
+				}
 				break
 			}
 		}
-		if !time.Now().Truncate(time.Hour).Equal(hour) {
+		if !time.Now().Truncate(time.Minute).Equal(minute) {
 			continue // a window ended during the scenario
 		}
 		compared++
@@ -194,6 +219,17 @@ func sharesCounter(req *rlsv3.RateLimitRequest) bool {
 	return false
 }
 
+// shadowSpent tells whether r has a status of matchConfig's limit in
+// shadow mode with nothing left: spent, or over.
+func shadowSpent(r *rlsv3.RateLimitResponse) bool {
+	for _, st := range r.Statuses {
+		if l := st.CurrentLimit; l != nil && l.Unit == rlsv3.RateLimitResponse_RateLimit_HOUR && l.RequestsPerUnit == 1 && l.Name == "" && st.LimitRemaining == 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // hasZero tells whether req has matchConfig's limit of 0.
 func hasZero(req *rlsv3.RateLimitRequest) bool {
 	for _, d := range req.Descriptors {
@@ -206,9 +242,9 @@ func hasZero(req *rlsv3.RateLimitRequest) bool {
 
 // answerDiff says how b differs from a; durations until reset may differ
 // by two seconds, the services' clocks read at different moments. With
-// codesOnly (a refused call where descriptors share a counter or a limit
-// of 0 refused), the overall codes and each status's limit are compared,
-// not the RateLimit headers.
+// codesOnly (a call a limit of 0 refused, or where one in shadow mode
+// went over), the overall codes and each status's limit are compared,
+// not what is left or the RateLimit headers.
 func answerDiff(a, b *rlsv3.RateLimitResponse, codesOnly bool) string {
 	shown := "envoyproxy/ratelimit: " + compactAnswer(a) + "\nthe bridge:           " + compactAnswer(b)
 	a, b = proto.Clone(a).(*rlsv3.RateLimitResponse), proto.Clone(b).(*rlsv3.RateLimitResponse)
@@ -250,12 +286,11 @@ func answerDiff(a, b *rlsv3.RateLimitResponse, codesOnly bool) string {
 			// Not decided by the bridge: a limit of 0 refused the call.
 			sa.Code, sa.CurrentLimit, sa.LimitRemaining, sa.DurationUntilReset = sb.Code, nil, 0, nil
 		}
-		if codesOnly && sa.CurrentLimit != nil {
-			// Descriptors of one counter in a refused call: the bridge
-			// takes them one after another (what envoyproxy/ratelimit does
-			// without STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); with it,
-			// envoyproxy/ratelimit looks at each alone.
-			sa.Code, sa.LimitRemaining = sb.Code, sb.LimitRemaining
+		if codesOnly {
+			// Where one in shadow mode went over, the bridge counted the
+			// call in the others; envoyproxy/ratelimit, with
+			// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, only in it.
+			sa.LimitRemaining, sb.LimitRemaining = 0, 0
 		}
 		if d := sa.DurationUntilReset.AsDuration() - sb.DurationUntilReset.AsDuration(); d > 2*time.Second || d < -2*time.Second {
 			same = false

@@ -508,12 +508,12 @@ func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 // mergeListings makes the limits of one counter one limit that costs
 // what they cost together, so that the call counts each of its
 // descriptors (the script call decides a key once however often a check
-// lists it). The limits of one counter may differ in number (a limit
-// override of a configured descriptor): the merged limit lets the call
-// through when each fits, after those before it, under its own,
-// min(limit of each + the cost of those after it). Budgets, peeks and
-// quota limits, whose decisions say more than what is left, are not
-// merged.
+// lists it). The limits of one counter may differ in number and shadow
+// mode (a limit override of a configured descriptor, which is never in
+// shadow mode): the merged limit lets the call through when each that is
+// enforced fits, after those before it, under its own, min(limit of each
+// + the cost of those after it). Budgets, peeks and quota limits, whose
+// decisions say more than what is left, are not merged.
 func (p *rlsPlanned) mergeListings() {
 	if len(p.check.Limits) < 2 {
 		return
@@ -530,7 +530,17 @@ next:
 				if !sameCounter(m, &lr) {
 					break
 				}
-				m.Spec.Limit = min(m.Spec.Limit+lr.Spec.Cost, lr.Spec.Limit)
+				// The limit the listings so far leave, each one's grown by
+				// lr's cost, and lr's own; only enforced listings hold the
+				// call back, so a log-only one counts only among log-only.
+				switch {
+				case !m.LogOnly && lr.LogOnly:
+					m.Spec.Limit += lr.Spec.Cost
+				case m.LogOnly && !lr.LogOnly:
+					m.Spec.Limit, m.LogOnly = lr.Spec.Limit, false
+				default:
+					m.Spec.Limit = min(m.Spec.Limit+lr.Spec.Cost, lr.Spec.Limit)
+				}
 				m.Spec.Burst, m.Spec.Cost = m.Spec.Limit, m.Spec.Cost+lr.Spec.Cost
 				p.more = append(p.more, listing{j, p.descriptor[i], p.limits[i], lr.Spec.Cost})
 				continue next
@@ -543,12 +553,11 @@ next:
 }
 
 // sameCounter tells whether a and b are limits of one counter that may
-// be merged: alike but for their number and cost.
+// be merged: alike but for their number, cost and shadow mode.
 func sameCounter(a, b *rules.LimitRequest) bool {
 	x, y := *a, *b
-	x.Spec.Limit, x.Spec.Burst, x.Spec.Cost = 0, 0, 0
-	y.Spec.Limit, y.Spec.Burst, y.Spec.Cost = 0, 0, 0
-	x.Rule, y.Rule = "", ""
+	x.Spec.Limit, x.Spec.Burst, x.Spec.Cost, x.LogOnly, x.Rule = 0, 0, 0, false, ""
+	y.Spec.Limit, y.Spec.Burst, y.Spec.Cost, y.LogOnly, y.Rule = 0, 0, 0, false, ""
 	return x == y
 }
 

@@ -333,6 +333,42 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 	}
 }
 
+// TestRLS_OneCounterShadowAndEnforced: a descriptor in shadow mode and
+// its limit override (never in shadow mode) make one counter; the call
+// is held back by the override alone, which counts after the other.
+func TestRLS_OneCounterShadowAndEnforced(t *testing.T) {
+	const now = 1_800_000_030_000 // 30 s into a minute
+	addr := startBridge(t, rlsSettings(t, func() int64 { return now }))
+	client := rlsClient(t, addr)
+	status := func(code rlsv3.RateLimitResponse_Code, limit, remaining uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: code, LimitRemaining: remaining, DurationUntilReset: durationpb.New(30 * time.Second),
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: limit, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}}
+	}
+	const (
+		ok   = rlsv3.RateLimitResponse_OK
+		over = rlsv3.RateLimitResponse_OVER_LIMIT
+	)
+	for _, tt := range []struct {
+		name string
+		d    []*ratelimitv3.RateLimitDescriptor
+		want *rlsv3.RateLimitResponse
+	}{
+		// /shadow: 1 a minute, in shadow mode.
+		{"over the shadow limit, within the override", []*ratelimitv3.RateLimitDescriptor{hits(descriptor("path", "/shadow"), 2), override(descriptor("path", "/shadow"), 3)},
+			&rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{status(ok, 1, 0), status(ok, 3, 0)}}},
+		{"the override spent", []*ratelimitv3.RateLimitDescriptor{descriptor("path", "/shadow"), override(descriptor("path", "/shadow"), 3)},
+			&rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{status(ok, 1, 0), status(over, 3, 0)}}},
+	} {
+		got, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: tt.d})
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if !proto.Equal(got, tt.want) {
+			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
+		}
+	}
+}
+
 // TestRLS_ResponseHeaders: with --rls-response-headers each answer
 // carries the RateLimit headers of the descriptor closest to its limit:
 // the last one over it, else the first with the least remaining; none
