@@ -89,7 +89,12 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 	bin := envoyRatelimitBinary(t)
 	t.Run("single", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, "REDIS_URL="+rs.Addr)
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, "REDIS_URL="+rs.Addr)
+	})
+	// Every limit in shadow mode: --rls-shadow-mode and SHADOW_MODE.
+	t.Run("shadow", func(t *testing.T) {
+		rs := redistest.Start(t)
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, true, "REDIS_URL="+rs.Addr, "SHADOW_MODE=true")
 	})
 	// On a Cluster the bridge decides a call's descriptors in their slots
 	// (every descriptor is a hash tag of its own).
@@ -99,22 +104,23 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 		for _, n := range c.Nodes {
 			addrs = append(addrs, n.Addr)
 		}
-		compareWithEnvoyRatelimit(t, bin, c.URL, addrs, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
+		compareWithEnvoyRatelimit(t, bin, c.URL, addrs, false, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
 			"REDIS_PIPELINE_WINDOW=150us") // which its cluster client requires
 	})
 }
 
 // compareWithEnvoyRatelimit runs the scenarios of
 // TestLong_RLS_MatchesEnvoyRatelimit against a bridge on Redis at url
-// and envoyproxy/ratelimit (bin) with the variables env, on the same
-// Redis, whose nodes (emptied between scenarios) are at addrs.
-func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, env ...string) {
+// (with --rls-shadow-mode when shadow) and envoyproxy/ratelimit (bin)
+// with the variables env, on the same Redis, whose nodes (emptied between
+// scenarios) are at addrs.
+func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, shadow bool, env ...string) {
 	theirAddr, _ := startEnvoyRatelimit(t, bin, "", matchConfig, append([]string{
 		"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "RESPONSE_DYNAMIC_METADATA=true"}, env...)...)
 	theirs := rlsClient(t, theirAddr)
 	set := DefaultSettings()
 	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", url, rlsConfig(t, matchConfig)
-	set.RLSResponseHeaders, set.RLSResponseMetadata = true, true
+	set.RLSResponseHeaders, set.RLSResponseMetadata, set.RLSShadowMode = true, true, shadow
 	ours := rlsClient(t, startBridge(t, set))
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -140,7 +146,8 @@ func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, en
 				t.Fatalf("the bridge: %v", err)
 			}
 			calls++
-			refusal := a.OverallCode != rlsv3.RateLimitResponse_OK || b.OverallCode != rlsv3.RateLimitResponse_OK
+			// Refused, or would have been but for --rls-shadow-mode.
+			refusal := anyOver(a) || anyOver(b)
 			// A limit in shadow mode that goes over refuses nothing, but
 			// with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
 			// envoyproxy/ratelimit then counts the call in no other
@@ -154,7 +161,10 @@ func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, en
 			// another (as envoyproxy/ratelimit does without it). Such calls
 			// are not compared.
 			if !(last && sharesCounter(req)) {
-				if diff := answerDiff(a, b, shadowSpent || refusal && hasZero(req)); diff != "" {
+				// Over but let through (--rls-shadow-mode): the bridge counted
+				// the call in the others, as for shadowSpent.
+				shadowed := refusal && a.OverallCode == rlsv3.RateLimitResponse_OK && b.OverallCode == rlsv3.RateLimitResponse_OK
+				if diff := answerDiff(a, b, shadowSpent || shadowed || refusal && hasZero(req)); diff != "" {
 					diffs = append(diffs, fmt.Sprintf("call %s:\n%s", compactCall(req), diff))
 				}
 			}
@@ -219,6 +229,19 @@ func sharesCounter(req *rlsv3.RateLimitRequest) bool {
 	return false
 }
 
+// anyOver tells whether r refuses its call or has a status over.
+func anyOver(r *rlsv3.RateLimitResponse) bool {
+	if r.OverallCode != rlsv3.RateLimitResponse_OK {
+		return true
+	}
+	for _, st := range r.Statuses {
+		if st.Code != rlsv3.RateLimitResponse_OK {
+			return true
+		}
+	}
+	return false
+}
+
 // shadowSpent tells whether r has a status of matchConfig's limit in
 // shadow mode with nothing left: spent, or over.
 func shadowSpent(r *rlsv3.RateLimitResponse) bool {
@@ -242,9 +265,9 @@ func hasZero(req *rlsv3.RateLimitRequest) bool {
 
 // answerDiff says how b differs from a; durations until reset may differ
 // by two seconds, the services' clocks read at different moments. With
-// codesOnly (a call a limit of 0 refused, or where one in shadow mode
-// went over), the overall codes and each status's limit are compared,
-// not what is left or the RateLimit headers.
+// codesOnly (a call a limit of 0 refused, or where a limit in shadow mode
+// went over), the overall codes and each status's code and limit are
+// compared, not what is left or the RateLimit headers.
 func answerDiff(a, b *rlsv3.RateLimitResponse, codesOnly bool) string {
 	shown := "envoyproxy/ratelimit: " + compactAnswer(a) + "\nthe bridge:           " + compactAnswer(b)
 	a, b = proto.Clone(a).(*rlsv3.RateLimitResponse), proto.Clone(b).(*rlsv3.RateLimitResponse)
