@@ -89,12 +89,16 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 	bin := envoyRatelimitBinary(t)
 	t.Run("single", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, "REDIS_URL="+rs.Addr)
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, nil, "REDIS_URL="+rs.Addr)
 	})
-	// Every limit in shadow mode: --rls-shadow-mode and SHADOW_MODE.
+	// Every limit in shadow mode (--rls-shadow-mode, SHADOW_MODE), and
+	// the RateLimit headers renamed.
 	t.Run("shadow", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, true, "REDIS_URL="+rs.Addr, "SHADOW_MODE=true")
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, func(s *Settings) {
+			s.RLSShadowMode, s.RLSResponseHeaderNames = true, "X-RL-Limit,X-RL-Remaining,X-RL-Reset"
+		}, "REDIS_URL="+rs.Addr, "SHADOW_MODE=true",
+			"LIMIT_LIMIT_HEADER=X-RL-Limit", "LIMIT_REMAINING_HEADER=X-RL-Remaining", "LIMIT_RESET_HEADER=X-RL-Reset")
 	})
 	// On a Cluster the bridge decides a call's descriptors in their slots
 	// (every descriptor is a hash tag of its own).
@@ -104,23 +108,26 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 		for _, n := range c.Nodes {
 			addrs = append(addrs, n.Addr)
 		}
-		compareWithEnvoyRatelimit(t, bin, c.URL, addrs, false, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
+		compareWithEnvoyRatelimit(t, bin, c.URL, addrs, nil, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
 			"REDIS_PIPELINE_WINDOW=150us") // which its cluster client requires
 	})
 }
 
 // compareWithEnvoyRatelimit runs the scenarios of
 // TestLong_RLS_MatchesEnvoyRatelimit against a bridge on Redis at url
-// (with --rls-shadow-mode when shadow) and envoyproxy/ratelimit (bin)
-// with the variables env, on the same Redis, whose nodes (emptied between
-// scenarios) are at addrs.
-func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, shadow bool, env ...string) {
+// (its settings changed by configure, when not nil) and
+// envoyproxy/ratelimit (bin) with the variables env, on the same Redis,
+// whose nodes (emptied between scenarios) are at addrs.
+func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, configure func(*Settings), env ...string) {
 	theirAddr, _ := startEnvoyRatelimit(t, bin, "", matchConfig, append([]string{
 		"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "RESPONSE_DYNAMIC_METADATA=true"}, env...)...)
 	theirs := rlsClient(t, theirAddr)
 	set := DefaultSettings()
 	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", url, rlsConfig(t, matchConfig)
-	set.RLSResponseHeaders, set.RLSResponseMetadata, set.RLSShadowMode = true, true, shadow
+	set.RLSResponseHeaders, set.RLSResponseMetadata = true, true
+	if configure != nil {
+		configure(&set)
+	}
 	ours := rlsClient(t, startBridge(t, set))
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -294,7 +301,7 @@ func answerDiff(a, b *rlsv3.RateLimitResponse, codesOnly bool) string {
 	same := len(a.Statuses) == len(b.Statuses) && len(a.ResponseHeadersToAdd) == len(b.ResponseHeadersToAdd)
 	for i := 0; same && i < len(a.ResponseHeadersToAdd); i++ {
 		ha, hb := a.ResponseHeadersToAdd[i], b.ResponseHeadersToAdd[i]
-		if ha.Key == "RateLimit-Reset" && hb.Key == ha.Key {
+		if i == 2 && hb.Key == ha.Key { // the reset, in seconds
 			ra, _ := strconv.Atoi(ha.Value)
 			rb, _ := strconv.Atoi(hb.Value)
 			if ra-rb > 2 || rb-ra > 2 {
