@@ -81,10 +81,9 @@ var matchDescriptors = [][]string{
 // bridge; with envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
 // (set here) the descriptors that went over, so that their counters pass
 // the limit; without it, every descriptor. So each scenario runs until a
-// call is refused, compares that answer's codes and limits (and what is
-// left, but where descriptors share a counter or a limit of 0 refused,
-// which the bridge decides without Redis), and Redis is emptied for the
-// next.
+// call is refused (or a limit in shadow mode goes over), compares that
+// answer too, and Redis is emptied for the next; answerDiff and the
+// comments below say what such a last call is compared by.
 func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 	bin := envoyRatelimitBinary(t)
 	t.Run("single", func(t *testing.T) {
@@ -159,7 +158,7 @@ func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, co
 			// with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
 			// envoyproxy/ratelimit then counts the call in no other
 			// descriptor: the scenario ends there too.
-			shadowSpent := shadowSpent(a) || shadowSpent(b)
+			shadowSpent := shadowSpent(req, a) || shadowSpent(req, b)
 			last := refusal || shadowSpent
 			// Where a descriptor alone would go over, envoyproxy/ratelimit
 			// (with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT) counts only
@@ -195,9 +194,9 @@ func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, co
 
 // matchCall is a call of one to three of matchDescriptors (of a domain
 // not configured now and then), with hits addends of the call or of its
-// descriptors now and then (never 0: a
-// peek at a counter exactly at its limit is refused by the bridge, which
-// never lets a counter pass its limit to tell it from one over).
+// descriptors and limit overrides now and then. A hits addend is never 0:
+// a peek at a counter exactly at its limit is refused by the bridge,
+// which never lets a counter pass its limit to tell it from one over.
 func matchCall(rng *rand.Rand) *rlsv3.RateLimitRequest {
 	req := &rlsv3.RateLimitRequest{Domain: "m"}
 	if rng.IntN(20) == 0 {
@@ -253,11 +252,12 @@ func anyOver(r *rlsv3.RateLimitResponse) bool {
 	return false
 }
 
-// shadowSpent tells whether r has a status of matchConfig's limit in
-// shadow mode with nothing left: spent, or over.
-func shadowSpent(r *rlsv3.RateLimitResponse) bool {
-	for _, st := range r.Statuses {
-		if l := st.CurrentLimit; l != nil && l.Unit == rlsv3.RateLimitResponse_RateLimit_HOUR && l.RequestsPerUnit == 1 && l.Name == "" && st.LimitRemaining == 0 {
+// shadowSpent tells whether r, the answer to req, says that
+// matchConfig's limit in shadow mode has nothing left: spent, or over.
+func shadowSpent(req *rlsv3.RateLimitRequest, r *rlsv3.RateLimitResponse) bool {
+	for i, st := range r.Statuses {
+		d := req.Descriptors[i]
+		if d.Entries[0].Key == "shadow" && d.Limit == nil && st.CurrentLimit != nil && st.LimitRemaining == 0 {
 			return true
 		}
 	}
