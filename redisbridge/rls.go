@@ -3,6 +3,7 @@ package redisbridge
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -81,14 +82,88 @@ func (s *Server) serveRLS(ctx context.Context, in *checkio.Request, out *checkio
 		rlsFail(out, e)
 		return
 	}
+	res := s.rlsResponse(&req, reply)
+	grpcAnswer(out, func(b []byte) []byte { return rls.AppendResponse(b, &res) })
+	s.m.checkDur.Observe(time.Since(start).Seconds())
+}
+
+// rlsResponse is the answer to req, with the RateLimit headers and the
+// dynamic metadata the settings ask for.
+func (s *Server) rlsResponse(req *rls.Request, reply *rlsReply) rls.Response {
 	res := rls.Response{Overall: reply.overall, Statuses: reply.statuses}
 	if s.set.RLSResponseHeaders {
 		res.Headers, res.HeaderNames = reply.closest(), s.rlsHeaders
 	}
 	if s.set.RLSResponseMetadata {
-		res.Metadata = reply.metadata(&req)
+		res.Metadata = reply.metadata(req)
 	}
-	grpcAnswer(out, func(b []byte) []byte { return rls.AppendResponse(b, &res) })
+	return res
+}
+
+// handleRLSJSON answers ShouldRateLimit in JSON (POST /json), as
+// envoyproxy/ratelimit does on its HTTP port, for callers without gRPC:
+// the request and the answer in protobuf's JSON mapping, 429 when the
+// call is refused. It is decided as a gRPC call is, with --check-token.
+// Its errors are the bridge's envelope: a request that does not read is
+// a 400 naming the field at fault, a store that does not answer a 503
+// (envoyproxy/ratelimit answers both 400, with no body to speak of).
+func (s *Server) handleRLSJSON(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	id := requestID(r)
+	if id == "" {
+		id = newRequestID()
+	}
+	w.Header().Set("X-Request-Id", id)
+	fail := func(e *apiError) {
+		var out checkio.Response
+		e.writeTo(&out, id)
+		writeResponse(w, &out)
+	}
+	if e := s.authorizeCheck(headerBytes(r, "Authorization")); e != nil {
+		fail(e)
+		return
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	body, err := readAll(w, r, (*bp)[:0])
+	*bp = body
+	var req rls.Request
+	if err == nil {
+		err = rls.DecodeJSONRequest(body, &req)
+	}
+	if err != nil {
+		s.m.checkInvalid.Inc()
+		var je *rls.JSONError
+		var tooLarge *http.MaxBytesError
+		switch {
+		case errors.As(err, &je):
+			fail(invalid(codeInvalidInput, je.Field, je.Reason))
+		case errors.As(err, &tooLarge):
+			fail(bodyTooLarge)
+		default:
+			fail(invalid(codeInvalidInput, "body", err.Error()))
+		}
+		return
+	}
+	reply, e := s.decideRLS(r.Context(), &req, id, start.Add(s.set.RedisTimeout))
+	switch {
+	case e == nil:
+	case e.code == grpcUnimplemented: // no --rls-config
+		fail(&apiError{http.StatusNotFound, codeNotFound, "path", e.msg})
+		return
+	case e.code == grpcUnavailable:
+		fail(&apiError{http.StatusServiceUnavailable, codeServiceUnavailable, "", e.msg})
+		return
+	default:
+		fail(invalid(codeInvalidInput, "body", e.msg))
+		return
+	}
+	res := s.rlsResponse(&req, reply)
+	w.Header().Set("Content-Type", "application/json")
+	if reply.overall == rls.CodeOverLimit {
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+	w.Write(rls.AppendResponseJSON(nil, &res))
 	s.m.checkDur.Observe(time.Since(start).Seconds())
 }
 
@@ -227,6 +302,12 @@ func (s *Server) shouldRateLimit(ctx context.Context, in *checkio.Request, req *
 	if d, ok := grpcTimeout(in.GRPCTimeout); ok && start.Add(d).Before(deadline) {
 		deadline = start.Add(d)
 	}
+	return s.decideRLS(ctx, req, id, deadline)
+}
+
+// decideRLS decides the ShouldRateLimit request req as the check id, by
+// deadline, and makes its answer, whatever form the request came in.
+func (s *Server) decideRLS(ctx context.Context, req *rls.Request, id string, deadline time.Time) (*rlsReply, *rlsError) {
 	plan, e := s.rlsPlan(req)
 	if e != nil {
 		s.m.checkInvalid.Inc()

@@ -24,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -366,6 +367,54 @@ func TestRLS_OneCounterShadowAndEnforced(t *testing.T) {
 		if !proto.Equal(got, tt.want) {
 			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestRLS_JSON: ShouldRateLimit in JSON on POST /json, as on
+// envoyproxy/ratelimit's HTTP port: the answer in protobuf's JSON
+// mapping, 429 when refused; errors in the bridge's envelope: a bad
+// request 400 with the field at fault, the check token required, 404
+// without a rate limit service.
+func TestRLS_JSON(t *testing.T) {
+	const now = 1_800_000_030_000 // 30 s into a minute
+	set := rlsSettings(t, func() int64 { return now })
+	set.CheckToken = "tok"
+	ts := startServer(t, set)
+	call := `{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.50"}]}]}`
+	auth := []string{"Authorization", "Bearer tok"}
+	for i, want := range []struct {
+		status int
+		answer *rlsv3.RateLimitResponse
+	}{
+		{200, &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{addressStatus(rlsv3.RateLimitResponse_OK, 1, 30*time.Second)}}},
+		{200, &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{addressStatus(rlsv3.RateLimitResponse_OK, 0, 30*time.Second)}}},
+		{429, &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{addressStatus(rlsv3.RateLimitResponse_OVER_LIMIT, 0, 30*time.Second)}}},
+	} {
+		r := do(t, nil, "POST", ts.URL+"/json", call, auth...)
+		var got rlsv3.RateLimitResponse
+		if err := protojson.Unmarshal(r.body, &got); err != nil || r.status != want.status || r.header.Get("Content-Type") != "application/json" || !proto.Equal(&got, want.answer) {
+			t.Errorf("call %d: %d %s %v, want %d %v", i+1, r.status, r.body, err, want.status, want.answer)
+		}
+	}
+	for _, tt := range []struct {
+		name, body string
+		hdr        []string
+		status     int
+		text       string
+	}{
+		{"no token", call, nil, 401, `"code":"UNAUTHORIZED"`},
+		{"a field misspelled", `{"domain":"edge","descriptors":[{"entrys":[]}]}`, auth, 400, `"details":{"field":"descriptors[0].entrys","reason":"unknown field"}`},
+		{"not JSON", `domain=edge`, auth, 400, `"details":{"field":"body","reason":"not JSON"}`},
+		{"is_negative_hits", `{"domain":"edge","descriptors":[{"entries":[{"key":"k","value":"v"}],"isNegativeHits":true}]}`, auth, 400, "is_negative_hits is not supported"},
+	} {
+		r := do(t, nil, "POST", ts.URL+"/json", tt.body, tt.hdr...)
+		if r.status != tt.status || !strings.Contains(string(r.body), tt.text) {
+			t.Errorf("%s: %d %s, want %d with %q", tt.name, r.status, r.body, tt.status, tt.text)
+		}
+	}
+	set.RLSConfig, set.CheckToken = "", ""
+	if r := do(t, nil, "POST", startServer(t, set).URL+"/json", call); r.status != 404 || !strings.Contains(string(r.body), `"code":"NOT_FOUND"`) {
+		t.Errorf("without --rls-config: %d %s, want 404", r.status, r.body)
 	}
 }
 

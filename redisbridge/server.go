@@ -145,6 +145,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/rate-limit/config/{user_id}/{endpoint...}", s.admin("config.get", s.handleGetConfig))
 	mux.HandleFunc("POST /v1/rate-limit/reset", s.admin("reset", s.handleReset))
 	mux.HandleFunc("POST "+rlsPath, s.handleRLS) // the token is checked in handleRLS
+	mux.HandleFunc("POST /json", s.handleRLSJSON)
 	mux.HandleFunc("POST "+healthPath, s.handleHealth)
 	s.policyRoutes(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))

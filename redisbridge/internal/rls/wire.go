@@ -196,6 +196,19 @@ type Status struct {
 	UntilReset time.Duration
 }
 
+// headerNames are the names of the RateLimit headers: HeaderNames, or
+// DefaultHeaderNames.
+func (r *Response) headerNames() [3]string {
+	if r.HeaderNames[0] == "" {
+		return DefaultHeaderNames
+	}
+	return r.HeaderNames
+}
+
+// resetSeconds is the time to the reset in whole seconds, rounded up, as
+// the RateLimit-Reset header says it.
+func (s *Status) resetSeconds() int64 { return int64((s.UntilReset + time.Second - 1) / time.Second) }
+
 // Response is a ShouldRateLimit answer (RateLimitResponse).
 type Response struct {
 	Overall  Code
@@ -238,15 +251,10 @@ func AppendResponse(b []byte, r *Response) []byte {
 		b = appendMessage(b, func(b []byte) []byte { return appendStruct(b, m.fields()) })
 	}
 	if h := r.Headers; h != nil {
-		// The reset in whole seconds, rounded up.
-		reset := int64((h.UntilReset + time.Second - 1) / time.Second)
-		names := r.HeaderNames
-		if names[0] == "" {
-			names = DefaultHeaderNames
-		}
+		names := r.headerNames()
 		b = appendHeader(b, names[0], h.Limit.RequestsPerUnit)
 		b = appendHeader(b, names[1], int64(h.Remaining))
-		b = appendHeader(b, names[2], reset)
+		b = appendHeader(b, names[2], h.resetSeconds())
 	}
 	return b
 }

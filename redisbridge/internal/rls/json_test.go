@@ -1,0 +1,143 @@
+package rls
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+func TestDecodeJSONRequest(t *testing.T) {
+	for _, tt := range []struct {
+		name, body string
+		want       Request
+	}{
+		{"lowerCamel names, numbers in strings", `{"domain":"edge","hitsAddend":"2","descriptors":[
+			{"entries":[{"key":"k","value":"v"},{"key":"path","value":"/x"}],"hitsAddend":"5","limit":{"requestsPerUnit":"7","unit":"HOUR","unitMultiplier":3}},
+			{"entries":[{"key":"k"}],"isNegativeHits":false}]}`,
+			Request{Domain: "edge", HitsAddend: 2, Descriptors: []Descriptor{
+				{Entries: []Entry{{"k", "v"}, {"path", "/x"}}, HitsAddend: 5, HasHitsAddend: true,
+					Override: &Override{RequestsPerUnit: 7, Unit: 3, UnitMultiplier: 3, HasUnitMultiplier: true}},
+				{Entries: []Entry{{"k", ""}}}}}},
+		{"proto names, a unit by number, null as the default", `{"domain":"edge","hits_addend":null,"descriptors":[
+			{"entries":[{"key":"k","value":null}],"hits_addend":0,"limit":{"requests_per_unit":1e2,"unit":2}}]}`,
+			Request{Domain: "edge", Descriptors: []Descriptor{
+				{Entries: []Entry{{"k", ""}}, HasHitsAddend: true, Override: &Override{RequestsPerUnit: 100, Unit: 2}}}}},
+		{"no descriptors", `{"domain":"edge"}`, Request{Domain: "edge", Descriptors: []Descriptor{}}},
+	} {
+		req := Request{Descriptors: []Descriptor{}}
+		if err := DecodeJSONRequest([]byte(tt.body), &req); err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+			continue
+		}
+		if !reflect.DeepEqual(req, tt.want) {
+			t.Errorf("%s:\n got %+v\nwant %+v", tt.name, req, tt.want)
+		}
+	}
+	for _, tt := range []struct{ body, err string }{
+		{`{"domain":"edge"`, "body: not JSON"},
+		{`[]`, "body: not a JSON object"},
+		{`{"domain":3}`, "domain: want a string"},
+		{`{"domian":"edge"}`, "domian: unknown field"},
+		{`{"hitsAddend":-1}`, "hitsAddend: want an integer from 0 to 4294967295"},
+		{`{"hitsAddend":1.5}`, "hitsAddend: want an integer"},
+		{`{"hitsAddend":4294967296}`, "hitsAddend: want an integer"},
+		{`{"descriptors":{}}`, "descriptors: want a list"},
+		{`{"descriptors":[{"entries":[{"key":"k","val":"v"}]}]}`, "descriptors[0].entries[0].val: unknown field"},
+		{`{"descriptors":[{},{"limit":{"unit":"FORTNIGHT"}}]}`, `descriptors[1].limit.unit: "FORTNIGHT" is not one of`},
+		{`{"descriptors":[{"isNegativeHits":1}]}`, "descriptors[0].isNegativeHits: want true or false"},
+		{`{"descriptors":[{"hitsAddend":"x"}]}`, "descriptors[0].hitsAddend: want an integer"},
+	} {
+		var req Request
+		err := DecodeJSONRequest([]byte(tt.body), &req)
+		if je, ok := err.(*JSONError); !ok || !strings.Contains(je.Error(), tt.err) {
+			t.Errorf("%s: %v, want a *JSONError with %q", tt.body, err, tt.err)
+		}
+	}
+}
+
+// The JSON read as protobuf's JSON parser reads it is the message the
+// binary form makes, whole.
+func TestDecodeJSONRequest_SameAsProtobuf(t *testing.T) {
+	msg := &rlsv3.RateLimitRequest{Domain: "edge", HitsAddend: 3, Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "a", Value: "é\"\\"}, {Key: "b"}}, HitsAddend: wrapperspb.UInt64(1 << 40),
+			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 9, Unit: typev3.RateLimitUnit_YEAR}},
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "c", Value: "d"}}, IsNegativeHits: true},
+	}}
+	for _, opts := range []protojson.MarshalOptions{{}, {UseProtoNames: true, UseEnumNumbers: true, EmitUnpopulated: true}} {
+		js, err := opts.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin, err := proto.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fromJSON, fromBinary Request
+		if err := DecodeJSONRequest(js, &fromJSON); err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		if err := DecodeRequest(bin, &fromBinary); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(fromJSON, fromBinary) {
+			t.Errorf("%s:\n got %+v\nwant %+v", js, fromJSON, fromBinary)
+		}
+	}
+}
+
+// The answer in JSON reads, with protobuf's JSON parser, as the message
+// AppendResponse writes in binary, whole.
+func TestAppendResponseJSON(t *testing.T) {
+	req := &Request{Domain: "edge", HitsAddend: 2, Descriptors: []Descriptor{{Entries: []Entry{{"k", "v"}}}}}
+	statuses := []Status{
+		{Code: CodeOK},
+		{Code: CodeOverLimit, Limit: &Limit{Name: "login", RequestsPerUnit: 2, Unit: 2}, UntilReset: 30*time.Second + 5*time.Millisecond},
+		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 5, Unit: 7, UnitMultiplier: 10}, Remaining: 1, UntilReset: 2*time.Hour + 7},
+		{Code: CodeOverLimit, Limit: &Limit{Unit: 3}, UntilReset: 1234 * time.Second},
+		{Code: CodeOK, Remaining: 1<<32 - 1},
+		{Code: CodeOK, Limit: &Limit{RequestsPerUnit: 1, Unit: 1}, UntilReset: 1500 * time.Microsecond},
+	}
+	for _, res := range []*Response{
+		{Overall: CodeOverLimit, Statuses: statuses},
+		{Overall: CodeOK, Statuses: statuses[:1]},
+		{Overall: CodeOverLimit, Statuses: statuses, Headers: &statuses[2], HeaderNames: [3]string{"X-A", "X-B", "X-C"},
+			Metadata: &Metadata{Request: req, Merged: map[string]any{"tier": "gold", "n": 2.5, "l": []any{true, "x"}}}},
+		{Overall: CodeOK, Statuses: statuses[5:], Headers: &statuses[5]},
+	} {
+		js := AppendResponseJSON(nil, res)
+		var fromJSON, fromBinary rlsv3.RateLimitResponse
+		if err := protojson.Unmarshal(js, &fromJSON); err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		if err := proto.Unmarshal(AppendResponse(nil, res), &fromBinary); err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(&fromJSON, &fromBinary) {
+			t.Errorf("%s:\n got %v\nwant %v", js, &fromJSON, &fromBinary)
+		}
+	}
+	// And as protobuf's JSON writer writes it, for the same message.
+	msg := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
+		{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 1, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND},
+			DurationUntilReset: durationpb.New(1500 * time.Microsecond)}},
+		ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: "RateLimit-Limit", Value: "1"}, {Key: "RateLimit-Remaining", Value: "0"}, {Key: "RateLimit-Reset", Value: "1"}}}
+	want, err := protojson.Marshal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := AppendResponseJSON(nil, &Response{Overall: CodeOK, Statuses: statuses[5:], Headers: &statuses[5]})
+	// protobuf-go varies its spacing on purpose: compare without it.
+	if strings.Join(strings.Fields(string(got)), "") != strings.Join(strings.Fields(string(want)), "") {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
