@@ -116,7 +116,8 @@ func BenchmarkBridgeTable(b *testing.B) {
 	services := make([]process, len(rows)) // envoyproxy/ratelimit's, by row
 	for i, r := range rows {
 		if r.ratelimit != nil {
-			services[i].addr, services[i].pid = startEnvoyRatelimit(b, ratelimitBin, rs.Addr, rlsConfigYAML, r.ratelimit...)
+			p := startEnvoyRatelimit(b, ratelimitBin, rs.Addr, rlsConfigYAML, r.ratelimit...)
+			services[i].addr, services[i].pid = p.grpc, p.pid
 		}
 	}
 	runs := make([][]tableFigures, len(rows))

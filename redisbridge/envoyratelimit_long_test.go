@@ -3,9 +3,12 @@
 package redisbridge
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +17,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -88,13 +92,18 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 	bin := envoyRatelimitBinary(t)
 	t.Run("single", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, nil, "REDIS_URL="+rs.Addr)
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, nil, "REDIS_URL="+rs.Addr)
+	})
+	// The calls in JSON, on both services' POST /json.
+	t.Run("json", func(t *testing.T) {
+		rs := redistest.Start(t)
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, true, nil, "REDIS_URL="+rs.Addr)
 	})
 	// Every limit in shadow mode (--rls-shadow-mode, SHADOW_MODE), and
 	// the RateLimit headers renamed.
 	t.Run("shadow", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, func(s *Settings) {
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, func(s *Settings) {
 			s.RLSShadowMode, s.RLSResponseHeaderNames = true, "X-RL-Limit,X-RL-Remaining,X-RL-Reset"
 		}, "REDIS_URL="+rs.Addr, "SHADOW_MODE=true",
 			"LIMIT_LIMIT_HEADER=X-RL-Limit", "LIMIT_REMAINING_HEADER=X-RL-Remaining", "LIMIT_RESET_HEADER=X-RL-Reset")
@@ -107,7 +116,7 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 		for _, n := range c.Nodes {
 			addrs = append(addrs, n.Addr)
 		}
-		compareWithEnvoyRatelimit(t, bin, c.URL, addrs, nil, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
+		compareWithEnvoyRatelimit(t, bin, c.URL, addrs, false, nil, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
 			"REDIS_PIPELINE_WINDOW=150us") // which its cluster client requires
 	})
 }
@@ -116,22 +125,29 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 // TestLong_RLS_MatchesEnvoyRatelimit against a bridge on Redis at url
 // (its settings changed by configure, when not nil) and
 // envoyproxy/ratelimit (bin) with the variables env, on the same Redis,
-// whose nodes (emptied between scenarios) are at addrs.
-func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, configure func(*Settings), env ...string) {
-	theirAddr, _ := startEnvoyRatelimit(t, bin, "", matchConfig, append([]string{
+// whose nodes (emptied between scenarios) are at addrs; over gRPC, or
+// in JSON on POST /json.
+func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, inJSON bool, configure func(*Settings), env ...string) {
+	them := startEnvoyRatelimit(t, bin, "", matchConfig, append([]string{
 		"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "RESPONSE_DYNAMIC_METADATA=true"}, env...)...)
-	theirs := rlsClient(t, theirAddr)
+	theirs := rlsClient(t, them.grpc)
 	set := DefaultSettings()
 	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", url, rlsConfig(t, matchConfig)
 	set.RLSResponseHeaders, set.RLSResponseMetadata = true, true
 	if configure != nil {
 		configure(&set)
 	}
-	ours := rlsClient(t, startBridge(t, set))
+	ourAddr := startBridge(t, set)
+	ours := rlsClient(t, ourAddr)
+	ask := func(client rlsv3.RateLimitServiceClient, addr string, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+		if inJSON {
+			return askJSON(addr, req)
+		}
+		return client.ShouldRateLimit(context.Background(), req)
+	}
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
-	ctx := context.Background()
 	var calls, refused, compared int
 	for scenario := 0; scenario < 300 && !t.Failed(); scenario++ {
 		for _, a := range addrs {
@@ -143,11 +159,11 @@ func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, co
 		var diffs []string
 		for range 30 {
 			req := matchCall(rng)
-			a, err := theirs.ShouldRateLimit(ctx, req)
+			a, err := ask(theirs, them.http, req)
 			if err != nil {
 				t.Fatalf("envoyproxy/ratelimit: %v", err)
 			}
-			b, err := ours.ShouldRateLimit(ctx, req)
+			b, err := ask(ours, ourAddr, req)
 			if err != nil {
 				t.Fatalf("the bridge: %v", err)
 			}
@@ -237,6 +253,32 @@ func sharesCounter(req *rlsv3.RateLimitRequest) bool {
 		seen[k] = true
 	}
 	return false
+}
+
+// askJSON sends req to POST /json at addr, in protobuf's JSON mapping,
+// and reads the answer, which comes with 429 when the call is refused.
+func askJSON(addr string, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	body, err := protojson.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	r, err := http.Post("http://"+addr+"/json", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	defer r.Body.Close()
+	got, err := io.ReadAll(r.Body)
+	if err != nil {
+		return nil, err
+	}
+	var res rlsv3.RateLimitResponse
+	if err := protojson.Unmarshal(got, &res); err != nil {
+		return nil, fmt.Errorf("%d %s: %v", r.StatusCode, got, err)
+	}
+	if refused := res.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT; refused != (r.StatusCode == http.StatusTooManyRequests) || !refused && r.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %d with %s", r.StatusCode, got)
+	}
+	return &res, nil
 }
 
 // anyOver tells whether r refuses its call or has a status over.

@@ -34,11 +34,17 @@ func envoyRatelimitBinary(tb testing.TB) string {
 	return filepath.Join(dir, "service_cmd")
 }
 
+// envoyRatelimitProcess is a running envoyproxy/ratelimit service.
+type envoyRatelimitProcess struct {
+	grpc, http string // addresses: the rate limit service, and its HTTP port (POST /json)
+	pid        int
+}
+
 // startEnvoyRatelimit starts envoyproxy/ratelimit's service (bin) on
 // Redis at redisAddr (or where env's REDIS_URL says, when it is "") with
-// the configuration yaml and the variables env, and returns its gRPC
-// address and pid once its health service says SERVING.
-func startEnvoyRatelimit(tb testing.TB, bin, redisAddr, yaml string, env ...string) (string, int) {
+// the configuration yaml and the variables env, and returns it once its
+// health service says SERVING.
+func startEnvoyRatelimit(tb testing.TB, bin, redisAddr, yaml string, env ...string) envoyRatelimitProcess {
 	tb.Helper()
 	dir := tb.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "ratelimit", "config"), 0o755); err != nil {
@@ -72,7 +78,7 @@ func startEnvoyRatelimit(tb testing.TB, bin, redisAddr, yaml string, env ...stri
 		r, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
 		if err == nil && r.Status == healthpb.HealthCheckResponse_SERVING {
-			return grpcAddr, cmd.Process.Pid
+			return envoyRatelimitProcess{grpc: grpcAddr, http: httpAddr, pid: cmd.Process.Pid}
 		}
 		select {
 		case <-exited:
