@@ -117,6 +117,19 @@ func rlsClient(t testing.TB, addr string) rlsv3.RateLimitServiceClient {
 	return rlsv3.NewRateLimitServiceClient(grpcConn(t, addr))
 }
 
+// wantAnswer calls client with req and holds its answer to want, whole;
+// name says which call in a failure.
+func wantAnswer(t *testing.T, client rlsv3.RateLimitServiceClient, name string, req *rlsv3.RateLimitRequest, want *rlsv3.RateLimitResponse) {
+	t.Helper()
+	got, err := client.ShouldRateLimit(context.Background(), req)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if !proto.Equal(got, want) {
+		t.Errorf("%s:\n got %v\nwant %v", name, got, want)
+	}
+}
+
 // grpcConn is a gRPC client connection to addr, closed when t ends.
 func grpcConn(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
@@ -324,13 +337,7 @@ func TestRLS_ShouldRateLimit(t *testing.T) {
 		{"shared above the limit: another tenant of the wildcard", call(descriptor("tenant", "team-b", "method", "GET")), answer(over, perMinute(over, 1, 0))},
 		{"shared above the limit: the entry below is the request's", call(descriptor("tenant", "team-b", "method", "POST")), answer(ok, perMinute(ok, 1, 0))},
 	} {
-		got, err := client.ShouldRateLimit(context.Background(), tt.req)
-		if err != nil {
-			t.Fatalf("%s: %v", tt.name, err)
-		}
-		if !proto.Equal(got, tt.want) {
-			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
-		}
+		wantAnswer(t, client, tt.name, tt.req, tt.want)
 	}
 }
 
@@ -360,13 +367,7 @@ func TestRLS_OneCounterShadowAndEnforced(t *testing.T) {
 		{"the override spent", []*ratelimitv3.RateLimitDescriptor{descriptor("path", "/shadow"), override(descriptor("path", "/shadow"), 3)},
 			&rlsv3.RateLimitResponse{OverallCode: over, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{status(ok, 1, 0), status(over, 3, 0)}}},
 	} {
-		got, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: tt.d})
-		if err != nil {
-			t.Fatalf("%s: %v", tt.name, err)
-		}
-		if !proto.Equal(got, tt.want) {
-			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
-		}
+		wantAnswer(t, client, tt.name, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: tt.d}, tt.want)
 	}
 }
 
@@ -536,13 +537,7 @@ func TestRLS_OverLimitCache(t *testing.T) {
 			"sluice_bridge_rls_over_limit_cache_hits_total 2\nsluice_bridge_store_duration_seconds_count{op=\"check\"} 7"},
 	} {
 		now.Add(tt.advance.Milliseconds())
-		got, err := client.ShouldRateLimit(context.Background(), tt.req)
-		if err != nil {
-			t.Fatalf("%s: %v", tt.name, err)
-		}
-		if !proto.Equal(got, tt.want) {
-			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
-		}
+		wantAnswer(t, client, tt.name, tt.req, tt.want)
 		if m := storeCalls(); tt.metrics != "" && m != tt.metrics {
 			t.Errorf("%s: metrics\n%s\nwant\n%s", tt.name, m, tt.metrics)
 		}
@@ -652,13 +647,7 @@ func TestRLS_QuotaMode(t *testing.T) {
 		{"all over", call(address, blockedPath), &rlsv3.RateLimitResponse{OverallCode: over,
 			Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{perAddress(over, 0), blocked}}},
 	} {
-		got, err := client.ShouldRateLimit(context.Background(), tt.req)
-		if err != nil {
-			t.Fatalf("%s: %v", tt.name, err)
-		}
-		if !proto.Equal(got, tt.want) {
-			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
-		}
+		wantAnswer(t, client, tt.name, tt.req, tt.want)
 	}
 }
 
@@ -694,13 +683,7 @@ func TestRLS_ShadowMode(t *testing.T) {
 				{Code: over, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 0, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE},
 					DurationUntilReset: durationpb.New(30 * time.Second)}}}},
 	} {
-		got, err := client.ShouldRateLimit(context.Background(), tt.req)
-		if err != nil {
-			t.Fatalf("%s: %v", tt.name, err)
-		}
-		if !proto.Equal(got, tt.want) {
-			t.Errorf("%s:\n got %v\nwant %v", tt.name, got, tt.want)
-		}
+		wantAnswer(t, client, tt.name, tt.req, tt.want)
 	}
 	m := string(do(t, nil, "GET", ts.URL+"/metrics", "").body)
 	for _, line := range []string{
