@@ -109,15 +109,10 @@ func BenchmarkBridgeTable(b *testing.B) {
 		{name: "bridge, h2c, one key", bridge: "h2c", hot: true},
 		{name: "bridge, h2c, one key, --redis-batch 1", bridge: "h2c", hot: true, batch1: true},
 	}...)
-	type process struct {
-		addr string
-		pid  int
-	}
-	services := make([]process, len(rows)) // envoyproxy/ratelimit's, by row
+	services := make([]envoyRatelimitProcess, len(rows)) // by row
 	for i, r := range rows {
 		if r.ratelimit != nil {
-			p := startEnvoyRatelimit(b, ratelimitBin, rs.Addr, rlsConfigYAML, r.ratelimit...)
-			services[i].addr, services[i].pid = p.grpc, p.pid
+			services[i] = startEnvoyRatelimit(b, ratelimitBin, rs.Addr, rlsConfigYAML, r.ratelimit...)
 		}
 	}
 	runs := make([][]tableFigures, len(rows))
@@ -135,7 +130,7 @@ func BenchmarkBridgeTable(b *testing.B) {
 				a, p = addr1, pid1
 			}
 			if r.ratelimit != nil {
-				a, p = services[i].addr, services[i].pid
+				a, p = services[i].grpc, services[i].pid
 			}
 			if round == 0 && r.bridge != "" {
 				loadBridge(b, a, r, bodies, benchUsers) // connections, keys

@@ -24,13 +24,7 @@ import (
 // format, or, when it has no "limits", a REST check (user_id, endpoint).
 func (s *Server) serveCheck(ctx context.Context, in *checkio.Request, out *checkio.Response) {
 	start := time.Now()
-	var id string
-	if len(in.RequestID) > 0 {
-		id = string(in.RequestID)
-	} else { // none, or empty: net/http's handler makes one up then
-		id = newRequestID()
-	}
-	out.Set("X-Request-Id", id)
+	id := callID(in, out)
 	if in.BodyErr != nil {
 		s.m.checkInvalid.Inc()
 		bodyError(in.BodyErr).writeTo(out, id)
@@ -230,6 +224,17 @@ func readAll(w http.ResponseWriter, r *http.Request, buf []byte) ([]byte, error)
 			return buf, err
 		}
 	}
+}
+
+// callID is the call's X-Request-Id, or one made up when it has none,
+// sent back in out; the check is logged with it.
+func callID(in *checkio.Request, out *checkio.Response) string {
+	id := string(in.RequestID)
+	if id == "" {
+		id = newRequestID()
+	}
+	out.Set("X-Request-Id", id)
+	return id
 }
 
 // bodyError is the answer to a body that could not be read whole.

@@ -69,13 +69,7 @@ func (s *Server) handleRLS(w http.ResponseWriter, r *http.Request) {
 // (trailers only) when the call fails.
 func (s *Server) serveRLS(ctx context.Context, in *checkio.Request, out *checkio.Response) {
 	start := time.Now()
-	// The call's X-Request-Id, or one made up, as the check core sends
-	// one back; the check is logged with it.
-	id := string(in.RequestID)
-	if id == "" {
-		id = newRequestID()
-	}
-	out.Set("X-Request-Id", id)
+	id := callID(in, out)
 	var req rls.Request
 	reply, e := s.shouldRateLimit(ctx, in, &req, id, start)
 	if e != nil {
@@ -100,70 +94,71 @@ func (s *Server) rlsResponse(req *rls.Request, reply *rlsReply) rls.Response {
 	return res
 }
 
-// handleRLSJSON answers ShouldRateLimit in JSON (POST /json), as
-// envoyproxy/ratelimit does on its HTTP port, for callers without gRPC:
-// the request and the answer in protobuf's JSON mapping, 429 when the
-// call is refused. It is decided as a gRPC call is, with --check-token.
-// Its errors are the bridge's envelope: a request that does not read is
-// a 400 naming the field at fault, a store that does not answer a 503
-// (envoyproxy/ratelimit answers both 400, with no body to speak of).
+// handleRLSJSON is POST /json's net/http transport: ShouldRateLimit in
+// JSON, as envoyproxy/ratelimit serves it on its HTTP port, for callers
+// without gRPC (serveRLSJSON).
 func (s *Server) handleRLSJSON(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	id := requestID(r)
-	if id == "" {
-		id = newRequestID()
-	}
-	w.Header().Set("X-Request-Id", id)
-	fail := func(e *apiError) {
-		var out checkio.Response
-		e.writeTo(&out, id)
-		writeResponse(w, &out)
-	}
-	if e := s.authorizeCheck(headerBytes(r, "Authorization")); e != nil {
-		fail(e)
-		return
-	}
+	out := outPool.Get().(*checkio.Response)
+	defer outPool.Put(out)
+	out.Reset()
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	body, err := readAll(w, r, (*bp)[:0])
 	*bp = body
-	var req rls.Request
-	if err == nil {
-		err = rls.DecodeJSONRequest(body, &req)
+	in := checkio.Request{Authorization: headerBytes(r, "Authorization"), RequestID: []byte(requestID(r)), Body: body, BodyErr: err}
+	s.serveRLSJSON(r.Context(), &in, out)
+	writeResponse(w, out)
+}
+
+// serveRLSJSON answers a ShouldRateLimit call in protobuf's JSON mapping:
+// decided as a gRPC call is, with --check-token, and answered in the same
+// mapping with 200, or 429 when refused. Its errors are the bridge's
+// envelope: a request that does not read is a 400 naming the field at
+// fault, a store that does not answer a 503 (envoyproxy/ratelimit answers
+// both 400, with no body to speak of).
+func (s *Server) serveRLSJSON(ctx context.Context, in *checkio.Request, out *checkio.Response) {
+	start := time.Now()
+	id := callID(in, out)
+	if in.BodyErr != nil {
+		s.m.checkInvalid.Inc()
+		bodyError(in.BodyErr).writeTo(out, id)
+		return
 	}
-	if err != nil {
+	if e := s.authorizeCheck(in.Authorization); e != nil {
+		e.writeTo(out, id)
+		return
+	}
+	var req rls.Request
+	if err := rls.DecodeJSONRequest(in.Body, &req); err != nil {
 		s.m.checkInvalid.Inc()
 		var je *rls.JSONError
-		var tooLarge *http.MaxBytesError
-		switch {
-		case errors.As(err, &je):
-			fail(invalid(codeInvalidInput, je.Field, je.Reason))
-		case errors.As(err, &tooLarge):
-			fail(bodyTooLarge)
-		default:
-			fail(invalid(codeInvalidInput, "body", err.Error()))
+		if errors.As(err, &je) {
+			invalid(codeInvalidInput, je.Field, je.Reason).writeTo(out, id)
+		} else {
+			invalid(codeInvalidInput, "body", err.Error()).writeTo(out, id)
 		}
 		return
 	}
-	reply, e := s.decideRLS(r.Context(), &req, id, start.Add(s.set.RedisTimeout))
+	reply, e := s.decideRLS(ctx, &req, id, start.Add(s.set.RedisTimeout))
 	switch {
 	case e == nil:
 	case e.code == grpcUnimplemented: // no --rls-config
-		fail(&apiError{http.StatusNotFound, codeNotFound, "path", e.msg})
+		(&apiError{http.StatusNotFound, codeNotFound, "path", e.msg}).writeTo(out, id)
 		return
 	case e.code == grpcUnavailable:
-		fail(&apiError{http.StatusServiceUnavailable, codeServiceUnavailable, "", e.msg})
+		(&apiError{http.StatusServiceUnavailable, codeServiceUnavailable, "", e.msg}).writeTo(out, id)
 		return
 	default:
-		fail(invalid(codeInvalidInput, "body", e.msg))
+		invalid(codeInvalidInput, "body", e.msg).writeTo(out, id)
 		return
 	}
 	res := s.rlsResponse(&req, reply)
-	w.Header().Set("Content-Type", "application/json")
+	out.Status = http.StatusOK
 	if reply.overall == rls.CodeOverLimit {
-		w.WriteHeader(http.StatusTooManyRequests)
+		out.Status = http.StatusTooManyRequests
 	}
-	w.Write(rls.AppendResponseJSON(nil, &res))
+	out.Set("Content-Type", "application/json")
+	out.Body = rls.AppendResponseJSON(out.Body, &res)
 	s.m.checkDur.Observe(time.Since(start).Seconds())
 }
 
@@ -599,38 +594,39 @@ func (p *rlsPlanned) mergeListings() {
 	if len(p.check.Limits) < 2 {
 		return
 	}
-	n := 0
-next:
-	for i := range p.check.Limits {
-		lr := p.check.Limits[i]
-		// A call has a few descriptors (rules.MaxLimitsPerCheck at most):
-		// a scan costs less than a map.
-		for j := 0; j < n && !lr.Fill && !lr.Quota; j++ {
-			if p.check.Limits[j].Key == lr.Key {
-				m := &p.check.Limits[j]
-				if !sameCounter(m, &lr) {
-					break
-				}
-				// The limit the listings so far leave, each one's grown by
-				// lr's cost, and lr's own; only enforced listings hold the
-				// call back, so a log-only one counts only among log-only.
-				switch {
-				case !m.LogOnly && lr.LogOnly:
-					m.Spec.Limit += lr.Spec.Cost
-				case m.LogOnly && !lr.LogOnly:
-					m.Spec.Limit, m.LogOnly = lr.Spec.Limit, false
-				default:
-					m.Spec.Limit = min(m.Spec.Limit+lr.Spec.Cost, lr.Spec.Limit)
-				}
-				m.Spec.Burst, m.Spec.Cost = m.Spec.Limit, m.Spec.Cost+lr.Spec.Cost
-				p.more = append(p.more, listing{j, p.descriptor[i], p.limits[i], lr.Spec.Cost})
-				continue next
+	// keep moves the limits it keeps to the front as it goes: the first
+	// kept of them are where the scan finds them. A call has a few
+	// descriptors (rules.MaxLimitsPerCheck at most): a scan costs less
+	// than a map.
+	kept := 0
+	p.keep(func(i int) bool {
+		lr := &p.check.Limits[i]
+		for j := 0; j < kept && !lr.Fill && !lr.Quota; j++ {
+			m := &p.check.Limits[j]
+			if m.Key != lr.Key {
+				continue
 			}
+			if !sameCounter(m, lr) {
+				break
+			}
+			// The limit the listings so far leave, each one's grown by
+			// lr's cost, and lr's own; only enforced listings hold the
+			// call back, so a log-only one counts only among log-only.
+			switch {
+			case !m.LogOnly && lr.LogOnly:
+				m.Spec.Limit += lr.Spec.Cost
+			case m.LogOnly && !lr.LogOnly:
+				m.Spec.Limit, m.LogOnly = lr.Spec.Limit, false
+			default:
+				m.Spec.Limit = min(m.Spec.Limit+lr.Spec.Cost, lr.Spec.Limit)
+			}
+			m.Spec.Burst, m.Spec.Cost = m.Spec.Limit, m.Spec.Cost+lr.Spec.Cost
+			p.more = append(p.more, listing{j, p.descriptor[i], p.limits[i], lr.Spec.Cost})
+			return false
 		}
-		p.limits[n], p.descriptor[n], p.check.Limits[n] = p.limits[i], p.descriptor[i], lr
-		n++
-	}
-	p.limits, p.descriptor, p.check.Limits = p.limits[:n], p.descriptor[:n], p.check.Limits[:n]
+		kept++
+		return true
+	})
 }
 
 // sameCounter tells whether a and b are limits of one counter that may
