@@ -24,14 +24,8 @@ import (
 // format, or, when it has no "limits", a REST check (user_id, endpoint).
 func (s *Server) serveCheck(ctx context.Context, in *checkio.Request, out *checkio.Response) {
 	start := time.Now()
-	id := callID(in, out)
-	if in.BodyErr != nil {
-		s.m.checkInvalid.Inc()
-		bodyError(in.BodyErr).writeTo(out, id)
-		return
-	}
-	if e := s.authorizeCheck(in.Authorization); e != nil {
-		e.writeTo(out, id)
+	id, ok := s.admit(in, out)
+	if !ok {
 		return
 	}
 	deadline := start.Add(s.set.RedisTimeout)
@@ -226,6 +220,22 @@ func readAll(w http.ResponseWriter, r *http.Request, buf []byte) ([]byte, error)
 	}
 }
 
+// admit takes a call in: its id (callID), and whether its body was read
+// whole and its check token holds; when not, out holds the error.
+func (s *Server) admit(in *checkio.Request, out *checkio.Response) (string, bool) {
+	id := callID(in, out)
+	if in.BodyErr != nil {
+		s.m.checkInvalid.Inc()
+		bodyError(in.BodyErr).writeTo(out, id)
+		return id, false
+	}
+	if e := s.authorizeCheck(in.Authorization); e != nil {
+		e.writeTo(out, id)
+		return id, false
+	}
+	return id, true
+}
+
 // callID is the call's X-Request-Id, or one made up when it has none,
 // sent back in out; the check is logged with it.
 func callID(in *checkio.Request, out *checkio.Response) string {
@@ -248,6 +258,14 @@ func bodyError(err error) *apiError {
 
 // handleCheck is the check core's net/http transport.
 func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	s.serveHTTP(w, r, (*Server).serveCheck)
+}
+
+// serveHTTP reads r into a checkio.Request, has the core serve answer it,
+// and writes the answer: net/http as a transport of a core that every
+// transport calls alike. serve is a method expression, which, unlike a
+// method value, allocates no closure per request.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request, serve func(*Server, context.Context, *checkio.Request, *checkio.Response)) {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	body, err := readAll(w, r, (*bp)[:0])
@@ -256,7 +274,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	out := outPool.Get().(*checkio.Response)
 	defer outPool.Put(out)
 	out.Reset()
-	s.serveCheck(r.Context(), &in, out)
+	serve(s, r.Context(), &in, out)
 	writeResponse(w, out)
 }
 

@@ -98,16 +98,7 @@ func (s *Server) rlsResponse(req *rls.Request, reply *rlsReply) rls.Response {
 // JSON, as envoyproxy/ratelimit serves it on its HTTP port, for callers
 // without gRPC (serveRLSJSON).
 func (s *Server) handleRLSJSON(w http.ResponseWriter, r *http.Request) {
-	out := outPool.Get().(*checkio.Response)
-	defer outPool.Put(out)
-	out.Reset()
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	body, err := readAll(w, r, (*bp)[:0])
-	*bp = body
-	in := checkio.Request{Authorization: headerBytes(r, "Authorization"), RequestID: []byte(requestID(r)), Body: body, BodyErr: err}
-	s.serveRLSJSON(r.Context(), &in, out)
-	writeResponse(w, out)
+	s.serveHTTP(w, r, (*Server).serveRLSJSON)
 }
 
 // serveRLSJSON answers a ShouldRateLimit call in protobuf's JSON mapping:
@@ -118,14 +109,8 @@ func (s *Server) handleRLSJSON(w http.ResponseWriter, r *http.Request) {
 // both 400, with no body to speak of).
 func (s *Server) serveRLSJSON(ctx context.Context, in *checkio.Request, out *checkio.Response) {
 	start := time.Now()
-	id := callID(in, out)
-	if in.BodyErr != nil {
-		s.m.checkInvalid.Inc()
-		bodyError(in.BodyErr).writeTo(out, id)
-		return
-	}
-	if e := s.authorizeCheck(in.Authorization); e != nil {
-		e.writeTo(out, id)
+	id, ok := s.admit(in, out)
+	if !ok {
 		return
 	}
 	var req rls.Request
