@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -140,4 +141,55 @@ func TestAppendResponseJSON(t *testing.T) {
 	if strings.Join(strings.Fields(string(got)), "") != strings.Join(strings.Fields(string(want)), "") {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
+}
+
+// FuzzDecodeJSONRequest_SameAsProtobuf: what protobuf's JSON parser reads
+// (as envoyproxy/ratelimit's /json does), DecodeJSONRequest reads as the
+// same message, whole; what it refuses, DecodeJSONRequest refuses. Text
+// that is not JSON is refused, also where protobuf's parser is laxer (it
+// reads 1e as a number).
+func FuzzDecodeJSONRequest_SameAsProtobuf(f *testing.F) {
+	for _, s := range []string{
+		`{"domain":"edge","hitsAddend":"2","descriptors":[{"entries":[{"key":"k","value":"v"}],"hitsAddend":"5","limit":{"requestsPerUnit":"7","unit":"HOUR","unitMultiplier":3}},{"entries":[{"key":"k"}],"isNegativeHits":false}]}`,
+		`{"domain":"edge","hits_addend":null,"descriptors":[{"entries":[{"key":"k","value":null}],"hits_addend":0,"limit":{"requests_per_unit":1e2,"unit":2}}]}`,
+		`{"domain":"e","descriptors":[{"entries":[]}],"descriptors":[]}`,
+		`{"hitsAddend":1,"hits_addend":2}`,
+		`{"hitsAddend":"1e1"}`, `{"hitsAddend":"+1"}`, `{"hitsAddend":" 1"}`, `{"hitsAddend":"0x10"}`, `{"hitsAddend":"01"}`,
+		`{"hitsAddend":4294967295.0000001}`, `{"hitsAddend":-0}`, `{"hitsAddend":1.0}`, `{"hitsAddend":12e-1}`,
+		`{"descriptors":[{"hitsAddend":18446744073709551615e0}]}`, `{"descriptors":[{"hitsAddend":9007199254740993}]}`,
+		`{"descriptors":[{"hitsAddend":"9007199254740993e0"}]}`,
+		`{"descriptors":[{"limit":{"unit":"2"}}]}`, `{"descriptors":[{"limit":{"unit":-1}}]}`, `{"descriptors":[{"limit":{"unit":2147483648}}]}`,
+		`{"descriptors":[{"limit":{"unit":"second"}}]}`,
+		`{"domain":"\ud800"}`, "{\"domain\":\"\xff\"}", `{"dom\u0061in":"x"}`, `{"domain":"a"} `, `null`, `{}`, `{"descriptors":[null]}`,
+		`{"descriptors":[{"entries":[null]}]}`, `{"descriptors":[{"entries":[{"key":"a","key":"b"}]}]}`,
+		`{"descriptors":[{"isNegativeHits":true,"is_negative_hits":true}]}`, `{"descriptors":[{"limit":null}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var msg rlsv3.RateLimitRequest
+		perr := protojson.Unmarshal(body, &msg)
+		var got Request
+		err := DecodeJSONRequest(body, &got)
+		if perr != nil || !json.Valid(body) {
+			if _, ok := err.(*JSONError); !ok {
+				t.Fatalf("%q: %v; protobuf refuses it: %v", body, err, perr)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("%q: %v; protobuf reads it", body, err)
+		}
+		bin, err := proto.Marshal(&msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want Request
+		if err := DecodeRequest(bin, &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q:\n got %+v\nwant %+v", body, got, want)
+		}
+	})
 }
