@@ -12,6 +12,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -193,7 +194,8 @@ func TestAppendResponse_Metadata(t *testing.T) {
 }
 
 // FuzzAppendResponse_Metadata: the metadata of any JSON object, as a
-// configuration holds it, reads back as the generated Struct of it.
+// configuration holds it, reads back as the generated Struct of it, and
+// the answer in JSON as the answer in binary.
 func FuzzAppendResponse_Metadata(f *testing.F) {
 	for _, s := range []string{`{}`, `{"a":1}`, `{"s":{"n":null,"b":false,"l":[1.5,"x",[],{}]}}`, `{"big":1e400,"neg":-0,"u":"\u00e9"}`} {
 		f.Add(s)
@@ -202,7 +204,7 @@ func FuzzAppendResponse_Metadata(f *testing.F) {
 		dec := json.NewDecoder(strings.NewReader(doc))
 		dec.UseNumber()
 		var merged map[string]any
-		if dec.Decode(&merged) != nil || merged == nil {
+		if dec.Decode(&merged) != nil || merged == nil || !finite(merged) {
 			return
 		}
 		var got rlsv3.RateLimitResponse
@@ -221,7 +223,39 @@ func FuzzAppendResponse_Metadata(f *testing.F) {
 		if !proto.Equal(got.DynamicMetadata, want) {
 			t.Fatalf("%s:\n got %v\nwant %v", doc, got.DynamicMetadata, want)
 		}
+		// And the same in JSON, as /json answers.
+		js := AppendResponseJSON(nil, &Response{Overall: CodeOK, Metadata: &Metadata{Request: &Request{Domain: "d"}, Merged: merged}})
+		var fromJSON rlsv3.RateLimitResponse
+		if err := protojson.Unmarshal(js, &fromJSON); err != nil {
+			t.Fatalf("%s: %s: %v", doc, js, err)
+		}
+		if !proto.Equal(&fromJSON, &got) {
+			t.Fatalf("%s: %s:\n got %v\nwant %v", doc, js, &fromJSON, &got)
+		}
 	})
+}
+
+// finite reports whether every number in v is within a double's range,
+// as in every configuration: YAML reads 1e400 as a string.
+func finite(v any) bool {
+	switch v := v.(type) {
+	case json.Number:
+		_, err := strconv.ParseFloat(string(v), 64)
+		return err == nil
+	case map[string]any:
+		for _, x := range v {
+			if !finite(x) {
+				return false
+			}
+		}
+	case []any:
+		for _, x := range v {
+			if !finite(x) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // floats is v with its json.Numbers as float64, as structpb takes them.
