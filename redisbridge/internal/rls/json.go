@@ -384,7 +384,7 @@ func appendStatusJSON(b []byte, s *Status) []byte {
 				b = append(b, ',')
 			}
 			b = append(b, `"unit":`...)
-			if int(l.Unit) < len(unitNames) {
+			if l.Unit > 0 && int(l.Unit) < len(unitNames) {
 				b = appendJSONString(b, unitNames[l.Unit])
 			} else {
 				b = strconv.AppendInt(b, int64(l.Unit), 10)

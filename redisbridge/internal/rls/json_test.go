@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -190,6 +191,38 @@ func FuzzDecodeJSONRequest_SameAsProtobuf(f *testing.F) {
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("%q:\n got %+v\nwant %+v", body, got, want)
+		}
+	})
+}
+
+// FuzzAppendResponseJSON: any answer in JSON reads, with protobuf's JSON
+// parser, as the same answer in binary, whole.
+func FuzzAppendResponseJSON(f *testing.F) {
+	f.Add(uint8(2), int64(5), int32(7), "login", uint32(10), uint32(1), int64(7200e9+7), true, "X-A")
+	f.Add(uint8(1), int64(1<<40), int32(99), "\x00é\"<>", uint32(1), uint32(1<<32-1), int64(1500e3), false, "")
+	f.Fuzz(func(t *testing.T, code uint8, rpu int64, unit int32, name string, mult, remaining uint32, until int64, headers bool, header string) {
+		if !utf8.ValidString(name) || !utf8.ValidString(header) || until < 0 {
+			return // limit names come from YAML, header names from a flag; a wait is never negative
+		}
+		s := Status{Code: Code(code % 3), Remaining: remaining, UntilReset: time.Duration(until)}
+		if rpu >= 0 {
+			s.Limit = &Limit{Name: name, RequestsPerUnit: rpu, Unit: Unit(unit), UnitMultiplier: mult}
+		}
+		res := &Response{Overall: s.Code, Statuses: []Status{s, {Code: CodeOK}}}
+		if headers && s.Limit != nil {
+			res.Headers = &res.Statuses[0]
+			res.HeaderNames = [3]string{header, "b", "c"}
+		}
+		js := AppendResponseJSON(nil, res)
+		var fromJSON, fromBinary rlsv3.RateLimitResponse
+		if err := protojson.Unmarshal(js, &fromJSON); err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+		if err := proto.Unmarshal(AppendResponse(nil, res), &fromBinary); err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(&fromJSON, &fromBinary) {
+			t.Fatalf("%s:\n got %v\nwant %v", js, &fromJSON, &fromBinary)
 		}
 	})
 }
