@@ -113,6 +113,10 @@ func (s *Server) serveRLSJSON(ctx context.Context, in *checkio.Request, out *che
 	if !ok {
 		return
 	}
+	if s.rls.Load() == nil { // whatever the body: it would not be read
+		rlsJSONError(errNoRLSConfig).writeTo(out, id)
+		return
+	}
 	var req rls.Request
 	if err := rls.DecodeJSONRequest(in.Body, &req); err != nil {
 		s.m.checkInvalid.Inc()
@@ -125,16 +129,8 @@ func (s *Server) serveRLSJSON(ctx context.Context, in *checkio.Request, out *che
 		return
 	}
 	reply, e := s.decideRLS(ctx, &req, id, start.Add(s.set.RedisTimeout))
-	switch {
-	case e == nil:
-	case e.code == grpcUnimplemented: // no --rls-config
-		(&apiError{http.StatusNotFound, codeNotFound, "path", e.msg}).writeTo(out, id)
-		return
-	case e.code == grpcUnavailable:
-		(&apiError{http.StatusServiceUnavailable, codeServiceUnavailable, "", e.msg}).writeTo(out, id)
-		return
-	default:
-		invalid(codeInvalidInput, "body", e.msg).writeTo(out, id)
+	if e != nil {
+		rlsJSONError(e).writeTo(out, id)
 		return
 	}
 	res := s.rlsResponse(&req, reply)
@@ -145,6 +141,19 @@ func (s *Server) serveRLSJSON(ctx context.Context, in *checkio.Request, out *che
 	out.Set("Content-Type", "application/json")
 	out.Body = rls.AppendResponseJSON(out.Body, &res)
 	s.m.checkDur.Observe(time.Since(start).Seconds())
+}
+
+// rlsJSONError is the bridge's envelope for a call /json could not
+// decide: 404 without --rls-config, 503 while the store does not answer,
+// 400 for the rest, which the call is at fault for.
+func rlsJSONError(e *rlsError) *apiError {
+	switch e.code {
+	case grpcUnimplemented:
+		return &apiError{http.StatusNotFound, codeNotFound, "path", e.msg}
+	case grpcUnavailable:
+		return &apiError{http.StatusServiceUnavailable, codeServiceUnavailable, "", e.msg}
+	}
+	return invalid(codeInvalidInput, "body", e.msg)
 }
 
 // healthPath is the gRPC health service's Check, which Envoy's
@@ -494,6 +503,9 @@ func (p *rlsPlanned) statuses(i int, d *rules.Decision, allowed bool, set func(d
 	return had
 }
 
+// errNoRLSConfig answers every call of a bridge without --rls-config.
+var errNoRLSConfig = &rlsError{grpcUnimplemented, "no rate limit service configuration (--rls-config)"}
+
 // zeroLimit is a limit of 0 and the descriptor it is of.
 type zeroLimit struct {
 	limit      *rls.Limit
@@ -507,7 +519,7 @@ type zeroLimit struct {
 func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 	cfg := s.rls.Load()
 	if cfg == nil {
-		return nil, &rlsError{grpcUnimplemented, "no rate limit service configuration (--rls-config)"}
+		return nil, errNoRLSConfig
 	}
 	if len(req.Descriptors) > rules.MaxLimitsPerCheck {
 		return nil, &rlsError{grpcInvalidArgument, fmt.Sprintf("more than %d descriptors", rules.MaxLimitsPerCheck)}

@@ -414,8 +414,11 @@ func TestRLS_JSON(t *testing.T) {
 		}
 	}
 	set.RLSConfig, set.CheckToken = "", ""
-	if r := do(t, nil, "POST", startServer(t, set).URL+"/json", call); r.status != 404 || !strings.Contains(string(r.body), `"code":"NOT_FOUND"`) {
-		t.Errorf("without --rls-config: %d %s, want 404", r.status, r.body)
+	unconfigured := startServer(t, set).URL + "/json"
+	for _, body := range []string{call, `domain=edge`} { // the body unread
+		if r := do(t, nil, "POST", unconfigured, body); r.status != 404 || !strings.Contains(string(r.body), `"code":"NOT_FOUND"`) {
+			t.Errorf("without --rls-config, %s: %d %s, want 404", body, r.status, r.body)
+		}
 	}
 }
 
