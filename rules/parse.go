@@ -3,6 +3,7 @@ package rules
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -96,7 +97,9 @@ func join(path, field string) string {
 
 func index(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
 
-// object checks v is an object with only the given fields.
+// object checks v is an object with only the given fields, each at most
+// once: JSON readers disagree on which of two values of a field counts
+// (this parser would read the first, most tools the last).
 func (p *parser) object(v gjson.Result, path string, fields ...string) bool {
 	if p.err != nil {
 		return false
@@ -105,13 +108,17 @@ func (p *parser) object(v gjson.Result, path string, fields ...string) bool {
 		p.fail(path, "must be an object")
 		return false
 	}
+	seen := make([]bool, len(fields))
 	v.ForEach(func(k, _ gjson.Result) bool {
-		for _, f := range fields {
-			if k.Str == f {
-				return true
-			}
+		switch i := slices.Index(fields, k.Str); {
+		case i < 0:
+			p.fail(join(path, k.Str), "unknown field (known: %s)", strings.Join(fields, ", "))
+		case seen[i]:
+			p.fail(join(path, k.Str), "given twice")
+		default:
+			seen[i] = true
+			return true
 		}
-		p.fail(join(path, k.Str), "unknown field (known: %s)", strings.Join(fields, ", "))
 		return false
 	})
 	return p.err == nil

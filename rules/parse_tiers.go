@@ -78,8 +78,14 @@ func (p *parser) endpointOverrides(v gjson.Result, path string, base LimitSpec, 
 		return nil
 	}
 	var out []EndpointOverride
+	seen := map[string]bool{}
 	v.ForEach(func(k, e gjson.Result) bool {
 		ep := path + "[" + strconv.Quote(k.Str) + "]"
+		if seen[k.Str] {
+			p.fail(ep, "given twice")
+			return false
+		}
+		seen[k.Str] = true
 		pp, err := ParsePathPattern(k.Str)
 		if err != nil {
 			p.fail(ep, "%v", err)

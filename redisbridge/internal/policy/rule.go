@@ -48,9 +48,8 @@ func ParseRule(body []byte) (Rule, error) {
 	if err != nil {
 		return Rule{}, err
 	}
-	// The rule is valid JSON of known fields; read what the parsed form
-	// does not keep as written with the parser's reading (gjson: the
-	// first of a repeated field counts).
+	// The rule is valid JSON of known fields, each once; read what the
+	// parsed form does not keep as written.
 	root := gjson.ParseBytes(body)
 	r := Rule{
 		Name: pr.Name, Scope: pr.Scope.String(), Algorithm: pr.Spec.Algorithm.String(),
@@ -77,10 +76,10 @@ func ParseRule(body []byte) (Rule, error) {
 		r.Headers, _ = json.Marshal(hs)
 	}
 	if p := root.Get("penalty"); p.Exists() {
-		r.Penalty = canonical(nil, p)
+		r.Penalty = compact(p.Raw)
 	}
 	if l := root.Get("lease"); l.Exists() {
-		r.Lease = canonical(nil, l)
+		r.Lease = compact(l.Raw)
 	}
 	return r, nil
 }
@@ -92,38 +91,12 @@ type headerDoc struct {
 	Invert  bool    `json:"invert,omitempty"`
 }
 
-// canonical appends v as JSON with every object's repeated fields
-// dropped, the first kept as the plugin's parser reads them; PostgreSQL's
-// jsonb would keep the last.
-func canonical(dst []byte, v gjson.Result) []byte {
-	switch {
-	case v.IsObject():
-		dst = append(dst, '{')
-		seen := map[string]bool{}
-		v.ForEach(func(k, e gjson.Result) bool {
-			if seen[k.Str] {
-				return true
-			}
-			seen[k.Str] = true
-			if len(seen) > 1 {
-				dst = append(dst, ',')
-			}
-			dst = append(append(dst, k.Raw...), ':')
-			dst = canonical(dst, e)
-			return true
-		})
-		return append(dst, '}')
-	case v.IsArray():
-		dst = append(dst, '[')
-		for i, e := range v.Array() {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = canonical(dst, e)
-		}
-		return append(dst, ']')
-	}
-	return append(dst, v.Raw...)
+// compact is the JSON text raw without its spaces. ParseRule has read
+// it, so it is valid and has no field twice.
+func compact(raw string) json.RawMessage {
+	var b bytes.Buffer
+	_ = json.Compact(&b, []byte(raw))
+	return b.Bytes()
 }
 
 // ruleDoc is a rule object as the plugin's configuration writes it.

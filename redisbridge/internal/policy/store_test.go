@@ -164,7 +164,7 @@ func TestRule_RoundTrip(t *testing.T) {
 		`{"name":"b","limit":600,"window":"1m30s","algorithm":"token_bucket","burst":50,"cost":2,"scope":"endpoint+user","action":"log_only","priority":-5,"enabled":false}`,
 		`{"name":"c","limit":10,"window":"1h","match":{"paths":["/api/**","prefix:/x","/a/*.json"],"methods":["get","Post"],"hosts":["*.Example.com"],
 		  "headers":[{"name":"X-Key","present":false},{"name":"x-channel","equals":"beta","invert":true},{"name":"a","present":true}]}}`,
-		`{"name":"d","limit":10,"window":"1m","penalty":{"violation_threshold":5,"multipliers":[1,2],"violation_threshold":9}}`,
+		`{"name":"d","limit":10,"window":"1m","penalty":{"violation_threshold":5,"multipliers":[1,2]}}`,
 		`{"name":"e","limit":10,"window":"1m","penalty":{"enabled":false}}`,
 		`{"name":"f","limit":10,"window":"1m","match":{"paths":["/x&y<z>"]}}`,
 		`{"name":"g","limit":50,"window":"1s","algorithm":"sliding_log","action":"throttle","max_delay":"5s"}`,
