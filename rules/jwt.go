@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"math/big"
+	"slices"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -72,6 +73,7 @@ var (
 	errJWTCrit        = jwtErr(ErrJWTMalformed, "crit header extensions are not supported")
 	errJWTPayload     = jwtErr(ErrJWTMalformed, "payload is not a JSON object")
 	errJWTPayloadLen  = jwtErr(ErrJWTMalformed, "payload longer than 8 KiB")
+	errJWTDuplicate   = jwtErr(ErrJWTMalformed, "header or payload has a name twice in one object")
 	errJWTNoKey       = jwtErr(ErrJWTNoKey, "no configured key has the token's alg and kid")
 	errJWTBadSig      = jwtErr(ErrJWTSignature, "signature does not verify with any matching key")
 	errJWTExp         = jwtErr(ErrJWTExpired, "token has expired (exp)")
@@ -282,6 +284,11 @@ func VerifyJWT(authValue string, src *IdentitySource, nowUnix int64) ([]byte, er
 	if !p.IsObject() {
 		return nil, errJWTPayload
 	}
+	// Checked once the signature verifies: the issuer wrote both, and a
+	// check of a header no key signed would only cost time.
+	if !uniqueNames(h) || !uniqueNames(p) {
+		return nil, errJWTDuplicate
+	}
 	if err := checkClaims(p, src, nowUnix); err != nil {
 		return nil, err
 	}
@@ -422,7 +429,39 @@ func DecodeJWTPayload(headerValue string) ([]byte, error) {
 	if !gjson.ValidBytes(payload) || !gjson.ParseBytes(payload).IsObject() {
 		return nil, errJWTPayload
 	}
+	if !uniqueNames(gjson.ParseBytes(payload)) {
+		return nil, errJWTDuplicate
+	}
 	return payload, nil
+}
+
+// uniqueNames reports whether no object in the JSON value v has a member
+// name twice. A JOSE header or a claims set with one must be refused or
+// read by its last value (RFC 7515 §4, RFC 7519 §4), and claims here are
+// read by their first: refused, then, at every depth, since a claim path
+// may lead into a claim's own object.
+func uniqueNames(v gjson.Result) bool {
+	ok := true
+	switch {
+	case v.IsObject():
+		var buf [16]string // a header's or claims set's names, mostly
+		names := buf[:0]
+		v.ForEach(func(k, e gjson.Result) bool {
+			names = append(names, k.Str)
+			ok = uniqueNames(e)
+			return ok
+		})
+		slices.Sort(names)
+		for i := 1; ok && i < len(names); i++ {
+			ok = names[i] != names[i-1]
+		}
+	case v.IsArray():
+		v.ForEach(func(_, e gjson.Result) bool {
+			ok = uniqueNames(e)
+			return ok
+		})
+	}
+	return ok
 }
 
 // Claim reads the claim at a gjson path in a payload as an identity: a

@@ -272,6 +272,14 @@ func TestVerifyJWT(t *testing.T) {
 		{"alg None", signJWT(t, `{"alg":"None"}`, body, k.hsSecret), hsSrc, "", ErrJWTMalformed},
 		{"alg HS512", signJWT(t, `{"alg":"HS512"}`, body, k.hsSecret), hsSrc, "", ErrJWTMalformed},
 
+		// A name twice in one object: refused, not read by its first.
+		{"a claim twice", signJWT(t, hsHdr, `{"sub":"alice","sub":"admin"}`, k.hsSecret), hsSrc, "", errJWTDuplicate},
+		{"a claim twice, once escaped", signJWT(t, hsHdr, `{"sub":"alice","s\u0075b":"admin"}`, k.hsSecret), hsSrc, "", errJWTDuplicate},
+		{"a header name twice", signJWT(t, `{"alg":"HS256","typ":"JWT","typ":"x"}`, body, k.hsSecret), hsSrc, "", errJWTDuplicate},
+		{"a name twice in a claim's object", signJWT(t, hsHdr, `{"sub":"alice","org":{"id":1,"id":2}}`, k.hsSecret), hsSrc, "", errJWTDuplicate},
+		{"a name twice in a list's object", signJWT(t, hsHdr, `{"sub":"alice","l":[1,{"x":1,"x":1}]}`, k.hsSecret), hsSrc, "", errJWTDuplicate},
+		{"one name in two objects", signJWT(t, hsHdr, `{"sub":"alice","a":{"id":1},"b":{"id":1,"sub":2},"l":[{"id":1},{"id":1}]}`, k.hsSecret), hsSrc, "alice", nil},
+
 		// Key selection by kid.
 		{"kid a", signJWT(t, `{"alg":"HS256","kid":"a"}`, body, k.hsSecret), kidSrc, "alice", nil},
 		{"kid b", signJWT(t, `{"alg":"HS256","kid":"b"}`, body, k.hsSecret2), kidSrc, "alice", nil},
@@ -385,6 +393,8 @@ func TestDecodeJWTPayload(t *testing.T) {
 		{"array", b64(`["alice"]`), "", ErrJWTMalformed},
 		{"string", b64(`"alice"`), "", ErrJWTMalformed},
 		{"a whole JWT", "e30.e30.e30", "", ErrJWTMalformed},
+		{"a claim twice", b64(`{"sub":"alice","n":1,"sub":"admin"}`), "", errJWTDuplicate},
+		{"a name twice in a claim's object", b64(`{"sub":"alice","o":{"a":1,"b":{},"a":2}}`), "", errJWTDuplicate},
 		{"8 KiB", b64(`{"p":"` + strings.Repeat("x", MaxJWTLen-8) + `"}`), `{"p":"` + strings.Repeat("x", MaxJWTLen-8) + `"}`, nil},
 		{"over 8 KiB", b64(`{"p":"` + strings.Repeat("x", MaxJWTLen-7) + `"}`), "", ErrJWTMalformed},
 		{"far over 8 KiB", b64(`{"p":"` + strings.Repeat("x", 4*MaxJWTLen) + `"}`), "", ErrJWTMalformed},
