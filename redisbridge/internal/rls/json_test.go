@@ -116,17 +116,7 @@ func TestAppendResponseJSON(t *testing.T) {
 			Metadata: &Metadata{Request: req, Merged: map[string]any{"tier": "gold", "n": 2.5, "l": []any{true, "x"}}}},
 		{Overall: CodeOK, Statuses: statuses[5:], Headers: &statuses[5]},
 	} {
-		js := AppendResponseJSON(nil, res)
-		var fromJSON, fromBinary rlsv3.RateLimitResponse
-		if err := protojson.Unmarshal(js, &fromJSON); err != nil {
-			t.Fatalf("%s: %v", js, err)
-		}
-		if err := proto.Unmarshal(AppendResponse(nil, res), &fromBinary); err != nil {
-			t.Fatal(err)
-		}
-		if !proto.Equal(&fromJSON, &fromBinary) {
-			t.Errorf("%s:\n got %v\nwant %v", js, &fromJSON, &fromBinary)
-		}
+		jsonSameAsBinary(t, res)
 	}
 	// And as protobuf's JSON writer writes it, for the same message.
 	msg := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
@@ -195,6 +185,23 @@ func FuzzDecodeJSONRequest_SameAsProtobuf(f *testing.F) {
 	})
 }
 
+// jsonSameAsBinary fails t unless res in JSON reads, with protobuf's JSON
+// parser, as res in binary, whole.
+func jsonSameAsBinary(t *testing.T, res *Response) {
+	t.Helper()
+	js := AppendResponseJSON(nil, res)
+	var fromJSON, fromBinary rlsv3.RateLimitResponse
+	if err := protojson.Unmarshal(js, &fromJSON); err != nil {
+		t.Fatalf("%s: %v", js, err)
+	}
+	if err := proto.Unmarshal(AppendResponse(nil, res), &fromBinary); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(&fromJSON, &fromBinary) {
+		t.Fatalf("%s:\n got %v\nwant %v", js, &fromJSON, &fromBinary)
+	}
+}
+
 // FuzzAppendResponseJSON: any answer in JSON reads, with protobuf's JSON
 // parser, as the same answer in binary, whole.
 func FuzzAppendResponseJSON(f *testing.F) {
@@ -213,16 +220,6 @@ func FuzzAppendResponseJSON(f *testing.F) {
 			res.Headers = &res.Statuses[0]
 			res.HeaderNames = [3]string{header, "b", "c"}
 		}
-		js := AppendResponseJSON(nil, res)
-		var fromJSON, fromBinary rlsv3.RateLimitResponse
-		if err := protojson.Unmarshal(js, &fromJSON); err != nil {
-			t.Fatalf("%s: %v", js, err)
-		}
-		if err := proto.Unmarshal(AppendResponse(nil, res), &fromBinary); err != nil {
-			t.Fatal(err)
-		}
-		if !proto.Equal(&fromJSON, &fromBinary) {
-			t.Fatalf("%s:\n got %v\nwant %v", js, &fromJSON, &fromBinary)
-		}
+		jsonSameAsBinary(t, res)
 	})
 }
