@@ -277,8 +277,14 @@ func TestThrottle_WaitingBound(t *testing.T) {
 	if full, _ := h.Metric("sluice_throttle_full_total"); full != int64(st[429]) {
 		t.Errorf("refused for a full bound: %d, refusals %d", full, st[429])
 	}
-	if n := len(slotsOf(t, single(rs), keyOf(user, "t", "sl"))); n != st[200] {
+	// A refusal that reserved a slot leaves more slots than passes. Fewer
+	// means the log dropped slots a window old, as it does when the flood
+	// outlasts a window (a slow machine, the race detector).
+	switch n := len(slotsOf(t, single(rs), keyOf(user, "t", "sl"))); {
+	case n > st[200]:
 		t.Errorf("%d slots reserved for %d passed: refusals consumed", n, st[200])
+	case n < st[200]:
+		t.Logf("%d slots left for %d passed: the older ones expired", n, st[200])
 	}
 	t.Logf("1000 requests: %d passed, %d refused, at most %d held at once", st[200], st[429], most.Load())
 }
