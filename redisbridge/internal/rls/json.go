@@ -36,9 +36,13 @@ func fieldError(path, format string, args ...any) error {
 	return &JSONError{Field: path, Reason: fmt.Sprintf(format, args...)}
 }
 
-// unitNames are the names of envoy.type.v3.RateLimitUnit and of
-// RateLimitResponse.RateLimit.Unit, which share their numbers.
-var unitNames = [...]string{"UNKNOWN", "SECOND", "MINUTE", "HOUR", "DAY", "MONTH", "YEAR", "WEEK"}
+// unitNames are the names of RateLimitResponse.RateLimit.Unit, by number.
+// A request's override has envoy.type.v3.RateLimitUnit, which shares the
+// numbers but has no WEEK: requestUnitNames.
+var (
+	unitNames        = [...]string{"UNKNOWN", "SECOND", "MINUTE", "HOUR", "DAY", "MONTH", "YEAR", "WEEK"}
+	requestUnitNames = unitNames[:7]
+)
 
 // jsonFields are a message's fields by their two JSON names, lowerCamel
 // and as in the proto.
@@ -307,15 +311,15 @@ func integerText(raw string) (string, bool) {
 }
 
 // jsonUnit reads a RateLimitUnit by name, or by number as a JSON number
-// (any int32: protobuf's enums are open).
+// (any int32: protobuf's enums are open; 7 is a week, as over gRPC).
 func jsonUnit(v gjson.Result, path string, u *Unit) error {
 	switch v.Type {
 	case gjson.String:
-		if i := slices.Index(unitNames[:], v.Str); i >= 0 {
+		if i := slices.Index(requestUnitNames, v.Str); i >= 0 {
 			*u = Unit(i)
 			return nil
 		}
-		return fieldError(path, "%q is not one of SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR", v.Str)
+		return fieldError(path, "%q is not one of SECOND, MINUTE, HOUR, DAY, MONTH, YEAR", v.Str)
 	case gjson.Number:
 		s, ok := integerText(v.Raw)
 		n, err := strconv.ParseInt(s, 10, 32)

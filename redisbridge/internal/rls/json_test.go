@@ -150,7 +150,7 @@ func FuzzDecodeJSONRequest_SameAsProtobuf(f *testing.F) {
 		`{"descriptors":[{"hitsAddend":18446744073709551615e0}]}`, `{"descriptors":[{"hitsAddend":9007199254740993}]}`,
 		`{"descriptors":[{"hitsAddend":"9007199254740993e0"}]}`,
 		`{"descriptors":[{"limit":{"unit":"2"}}]}`, `{"descriptors":[{"limit":{"unit":-1}}]}`, `{"descriptors":[{"limit":{"unit":2147483648}}]}`,
-		`{"descriptors":[{"limit":{"unit":"second"}}]}`,
+		`{"descriptors":[{"limit":{"unit":"second"}}]}`, `{"descriptors":[{"limit":{"unit":"WEEK"}}]}`, `{"descriptors":[{"limit":{"unit":7}}]}`,
 		`{"domain":"\ud800"}`, "{\"domain\":\"\xff\"}", `{"dom\u0061in":"x"}`, `{"domain":"a"} `, `null`, `{}`, `{"descriptors":[null]}`,
 		`{"descriptors":[{"entries":[null]}]}`, `{"descriptors":[{"entries":[{"key":"a","key":"b"}]}]}`,
 		`{"descriptors":[{"isNegativeHits":true,"is_negative_hits":true}]}`, `{"descriptors":[{"limit":null}]}`,
