@@ -254,13 +254,21 @@ func FuzzParseAddr(f *testing.F) {
 // net/netip from the raw header values.
 func refEntries(xff, xri, source string) map[netip.Addr]bool {
 	out := map[netip.Addr]bool{}
-	add := func(s string) {
-		s = strings.Trim(s, " \t")
+	var add func(s string)
+	add = func(s string) {
+		// A header's entry without its spaces, or, where a zone ends in
+		// one ("::% "), with them.
+		if t := strings.Trim(s, " \t"); t != s {
+			add(t)
+		}
 		if ap, err := netip.ParseAddrPort(s); err == nil {
 			out[ap.Addr().WithZone("").Unmap()] = true
 			return
 		}
-		s = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
+		// An address alone, or in brackets ("::%]" is :: in zone "]").
+		if inner, ok := strings.CutPrefix(s, "["); ok && strings.HasSuffix(inner, "]") {
+			s = strings.TrimSuffix(inner, "]")
+		}
 		if a, err := netip.ParseAddr(s); err == nil {
 			out[a.WithZone("").Unmap()] = true
 		}
