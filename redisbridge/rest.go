@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 	"github.com/sluicehq/sluice/redisbridge/internal/overrides"
 	"github.com/sluicehq/sluice/rules"
@@ -50,9 +52,14 @@ var renamed = map[string]string{"strategy": "algorithm"}
 const algorithmReason = "must be token_bucket, sliding_window, sliding_log or fixed_window"
 
 // decodeStrict decodes a REST body into v: one JSON object, known fields
-// only. Its errors name the field at fault ("body" when the JSON itself is
-// malformed).
+// only, each once. Its errors name the field at fault ("body" when the
+// JSON itself is malformed).
 func decodeStrict(body []byte, v any) *apiError {
+	if gjson.ValidBytes(body) {
+		if name, dup := rules.RepeatedName(gjson.ParseBytes(body)); dup {
+			return invalid(codeInvalidInput, name, "given twice")
+		}
+	}
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)

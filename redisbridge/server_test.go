@@ -196,6 +196,7 @@ func TestServer_CheckErrors(t *testing.T) {
 		{"REST bad algorithm", `{"user_id":"u","endpoint":"/e","algorithm":"leaky"}`, 400, codeInvalidAlgorithm, "algorithm"},
 		{"REST algorithm by its former name", `{"user_id":"u","endpoint":"/e","strategy":"token_bucket"}`, 400, codeInvalidInput, "strategy: renamed: use algorithm"},
 		{"REST unknown field", `{"user_id":"u","endpoint":"/e","limt":3}`, 400, codeInvalidInput, "limt: unknown field"},
+		{"REST field twice", `{"user_id":"u","endpoint":"/e","limit":3,"limit":5}`, 400, codeInvalidInput, `"field":"limit","reason":"given twice"`},
 		{"REST bad limit", `{"user_id":"u","endpoint":"/e","limit":0}`, 400, codeInvalidLimit, "limit"},
 		{"REST no endpoint", `{"user_id":"u"}`, 400, codeInvalidInput, "endpoint"},
 	} {
@@ -208,6 +209,12 @@ func TestServer_CheckErrors(t *testing.T) {
 				t.Fatalf("request id not echoed: %s", r.body)
 			}
 		})
+	}
+	// The batch names the field with its path.
+	batch := `{"checks":[{"user_id":"u","endpoint":"/e"},{"user_id":"u","endpoint":"/e","user_id":"v"}]}`
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/batch-check", batch); r.status != 400 ||
+		!strings.Contains(string(r.body), `"field":"checks[1].user_id","reason":"given twice"`) {
+		t.Fatalf("a batch check's field twice: %d %s", r.status, r.body)
 	}
 	if r := do(t, nil, "GET", ts.URL+"/nope", ""); r.status != 404 || r.errCode(t) != codeNotFound {
 		t.Fatalf("unknown path: %d %s", r.status, r.body)

@@ -1,8 +1,13 @@
 package rules
 
 import (
+	"slices"
+	"strconv"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
+
+	"github.com/tidwall/gjson"
 )
 
 // AppendJSONString appends s to dst as a JSON string. It is the one JSON
@@ -98,3 +103,50 @@ func plainASCII8(x uint64) bool {
 func AppendJSONBytes(dst, s []byte) []byte { return AppendJSONString(dst, bytesView(s)) }
 
 const hexDigits = "0123456789abcdef"
+
+// RepeatedName returns the path of the first member name that an object
+// in the JSON value v has twice ("checks[1].cost"), and false when none
+// has. JSON readers disagree on which value of such a member counts (the
+// first, the last), so a reader that refuses it leaves nothing to guess.
+func RepeatedName(v gjson.Result) (string, bool) {
+	path, found := "", false
+	switch {
+	case v.IsObject():
+		var buf [16]string // most objects' names, without allocating
+		names := buf[:0]
+		v.ForEach(func(k, e gjson.Result) bool {
+			names = append(names, k.Str)
+			if p, ok := RepeatedName(e); ok {
+				path, found = k.Str+pathTail(p), true
+			}
+			return !found
+		})
+		if found {
+			return path, true
+		}
+		slices.Sort(names)
+		for i := 1; i < len(names); i++ {
+			if names[i] == names[i-1] {
+				return names[i], true
+			}
+		}
+	case v.IsArray():
+		i := 0
+		v.ForEach(func(_, e gjson.Result) bool {
+			if p, ok := RepeatedName(e); ok {
+				path, found = "["+strconv.Itoa(i)+"]"+pathTail(p), true
+			}
+			i++
+			return !found
+		})
+	}
+	return path, found
+}
+
+// pathTail is p as it follows a name or an index in a path.
+func pathTail(p string) string {
+	if strings.HasPrefix(p, "[") {
+		return p
+	}
+	return "." + p
+}

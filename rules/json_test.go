@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
 )
 
 func TestAppendJSONString(t *testing.T) {
@@ -168,5 +170,39 @@ func BenchmarkAppendJSONString(b *testing.B) {
 				buf = AppendJSONString(buf[:0], tc.s)
 			}
 		})
+	}
+}
+
+func TestRepeatedName(t *testing.T) {
+	for _, tt := range []struct {
+		json, path string
+		found      bool
+	}{
+		{`{}`, "", false},
+		{`{"a":1,"b":{"a":1},"l":[{"a":1},{"a":2}]}`, "", false},
+		{`{"a":1,"a":1}`, "a", true},
+		{`{"a":1,"b":2,"A":3,"b":4}`, "b", true},
+		{`{"s\u0075b":1,"sub":2}`, "sub", true},
+		{`{"x":{"y":{"z":1,"z":2}}}`, "x.y.z", true},
+		{`{"checks":[{"cost":1},{"cost":1,"cost":2}]}`, "checks[1].cost", true},
+		{`[[{"a":1}],[{"b":1,"b":1}]]`, "[1][0].b", true},
+		{`{"k":1,"v":{"k":1,"k":2},"k":3}`, "v.k", true}, // the first found, depth first
+		{`"text"`, "", false},
+		{`{"n0":0,"n1":1,"n2":2,"n3":3,"n4":4,"n5":5,"n6":6,"n7":7,"n8":8,"n9":9,"n10":10,"n11":11,"n12":12,"n13":13,"n14":14,"n15":15,"n16":16,"n3":17}`, "n3", true},
+	} {
+		path, found := RepeatedName(gjson.Parse(tt.json))
+		if path != tt.path || found != tt.found {
+			t.Errorf("RepeatedName(%s) = %q, %v; want %q, %v", tt.json, path, found, tt.path, tt.found)
+		}
+	}
+}
+
+func BenchmarkRepeatedName(b *testing.B) {
+	claims := gjson.Parse(`{"sub":"alice","iss":"https://issuer.example","aud":["api","web"],"exp":1750000100,"iat":1749990000,"plan":"premium","org":{"id":"o1","role":"admin"}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, dup := RepeatedName(claims); dup {
+			b.Fatal("a name twice")
+		}
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"math/big"
-	"slices"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -286,7 +285,14 @@ func VerifyJWT(authValue string, src *IdentitySource, nowUnix int64) ([]byte, er
 	}
 	// Checked once the signature verifies: the issuer wrote both, and a
 	// check of a header no key signed would only cost time.
-	if !uniqueNames(h) || !uniqueNames(p) {
+	// A JOSE header or a claims set with a name twice must be refused or
+	// read by its last value (RFC 7515 §4, RFC 7519 §4); claims here are
+	// read by their first, so refused, at every depth, since a claim path
+	// may lead into a claim's own object.
+	if _, dup := RepeatedName(h); dup {
+		return nil, errJWTDuplicate
+	}
+	if _, dup := RepeatedName(p); dup {
 		return nil, errJWTDuplicate
 	}
 	if err := checkClaims(p, src, nowUnix); err != nil {
@@ -429,39 +435,10 @@ func DecodeJWTPayload(headerValue string) ([]byte, error) {
 	if !gjson.ValidBytes(payload) || !gjson.ParseBytes(payload).IsObject() {
 		return nil, errJWTPayload
 	}
-	if !uniqueNames(gjson.ParseBytes(payload)) {
-		return nil, errJWTDuplicate
+	if _, dup := RepeatedName(gjson.ParseBytes(payload)); dup {
+		return nil, errJWTDuplicate // as for a verified token's
 	}
 	return payload, nil
-}
-
-// uniqueNames reports whether no object in the JSON value v has a member
-// name twice. A JOSE header or a claims set with one must be refused or
-// read by its last value (RFC 7515 §4, RFC 7519 §4), and claims here are
-// read by their first: refused, then, at every depth, since a claim path
-// may lead into a claim's own object.
-func uniqueNames(v gjson.Result) bool {
-	ok := true
-	switch {
-	case v.IsObject():
-		var buf [16]string // a header's or claims set's names, mostly
-		names := buf[:0]
-		v.ForEach(func(k, e gjson.Result) bool {
-			names = append(names, k.Str)
-			ok = uniqueNames(e)
-			return ok
-		})
-		slices.Sort(names)
-		for i := 1; ok && i < len(names); i++ {
-			ok = names[i] != names[i-1]
-		}
-	case v.IsArray():
-		v.ForEach(func(_, e gjson.Result) bool {
-			ok = uniqueNames(e)
-			return ok
-		})
-	}
-	return ok
 }
 
 // Claim reads the claim at a gjson path in a payload as an identity: a
