@@ -226,10 +226,10 @@ func (s *Server) ReloadRLS() error {
 	if s.set.RLSConfig == "" {
 		return nil
 	}
-	cfg, err := rls.Load(s.set.RLSConfig)
+	cfg, err := s.set.loadRLS()
 	if err != nil {
 		s.log.Error("rate limit service configuration refused; the running one stays", "err", err)
-		return fmt.Errorf("--rls-config: %w", err)
+		return err
 	}
 	s.rls.Store(cfg)
 	s.log.Info("rate limit service configuration reloaded", "file", s.set.RLSConfig, "domains", cfg.Domains())

@@ -750,6 +750,21 @@ func TestRLS_Errors(t *testing.T) {
 			t.Errorf("%s: %v, want %v %q", tt.name, err, tt.code, tt.msg)
 		}
 	}
+	// Two files of one domain: refused, unless merged.
+	set = DefaultSettings()
+	set.RLSConfig = filepath.Dir(rlsConfig(t, "domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]"))
+	if err := os.WriteFile(filepath.Join(set.RLSConfig, "more.yaml"), []byte("domain: d\ndescriptors: [{key: j, rate_limit: {unit: second, requests_per_unit: 2}}]"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(set); err == nil || !strings.Contains(err.Error(), `--rls-config: `+filepath.Join(set.RLSConfig, "ratelimit.yaml")+`: domain "d" is configured in `) {
+		t.Errorf("a domain in two files: %v", err)
+	}
+	set.RLSMergeDomainConfig = true
+	if s, err := New(set); err != nil {
+		t.Errorf("a domain in two files, merged: %v", err)
+	} else {
+		s.Close()
+	}
 	set = DefaultSettings()
 	set.RLSConfig = rlsConfig(t, "domain: d\ndescriptors: [{key: k, rate_limit: {unit: fortnight}}]")
 	if _, err := New(set); err == nil ||

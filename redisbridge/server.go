@@ -68,9 +68,9 @@ func New(set Settings) (*Server, error) {
 	s.rlsHeaders, _ = set.rlsHeaderNames() // checked by Validate
 	s.set.NearLimitRatio = set.nearLimitRatio()
 	if set.RLSConfig != "" {
-		cfg, err := rls.Load(set.RLSConfig)
+		cfg, err := set.loadRLS()
 		if err != nil {
-			return nil, fmt.Errorf("--rls-config: %w", err)
+			return nil, err
 		}
 		s.rls.Store(cfg)
 		if set.RLSOverLimitCache > 0 {

@@ -77,6 +77,10 @@ type Settings struct {
 	// ratelimit's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and
 	// LIMIT_RESET_HEADER). "": the default names.
 	RLSResponseHeaderNames string
+	// RLSMergeDomainConfig lets several files of RLSConfig configure one
+	// domain, their descriptors joined, as envoyproxy/ratelimit's
+	// MERGE_DOMAIN_CONFIG does; without it such a configuration is refused.
+	RLSMergeDomainConfig bool
 	// RLSQuotaMode puts every limit of the rate limit service in quota
 	// mode (a descriptor's quota_mode), as envoyproxy/ratelimit's
 	// QUOTA_MODE does.
@@ -228,6 +232,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.BoolVar(&s.RLSResponseHeaders, "rls-response-headers", s.RLSResponseHeaders, "rate limit service: add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer, of the descriptor closest to its limit")
 	fs.IntVar(&s.RLSOverLimitCache, "rls-over-limit-cache", s.RLSOverLimitCache, "rate limit service: counters remembered as spent until their window ends, whose calls are refused without a store call (0: none)")
 	fs.BoolVar(&s.RLSResponseMetadata, "rls-response-metadata", s.RLSResponseMetadata, "rate limit service: add dynamic metadata to every answer: the request's domain, descriptors and hits_addend, and the configured metadata of the limits not over")
+	fs.BoolVar(&s.RLSMergeDomainConfig, "rls-merge-domain-config", s.RLSMergeDomainConfig, "rate limit service: let several files of --rls-config configure one domain, their descriptors joined (one configured in two files is refused), as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG")
 	fs.BoolVar(&s.RLSQuotaMode, "rls-quota-mode", s.RLSQuotaMode, "rate limit service: every limit in quota mode, as envoyproxy/ratelimit's QUOTA_MODE: a call is refused only when all of its limits are over")
 	fs.BoolVar(&s.RLSShadowMode, "rls-shadow-mode", s.RLSShadowMode, "rate limit service: answer every call OK, deciding and counting it as always; what it would have refused is logged and counted as log-only denials")
 	return fs
@@ -307,13 +312,23 @@ func (s *Settings) Validate() error {
 	return nil
 }
 
+// loadRLS reads --rls-config as the settings say; its error names the
+// flag.
+func (s *Settings) loadRLS() (*rls.Config, error) {
+	cfg, err := rls.Load(s.RLSConfig, s.RLSMergeDomainConfig)
+	if err != nil {
+		return nil, fmt.Errorf("--rls-config: %w", err)
+	}
+	return cfg, nil
+}
+
 // CheckFiles reads the files the settings name as a start reads them:
 // --rls-config's configuration, Redis's TLS files and the listener's TLS
 // pair (which net/http reads when it serves). It connects to nothing.
 func (s *Settings) CheckFiles() error {
 	if s.RLSConfig != "" {
-		if _, err := rls.Load(s.RLSConfig); err != nil {
-			return fmt.Errorf("--rls-config: %w", err)
+		if _, err := s.loadRLS(); err != nil {
+			return err
 		}
 	}
 	if err := loadRedisTLS(s, &store.RedisOptions{}); err != nil {

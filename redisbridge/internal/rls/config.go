@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -156,8 +157,9 @@ func (c *Config) Domains() []string {
 
 // Load reads path, a YAML file or a directory of them (*.yaml, *.yml), as
 // envoyproxy/ratelimit reads its configuration directory. Two files may
-// not configure the same domain.
-func Load(path string) (*Config, error) {
+// configure the same domain only with merge, as with its
+// MERGE_DOMAIN_CONFIG (Parse).
+func Load(path string, merge bool) (*Config, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, err
@@ -186,12 +188,15 @@ func Load(path string) (*Config, error) {
 		}
 		docs[f] = b
 	}
-	return Parse(docs)
+	return Parse(docs, merge)
 }
 
-// Parse reads configuration files by name. An error names the file and
+// Parse reads configuration files by name, in the order of their names.
+// With merge, a file may configure a domain an earlier one did: its
+// descriptors join the domain's, and a descriptor both configure at the
+// top is refused; without, the domain is. An error names the file and
 // the field at fault, and nothing is kept of a configuration refused.
-func Parse(files map[string][]byte) (*Config, error) {
+func Parse(files map[string][]byte, merge bool) (*Config, error) {
 	c := &Config{domains: map[string]*node{}}
 	names := make([]string, 0, len(files))
 	for name := range files {
@@ -204,11 +209,24 @@ func Parse(files map[string][]byte) (*Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
-		if prev, dup := owner[domain]; dup {
+		prev, dup := owner[domain]
+		switch {
+		case !dup:
+			owner[domain] = name
+			c.domains[domain] = root
+		case !merge:
 			return nil, fmt.Errorf("%s: domain %q is configured in %s too", name, domain, prev)
+		default:
+			into := c.domains[domain]
+			for _, key := range slices.Sorted(maps.Keys(root.children)) {
+				if _, both := into.children[key]; both {
+					return nil, fmt.Errorf("%s: descriptor %s.%s is configured in %s too", name, domain, key, prev)
+				}
+				into.children[key] = root.children[key]
+			}
+			into.wildcards = append(into.wildcards, root.wildcards...)
+			owner[domain] += ", " + name
 		}
-		owner[domain] = name
-		c.domains[domain] = root
 	}
 	return c, nil
 }

@@ -75,7 +75,7 @@ descriptors:
 `
 
 func TestConfig_Match(t *testing.T) {
-	c, err := Parse(map[string][]byte{"edge.yaml": []byte(exampleConfig)})
+	c, err := Parse(map[string][]byte{"edge.yaml": []byte(exampleConfig)}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,14 +158,15 @@ func TestParse_Errors(t *testing.T) {
 		{"domain: d\ndescriptors:\n  - key: k\n    budget: 1\n    rate_limit: {unit: second, requests_per_unit: 1}", "f.yaml: descriptors[0].budget: want true or false"},
 		{"domain: [d", "f.yaml: yaml: line 1"},
 	} {
-		_, err := Parse(map[string][]byte{"f.yaml": []byte(tt.yaml)})
+		_, err := Parse(map[string][]byte{"f.yaml": []byte(tt.yaml)}, false)
 		if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
 			t.Errorf("%q: error %v, want %q", tt.yaml, err, tt.want)
 		}
 	}
 }
 
-// A directory's files each configure a domain; two may not configure one.
+// A directory's files each configure a domain; two may configure one only
+// when merged.
 func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, data string) {
@@ -176,7 +177,7 @@ func TestLoad(t *testing.T) {
 	write("a.yaml", "domain: a\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]")
 	write("b.yml", "domain: b\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 2}}]")
 	write("notes.txt", "not configuration")
-	c, err := Load(dir)
+	c, err := Load(dir, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,11 +187,29 @@ func TestLoad(t *testing.T) {
 	if l := c.Match("b", []Entry{{"k", "v"}}); l == nil || l.RequestsPerUnit != 2 || l.Unit.WindowMS() != 60_000 {
 		t.Errorf("b's limit: %+v", l)
 	}
-	write("c.yaml", "domain: a\ndescriptors: []")
-	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), `c.yaml: domain "a" is configured in `+filepath.Join(dir, "a.yaml")+" too") {
+	write("c.yaml", "domain: a\ndescriptors: [{key: j, rate_limit: {unit: hour, requests_per_unit: 3}}, {key: w, value: x*, rate_limit: {unit: day, requests_per_unit: 4}}]")
+	if _, err := Load(dir, false); err == nil || !strings.Contains(err.Error(), `c.yaml: domain "a" is configured in `+filepath.Join(dir, "a.yaml")+" too") {
 		t.Errorf("a domain twice: %v", err)
 	}
-	if _, err := Load(filepath.Join(dir, "none")); err == nil {
+	// Merged, as with envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG: c.yaml's
+	// descriptors join a's.
+	c, err = Load(dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		entries []Entry
+		per     int64
+	}{{[]Entry{{"k", "v"}}, 1}, {[]Entry{{"j", "v"}}, 3}, {[]Entry{{"w", "xy"}}, 4}} {
+		if l := c.Match("a", tt.entries); l == nil || l.RequestsPerUnit != tt.per {
+			t.Errorf("merged, %v: %+v, want %d per unit", tt.entries, l, tt.per)
+		}
+	}
+	write("d.yaml", "domain: a\ndescriptors: [{key: j, rate_limit: {unit: hour, requests_per_unit: 9}}]")
+	if _, err := Load(dir, true); err == nil || !strings.Contains(err.Error(), `d.yaml: descriptor a.j is configured in `+filepath.Join(dir, "a.yaml")+", "+filepath.Join(dir, "c.yaml")+" too") {
+		t.Errorf("merged, a descriptor twice: %v", err)
+	}
+	if _, err := Load(filepath.Join(dir, "none"), false); err == nil {
 		t.Error("a missing path loaded")
 	}
 }
@@ -198,7 +217,7 @@ func TestLoad(t *testing.T) {
 // examples/rls/ratelimit.yaml has a limit for each descriptor
 // examples/rls/envoy.yaml's actions send.
 func TestLoad_Example(t *testing.T) {
-	c, err := Load("../../../examples/rls/ratelimit.yaml")
+	c, err := Load("../../../examples/rls/ratelimit.yaml", false)
 	if err != nil {
 		t.Fatal(err)
 	}
