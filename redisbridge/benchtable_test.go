@@ -112,7 +112,7 @@ func BenchmarkBridgeTable(b *testing.B) {
 	services := make([]envoyRatelimitProcess, len(rows)) // by row
 	for i, r := range rows {
 		if r.ratelimit != nil {
-			services[i] = startEnvoyRatelimit(b, ratelimitBin, rs.Addr, rlsConfigYAML, r.ratelimit...)
+			services[i] = startEnvoyRatelimit(b, ratelimitBin, rs.Addr, map[string]string{"config.yaml": rlsConfigYAML}, r.ratelimit...)
 		}
 	}
 	runs := make([][]tableFigures, len(rows))

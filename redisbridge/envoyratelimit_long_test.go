@@ -90,20 +90,30 @@ var matchDescriptors = [][]string{
 // comments below say what such a last call is compared by.
 func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 	bin := envoyRatelimitBinary(t)
+	one := map[string]string{"config.yaml": matchConfig}
 	t.Run("single", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, nil, "REDIS_URL="+rs.Addr)
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, one, nil, "REDIS_URL="+rs.Addr)
 	})
 	// The calls in JSON, on both services' POST /json.
 	t.Run("json", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, true, nil, "REDIS_URL="+rs.Addr)
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, true, one, nil, "REDIS_URL="+rs.Addr)
+	})
+	// The configuration in two files of its domain, merged
+	// (--rls-merge-domain-config, MERGE_DOMAIN_CONFIG).
+	t.Run("merged", func(t *testing.T) {
+		rs := redistest.Start(t)
+		at := strings.Index(matchConfig, "  - key: file\n")
+		two := map[string]string{"config.yaml": matchConfig[:at], "more.yaml": "domain: m\ndescriptors:\n" + matchConfig[at:]}
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, two, func(s *Settings) { s.RLSMergeDomainConfig = true },
+			"REDIS_URL="+rs.Addr, "MERGE_DOMAIN_CONFIG=true")
 	})
 	// Every limit in shadow mode (--rls-shadow-mode, SHADOW_MODE), and
 	// the RateLimit headers renamed.
 	t.Run("shadow", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, func(s *Settings) {
+		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, one, func(s *Settings) {
 			s.RLSShadowMode, s.RLSResponseHeaderNames = true, "X-RL-Limit,X-RL-Remaining,X-RL-Reset"
 		}, "REDIS_URL="+rs.Addr, "SHADOW_MODE=true",
 			"LIMIT_LIMIT_HEADER=X-RL-Limit", "LIMIT_REMAINING_HEADER=X-RL-Remaining", "LIMIT_RESET_HEADER=X-RL-Reset")
@@ -116,7 +126,7 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 		for _, n := range c.Nodes {
 			addrs = append(addrs, n.Addr)
 		}
-		compareWithEnvoyRatelimit(t, bin, c.URL, addrs, false, nil, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
+		compareWithEnvoyRatelimit(t, bin, c.URL, addrs, false, one, nil, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
 			"REDIS_PIPELINE_WINDOW=150us") // which its cluster client requires
 	})
 }
@@ -125,14 +135,16 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 // TestLong_RLS_MatchesEnvoyRatelimit against a bridge on Redis at url
 // (its settings changed by configure, when not nil) and
 // envoyproxy/ratelimit (bin) with the variables env, on the same Redis,
-// whose nodes (emptied between scenarios) are at addrs; over gRPC, or
-// in JSON on POST /json.
-func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, inJSON bool, configure func(*Settings), env ...string) {
-	them := startEnvoyRatelimit(t, bin, "", matchConfig, append([]string{
+// whose nodes (emptied between scenarios) are at addrs, both with the
+// configuration files (matchConfig, or its parts); over gRPC, or in
+// JSON on POST /json.
+func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, inJSON bool, files map[string]string, configure func(*Settings), env ...string) {
+	them := startEnvoyRatelimit(t, bin, "", files, append([]string{
 		"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "RESPONSE_DYNAMIC_METADATA=true"}, env...)...)
 	theirs := rlsClient(t, them.grpc)
 	set := DefaultSettings()
-	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", url, rlsConfig(t, matchConfig)
+	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", url, t.TempDir()
+	writeFiles(t, set.RLSConfig, files)
 	set.RLSResponseHeaders, set.RLSResponseMetadata = true, true
 	if configure != nil {
 		configure(&set)

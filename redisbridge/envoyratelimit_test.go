@@ -42,17 +42,12 @@ type envoyRatelimitProcess struct {
 
 // startEnvoyRatelimit starts envoyproxy/ratelimit's service (bin) on
 // Redis at redisAddr (or where env's REDIS_URL says, when it is "") with
-// the configuration yaml and the variables env, and returns it once its
-// health service says SERVING.
-func startEnvoyRatelimit(tb testing.TB, bin, redisAddr, yaml string, env ...string) envoyRatelimitProcess {
+// the configuration files (by name) and the variables env, and returns it
+// once its health service says SERVING.
+func startEnvoyRatelimit(tb testing.TB, bin, redisAddr string, files map[string]string, env ...string) envoyRatelimitProcess {
 	tb.Helper()
 	dir := tb.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, "ratelimit", "config"), 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "ratelimit", "config", "config.yaml"), []byte(yaml), 0o644); err != nil {
-		tb.Fatal(err)
-	}
+	writeFiles(tb, filepath.Join(dir, "ratelimit", "config"), files)
 	grpcAddr, httpAddr, debugAddr := nettest.FreeAddr(tb), nettest.FreeAddr(tb), nettest.FreeAddr(tb)
 	port := func(a string) string { return a[strings.LastIndexByte(a, ':')+1:] }
 	cmd := exec.Command(bin)
@@ -89,6 +84,19 @@ func startEnvoyRatelimit(tb testing.TB, bin, redisAddr, yaml string, env ...stri
 			cmd.Process.Kill()
 			<-exited
 			tb.Fatalf("envoyproxy/ratelimit does not answer: %v, %v\n%s", r, err, out.String())
+		}
+	}
+}
+
+// writeFiles writes files (contents by name) into dir, which it makes.
+func writeFiles(tb testing.TB, dir string, files map[string]string) {
+	tb.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			tb.Fatal(err)
 		}
 	}
 }
