@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -98,6 +99,40 @@ func TestServer_FastPathConnectionClose(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if n, err := r.Read(make([]byte, 1)); err != io.EOF {
 		t.Fatalf("after Connection: close: read %d, %v; want EOF", n, err)
+	}
+}
+
+// A Shutdown that comes before Serve (a signal while the bridge starts)
+// makes Serve return at once, its listener closed, rather than serve
+// until killed.
+func TestServer_ShutdownBeforeServe(t *testing.T) {
+	set := testSettings()
+	set.Logger, set.AuditLog = discardLogger(), filepath.Join(t.TempDir(), "audit.log")
+	s, err := New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve still serving after Shutdown")
+	}
+	if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		c.Close()
+		t.Error("the listener still accepts")
 	}
 }
 

@@ -53,10 +53,11 @@ type Server struct {
 	errLogAt   atomic.Int64 // unix ms of the last logged store error
 	errSkipped atomic.Int64
 
-	mu   sync.Mutex
-	srv  *http.Server
-	fast *h1fast.Server // cleartext only: the fast check path in front of srv
-	h2   *h2fast.Server // cleartext only: h2c connections, relaying to srv what is not a check
+	mu       sync.Mutex
+	shutdown bool // Shutdown was called: Serve serves nothing
+	srv      *http.Server
+	fast     *h1fast.Server // cleartext only: the fast check path in front of srv
+	h2       *h2fast.Server // cleartext only: h2c connections, relaying to srv what is not a check
 }
 
 // New builds a bridge from validated settings. It does not listen yet.
@@ -173,6 +174,11 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) Serve(ln net.Listener) error {
 	srv := s.httpServer()
 	s.mu.Lock()
+	if s.shutdown { // a signal during start: nothing to serve, nothing to wait for
+		s.mu.Unlock()
+		ln.Close()
+		return nil
+	}
 	if s.srv != nil {
 		s.mu.Unlock()
 		return errors.New("redisbridge: Serve called twice")
@@ -253,9 +259,11 @@ func (s *Server) ListenAndServe() error {
 	return s.Serve(ln)
 }
 
-// Shutdown stops accepting requests and waits for those in flight.
+// Shutdown stops accepting requests and waits for those in flight. Called
+// before Serve, it makes Serve return at once.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
+	s.shutdown = true
 	srv, fast, h2 := s.srv, s.fast, s.h2
 	s.mu.Unlock()
 	if srv == nil {
