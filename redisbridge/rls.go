@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strconv"
@@ -141,6 +142,21 @@ func (s *Server) serveRLSJSON(ctx context.Context, in *checkio.Request, out *che
 	out.Set("Content-Type", "application/json")
 	out.Body = rls.AppendResponseJSON(out.Body, &res)
 	s.m.checkDur.Observe(time.Since(start).Seconds())
+}
+
+// RLSConfigHandler answers with the rate limit service's limits in force,
+// a line each, as envoyproxy/ratelimit's /rlconfig on its debug port
+// does (rls.Config.Dump); 404 without --rls-config.
+func (s *Server) RLSConfigHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cfg := s.rls.Load()
+		if cfg == nil {
+			http.Error(w, "no rate limit service configuration (--rls-config)", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, cfg.Dump())
+	})
 }
 
 // rlsJSONError is the bridge's envelope for a call /json could not

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -1010,7 +1011,8 @@ func BenchmarkRLS_ShouldRateLimit(b *testing.B) {
 }
 
 // ReloadRLS puts a new configuration in force, counters kept, and leaves
-// the running one when the new one is refused.
+// the running one when the new one is refused; /rlconfig lists the one in
+// force.
 func TestServer_ReloadRLS(t *testing.T) {
 	set := DefaultSettings()
 	set.Listen, set.LogLevel = "127.0.0.1:0", "error"
@@ -1029,6 +1031,15 @@ func TestServer_ReloadRLS(t *testing.T) {
 	if a, b := call(), call(); a != rlsv3.RateLimitResponse_OK || b != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("1 an hour: %v then %v", a, b)
 	}
+	rlconfig := func(want string) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		srv.RLSConfigHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/rlconfig", nil))
+		if rec.Code != 200 || rec.Body.String() != want {
+			t.Errorf("/rlconfig: %d %q, want %q", rec.Code, rec.Body, want)
+		}
+	}
+	rlconfig("d.k: unit=HOUR requests_per_unit=1, shadow_mode: false, quota_mode: false\n")
 	if err := os.WriteFile(set.RLSConfig, []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 2}}]"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -1038,6 +1049,7 @@ func TestServer_ReloadRLS(t *testing.T) {
 	if a, b := call(), call(); a != rlsv3.RateLimitResponse_OK || b != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("2 an hour, 1 counted before: %v then %v", a, b)
 	}
+	rlconfig("d.k: unit=HOUR requests_per_unit=2, shadow_mode: false, quota_mode: false\n")
 	if err := os.WriteFile(set.RLSConfig, []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour}}]"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -1046,6 +1058,13 @@ func TestServer_ReloadRLS(t *testing.T) {
 	}
 	if c := call(); c != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("after a refused reload: %v, want the running limit's OVER_LIMIT", c)
+	}
+	rlconfig("d.k: unit=HOUR requests_per_unit=2, shadow_mode: false, quota_mode: false\n")
+	set.RLSConfig = ""
+	rec := httptest.NewRecorder()
+	startServer(t, set).RLSConfigHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/rlconfig", nil))
+	if rec.Code != 404 {
+		t.Errorf("/rlconfig without --rls-config: %d %s", rec.Code, rec.Body)
 	}
 }
 

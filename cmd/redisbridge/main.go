@@ -45,7 +45,7 @@ func run() error {
 	}
 	defer srv.Close()
 	if set.DebugListen != "" {
-		go serveDebug(set.DebugListen)
+		go serveDebug(set.DebugListen, srv.RLSConfigHandler())
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -73,10 +73,12 @@ wait:
 	return <-done
 }
 
-// serveDebug serves the pprof handlers on their own listener, so profiling
-// is never reachable through the check port.
-func serveDebug(addr string) {
+// serveDebug serves the pprof handlers, and the rate limit service's
+// limits at /rlconfig as envoyproxy/ratelimit's debug port does, on their
+// own listener, so neither is ever reachable through the check port.
+func serveDebug(addr string, rlconfig http.Handler) {
 	mux := http.NewServeMux()
+	mux.Handle("GET /rlconfig", rlconfig)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

@@ -145,6 +145,36 @@ type Config struct {
 	domains map[string]*node
 }
 
+// Dump lists the configured limits, a line each in the form of
+// envoyproxy/ratelimit's /rlconfig ("edge.path_/login: unit=HOUR
+// requests_per_unit=5, shadow_mode: false, quota_mode: false"; an
+// unlimited one has unit UNKNOWN and 0 requests), sorted.
+func (c *Config) Dump() string {
+	var limits []*Limit
+	var walk func(n *node)
+	walk = func(n *node) {
+		if n.limit != nil {
+			limits = append(limits, n.limit)
+		}
+		for _, child := range n.children {
+			walk(child)
+		}
+	}
+	for _, root := range c.domains {
+		walk(root)
+	}
+	slices.SortFunc(limits, func(a, b *Limit) int { return strings.Compare(a.Place, b.Place) })
+	var b strings.Builder
+	for _, l := range limits {
+		unit, per := "UNKNOWN", int64(0)
+		if !l.Unlimited {
+			unit, per = strings.ToUpper(l.Unit.String()), l.RequestsPerUnit
+		}
+		fmt.Fprintf(&b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t\n", l.Place, unit, per, l.ShadowMode, l.Quota)
+	}
+	return b.String()
+}
+
 // Domains are the configured domains, sorted.
 func (c *Config) Domains() []string {
 	var out []string

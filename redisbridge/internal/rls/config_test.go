@@ -244,3 +244,33 @@ func TestLoad_Example(t *testing.T) {
 		t.Errorf("a team's exports: %+v, want a budget of 1e9 a day", l)
 	}
 }
+
+// Dump lists every limit as envoyproxy/ratelimit's /rlconfig does.
+func TestConfig_Dump(t *testing.T) {
+	c, err := Parse(map[string][]byte{"f.yaml": []byte(`domain: d
+descriptors:
+  - key: ip
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: path
+    value: /free
+    rate_limit: {unlimited: true}
+  - key: user
+    shadow_mode: true
+    quota_mode: true
+    rate_limit: {unit: week, requests_per_unit: 9}
+    descriptors:
+      - key: path
+        rate_limit: {unit: second, requests_per_unit: 1}
+`)}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `d.ip: unit=HOUR requests_per_unit=3, shadow_mode: false, quota_mode: false
+d.path_/free: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false
+d.user: unit=WEEK requests_per_unit=9, shadow_mode: true, quota_mode: true
+d.user.path: unit=SECOND requests_per_unit=1, shadow_mode: false, quota_mode: false
+`
+	if got := c.Dump(); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
