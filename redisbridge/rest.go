@@ -55,11 +55,6 @@ const algorithmReason = "must be token_bucket, sliding_window, sliding_log or fi
 // only, each once. Its errors name the field at fault ("body" when the
 // JSON itself is malformed).
 func decodeStrict(body []byte, v any) *apiError {
-	if gjson.ValidBytes(body) {
-		if name, dup := rules.RepeatedName(gjson.ParseBytes(body)); dup {
-			return invalid(codeInvalidInput, name, "given twice")
-		}
-	}
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
@@ -67,6 +62,10 @@ func decodeStrict(body []byte, v any) *apiError {
 		return invalid(codeInvalidInput, "body", "trailing data after the JSON object")
 	}
 	if err == nil {
+		// Read, so valid JSON: only now is it walked for a repeated name.
+		if name, dup := rules.RepeatedName(gjson.ParseBytes(body)); dup {
+			return invalid(codeInvalidInput, name, "given twice")
+		}
 		return nil
 	}
 	var typeErr *json.UnmarshalTypeError
