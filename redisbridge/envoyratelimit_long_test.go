@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 )
 
@@ -426,4 +428,66 @@ func compactCall(r *rlsv3.RateLimitRequest) string {
 		out += "}"
 	}
 	return out
+}
+
+// TestLong_RLS_ConfigReadAsEnvoyRatelimit loads each configuration below
+// into envoyproxy/ratelimit and reads back the limits it holds
+// (/rlconfig), and compares them with the bridge's reading of the same
+// file (rls.Parse, and its /rlconfig format): both refuse it, or both hold
+// the same limits at the same places. They are YAML 1.1's corners: scalars
+// YAML reads as numbers or true/false in text fields, which a descriptor
+// matches as written there, and numbers that service refuses. Every
+// configuration accepted has a limit, so that one refused (which leaves it
+// holding nothing) shows. Metadata is left out: the version the module
+// proxy serves predates it (TestParse_ScalarsAsWritten follows the later
+// source).
+func TestLong_RLS_ConfigReadAsEnvoyRatelimit(t *testing.T) {
+	bin := envoyRatelimitBinary(t)
+	rs := redistest.Start(t)
+	limit := "\n    rate_limit: {unit: second, requests_per_unit: 1}"
+	for _, tt := range []struct{ name, yaml string }{
+		{"leading zeros", "domain: d\ndescriptors:\n  - key: account\n    value: 007" + limit},
+		{"hexadecimal, octal, binary", "domain: d\ndescriptors:\n  - key: a\n    value: 0x1F" + limit + "\n  - key: b\n    value: 0o17" + limit + "\n  - key: c\n    value: 0b101" + limit},
+		{"underscores and a sign", "domain: d\ndescriptors:\n  - key: a\n    value: 1_000" + limit + "\n  - key: b\n    value: +5" + limit + "\n  - key: c\n    value: -7" + limit},
+		{"yes, on, y, true", "domain: d\ndescriptors:\n  - key: a\n    value: yes" + limit + "\n  - key: b\n    value: On" + limit + "\n  - key: c\n    value: y" + limit + "\n  - key: d\n    value: TRUE" + limit},
+		{"no, off, n, false", "domain: d\ndescriptors:\n  - key: a\n    value: no" + limit + "\n  - key: b\n    value: off" + limit + "\n  - key: c\n    value: n" + limit},
+		{"null", "domain: d\ndescriptors:\n  - key: a\n    value: ~" + limit + "\n  - key: b\n    value: null\n    descriptors:\n      - key: c" + limit},
+		{"a number as the key and the domain", "domain: 0123\ndescriptors:\n  - key: 404\n    value: 200" + limit},
+		{"names as written", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: 007}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: 007}]}"},
+		{"requests_per_unit written otherwise", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 0x10}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1_000}\n  - key: c\n    rate_limit: {unit: second, requests_per_unit: 010}"},
+		{"a timestamp", "domain: d\ndescriptors:\n  - key: day\n    value: 2001-12-14" + limit},
+		{"sexagesimal", "domain: d\ndescriptors:\n  - key: a\n    value: 12:30:00" + limit},
+		{"quoted", "domain: d\ndescriptors:\n  - key: a\n    value: '1.10'" + limit + "\n  - key: b\n    value: \"007\"" + limit},
+		{"a fraction refused", "domain: d\ndescriptors:\n  - key: version\n    value: 1.10" + limit},
+		{"an exponent refused", "domain: d\ndescriptors:\n  - key: a\n    value: 1e3" + limit},
+		{"infinity refused", "domain: d\ndescriptors:\n  - key: a\n    value: .inf" + limit},
+		{"beyond int64 refused", "domain: d\ndescriptors:\n  - key: a\n    value: 18446744073709551615" + limit},
+		{"a fractional requests_per_unit refused", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5.0}"},
+		{"a key that is not text refused", "domain: d\ndescriptors:\n  - key: a\n    1: x" + limit},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			them := startEnvoyRatelimit(t, bin, rs.Addr, map[string]string{"config.yaml": tt.yaml})
+			res, err := http.Get("http://" + them.debug + "/rlconfig")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(res.Body)
+			res.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimSuffix(string(body), "\n"), "\n")
+			slices.Sort(lines)
+			theirs := strings.Join(lines, "\n")
+			c, err := rls.Parse(map[string][]byte{"config.yaml": []byte(tt.yaml)}, false)
+			switch {
+			case err != nil && theirs != "":
+				t.Fatalf("refused here (%v), there it holds:\n%s", err, theirs)
+			case err == nil && theirs == "":
+				t.Fatalf("refused there, here it holds:\n%s", c.Dump())
+			case err == nil && strings.TrimSuffix(c.Dump(), "\n") != theirs:
+				t.Fatalf("here:\n%s\nthere:\n%s", c.Dump(), theirs)
+			}
+		})
+	}
 }

@@ -37,6 +37,7 @@ func envoyRatelimitBinary(tb testing.TB) string {
 // envoyRatelimitProcess is a running envoyproxy/ratelimit service.
 type envoyRatelimitProcess struct {
 	grpc, http string // addresses: the rate limit service, and its HTTP port (POST /json)
+	debug      string // its debug port (/rlconfig)
 	pid        int
 }
 
@@ -73,7 +74,7 @@ func startEnvoyRatelimit(tb testing.TB, bin, redisAddr string, files map[string]
 		r, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
 		if err == nil && r.Status == healthpb.HealthCheckResponse_SERVING {
-			return envoyRatelimitProcess{grpc: grpcAddr, http: httpAddr, pid: cmd.Process.Pid}
+			return envoyRatelimitProcess{grpc: grpcAddr, http: httpAddr, debug: debugAddr, pid: cmd.Process.Pid}
 		}
 		select {
 		case <-exited:

@@ -5,7 +5,6 @@
 package rls
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,8 +14,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-
-	"sigs.k8s.io/yaml"
 
 	"github.com/sluicehq/sluice/rules"
 )
@@ -263,19 +260,9 @@ func Parse(files map[string][]byte, merge bool) (*Config, error) {
 
 // parseFile reads one file: its domain and its tree.
 func parseFile(data []byte) (string, *node, error) {
-	js, err := yaml.YAMLToJSON(data)
+	top, err := readYAML(data)
 	if err != nil {
 		return "", nil, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.UseNumber()
-	var doc any
-	if err := dec.Decode(&doc); err != nil {
-		return "", nil, err
-	}
-	top, ok := doc.(map[string]any)
-	if !ok {
-		return "", nil, errors.New("want a mapping with domain and descriptors")
 	}
 	if err := known(top, "", "domain", "descriptors"); err != nil {
 		return "", nil, err
@@ -486,13 +473,8 @@ func str(m map[string]any, path, field string) (string, error) {
 	if !ok || v == nil {
 		return "", nil
 	}
-	switch v := v.(type) {
-	case string:
-		return v, nil
-	case json.Number: // a value written as a number: 200, as YAML reads it
-		return v.String(), nil
-	case bool:
-		return fmt.Sprint(v), nil
+	if s, ok := v.(string); ok { // a scalar as written (readYAML)
+		return s, nil
 	}
 	return "", fmt.Errorf("%s: want a string", join(path, field))
 }

@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -140,7 +141,15 @@ func TestParse_Errors(t *testing.T) {
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}",
 			"f.yaml: descriptors[0].rate_limit.requests_per_unit: must be an integer from 0 to 1099511627776"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1.5}",
+			"f.yaml: descriptors[0].rate_limit.requests_per_unit: 1.5 is read as a number envoyproxy/ratelimit refuses here"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: '5'}",
 			"f.yaml: descriptors[0].rate_limit.requests_per_unit: must be an integer"},
+		// YAML reads these as numbers envoyproxy/ratelimit refuses in a
+		// text field; as text, in quotes, they are taken.
+		{"domain: d\ndescriptors:\n  - key: version\n    value: 1.10", "f.yaml: descriptors[0].value: 1.1 is read as a number envoyproxy/ratelimit refuses here"},
+		{"domain: d\ndescriptors:\n  - key: k\n    value: 1e3", "f.yaml: descriptors[0].value: 1000 is read as a number"},
+		{"domain: d\ndescriptors:\n  - key: k\n    value: 18446744073709551615", "f.yaml: descriptors[0].value: 18446744073709551615 is read as a number"},
+		{"domain: d\ndescriptors:\n  - key: k\n    1: x", "f.yaml: descriptors[0].1: a key must be text"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}", "f.yaml: descriptors[0].rate_limit.unit: must not be given with unlimited"},
 		{"domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: a\n        rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 2}",
 			"f.yaml: descriptors[0].descriptors[0].rate_limit.unit_multiplier: unknown field"},
@@ -162,6 +171,60 @@ func TestParse_Errors(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
 			t.Errorf("%q: error %v, want %q", tt.yaml, err, tt.want)
 		}
+	}
+}
+
+// A text field takes a scalar as written, as envoyproxy/ratelimit reads it
+// (yaml.v2 into a string field): 007, 0x1F, 1_000 and yes are those texts,
+// not the numbers and true YAML reads them as; metadata keeps the values,
+// and the text of what YAML reads for a key below its own.
+func TestParse_ScalarsAsWritten(t *testing.T) {
+	const yaml = `domain: 0123
+descriptors:
+  - key: account
+    value: 007
+    rate_limit: {unit: minute, requests_per_unit: 1_000, name: 0x1F, replaces: [{name: yes}]}
+    metadata: {code: 007, ratio: 1.50, big: 18446744073709551615, on: {on: on}}
+  - key: flag
+    value: yes
+    descriptors:
+      - key: 404
+        value: +5
+        rate_limit: {unit: second, requests_per_unit: 0x10}
+  - key: quoted
+    value: '1.10'
+    rate_limit: {unit: hour, requests_per_unit: 1}
+`
+	c, err := Parse(map[string][]byte{"f.yaml": []byte(yaml)}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := func(kv ...string) []Entry {
+		var out []Entry
+		for i := 0; i < len(kv); i += 2 {
+			out = append(out, Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		name    string
+		domain  string
+		entries []Entry
+		want    *Limit
+	}{
+		{"leading zeros kept", "0123", e("account", "007"), &Limit{Place: "0123.account_007", Name: "0x1F", RequestsPerUnit: 1000, Unit: 2, Replaces: []string{"yes"},
+			Metadata: map[string]any{"code": json.Number("7"), "ratio": json.Number("1.5"), "big": json.Number("18446744073709551615"), "on": map[string]any{"true": true}}}},
+		{"not the number YAML reads", "0123", e("account", "7"), nil},
+		{"the domain as written", "123", e("account", "007"), nil},
+		{"yes as written", "0123", e("flag", "yes", "404", "+5"), &Limit{Place: "0123.flag_yes.404_+5", RequestsPerUnit: 16, Unit: 1}},
+		{"not true", "0123", e("flag", "true", "404", "+5"), nil},
+		{"a quoted number", "0123", e("quoted", "1.10"), &Limit{Place: "0123.quoted_1.10", RequestsPerUnit: 1, Unit: 3}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := c.Match(tt.domain, tt.entries); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got %+v, want %+v", got, tt.want)
+			}
+		})
 	}
 }
 
