@@ -65,6 +65,9 @@ descriptors:
   - key: shadow
     shadow_mode: true
     rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: team
+    value: a_*
+    rate_limit: {unit: hour, requests_per_unit: 2}
 `
 
 // matchDescriptors are what the calls are made of.
@@ -74,6 +77,8 @@ var matchDescriptors = [][]string{
 	{"user", "u1", "path", "/x"}, {"user", "u2", "path", "/x"}, {"user", "u1", "path", "/login"},
 	{"file", "a/1"}, {"file", "a/2"}, {"file", "s/1"}, {"file", "s/2"}, {"file", "b/1"},
 	{"zero", "z"}, {"unknown", "x"}, {"burst", "b"}, {"shadow", "s"},
+	// A wildcard takes the entry's key and value joined (team_a_x).
+	{"team", "a_1"}, {"team_a", "x"}, {"team", "b_1"},
 	// Entries that match no limit: fewer than a nested one, more, a
 	// wildcard's prefix without its rest.
 	{"user", "u1"}, {"user", "u1", "path", "/x", "verb", "GET"}, {"file", "a/"}, {"file", "a"},

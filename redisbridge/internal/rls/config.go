@@ -107,20 +107,24 @@ func (l *Limit) MetricName() string {
 type node struct {
 	limit     *Limit
 	children  map[string]*node
-	wildcards []wildcard // children whose value has a "*", in file order
+	wildcards []wildcard // children with a "*", in file order
 }
 
-// wildcard is a descriptor whose value has a "*": each "*" takes any
-// run of characters, none included. parts is the value split at them.
+// wildcard is a descriptor with a "*" in its value (or its key): each
+// "*" takes any run of characters, none included. It is matched, as
+// envoyproxy/ratelimit matches it, against a request entry's key and
+// value joined as the tree names them ("key_value"), so the key takes
+// part: key user with value a_* takes the entry user_a with value x
+// ("user_a_x"). parts is that name split at the "*"s.
 type wildcard struct {
-	key   string
 	parts []string
 	fixed int // the length of the parts together
 	child *node
 }
 
-// matches reports whether the wildcard takes value: the first part
-// begins it, the last ends it, and the others come between, in order.
+// matches reports whether the wildcard takes value, an entry's
+// "key_value": the first part begins it, the last ends it, and the others
+// come between, in order.
 func (w *wildcard) matches(value string) bool {
 	first, last := w.parts[0], w.parts[len(w.parts)-1]
 	if len(value) < w.fixed || !strings.HasPrefix(value, first) || !strings.HasSuffix(value, last) {
@@ -345,7 +349,7 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 		if err != nil {
 			return err
 		}
-		wild := strings.Contains(value, "*")
+		wild := strings.Contains(name, "*")
 		if share && !wild {
 			return fmt.Errorf("%s.share_threshold: only for a value with a *", path)
 		}
@@ -354,6 +358,9 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 			mine = append(slices.Clip(shared), "")
 			if share {
 				mine[len(shared)] = value
+				if !strings.Contains(value, "*") {
+					mine[len(shared)] = name // the * is in the key
+				}
 			}
 		}
 		budget, err := boolean(d, path, "budget")
@@ -374,8 +381,8 @@ func (n *node) load(list any, at, parent string, shared []string) error {
 		}
 		n.children[name] = child
 		if wild {
-			w := wildcard{key: key, parts: strings.Split(value, "*"), child: child}
-			w.fixed = len(value) - (len(w.parts) - 1)
+			w := wildcard{parts: strings.Split(name, "*"), child: child}
+			w.fixed = len(name) - (len(w.parts) - 1)
 			n.wildcards = append(n.wildcards, w)
 		}
 	}

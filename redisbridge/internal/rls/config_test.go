@@ -337,3 +337,41 @@ d.user.path: unit=SECOND requests_per_unit=1, shadow_mode: false, quota_mode: fa
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
+
+// A wildcard is matched against an entry's key and value as the tree
+// names them, key_value, as envoyproxy/ratelimit matches it: the key takes
+// part, and a "*" may be in the key of a descriptor without value.
+func TestMatch_WildcardTakesKeyValue(t *testing.T) {
+	const yaml = `domain: d
+descriptors:
+  - key: team
+    value: a_*
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: path*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 3}
+`
+	c, err := Parse(map[string][]byte{"f.yaml": []byte(yaml)}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	team := &Limit{Place: "d.team_a_*", RequestsPerUnit: 2, Unit: 3}
+	path := &Limit{Place: "d.path*", RequestsPerUnit: 3, Unit: 3, Shared: []string{"path*"}}
+	for _, tt := range []struct {
+		key, value string
+		want       *Limit
+	}{
+		{"team", "a_x", team},
+		{"team_a", "x", team}, // team_a_x
+		{"team_a", "", team},  // team_a_
+		{"team", "b_x", nil},
+		{"path", "/x", path},   // path_/x
+		{"pathway", "", path},  // pathway_
+		{"pat", "h", nil},      // pat_h
+		{"other", "path", nil}, // other_path
+	} {
+		if got := c.Match("d", []Entry{{tt.key, tt.value}}); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s=%q: got %+v, want %+v", tt.key, tt.value, got, tt.want)
+		}
+	}
+}

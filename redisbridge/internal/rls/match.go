@@ -11,8 +11,8 @@ func (c *Config) HasDomain(domain string) bool {
 
 // Match is the limit a request descriptor has in domain's tree, as
 // envoyproxy/ratelimit finds it: each entry, in order, must match a
-// descriptor one level further down, by its key and value, else by a
-// value with "*" wildcards that takes its value, else by its key alone
+// descriptor one level further down, by its key and value, else by one
+// with "*" wildcards that takes them (wildcard), else by its key alone
 // (a descriptor without value takes every value); and the descriptor the
 // last entry matched must have a rate_limit. nil when it has none.
 func (c *Config) Match(domain string, entries []Entry) *Limit {
@@ -21,10 +21,11 @@ func (c *Config) Match(domain string, entries []Entry) *Limit {
 		return nil
 	}
 	for i, e := range entries {
-		next := n.children[e.Key+"_"+e.Value]
+		full := e.Key + "_" + e.Value
+		next := n.children[full]
 		if next == nil {
 			for i := range n.wildcards {
-				if w := &n.wildcards[i]; w.key == e.Key && w.matches(e.Value) {
+				if w := &n.wildcards[i]; w.matches(full) {
 					next = w.child
 					break
 				}
