@@ -3,7 +3,6 @@ package wasmhost
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,10 +60,11 @@ type Options struct {
 	// own transport, which follows no redirect: Envoy's async client hands
 	// the plugin a 3xx as it came.
 	HTTPClient *http.Client
-	// RootCAs verify the certificates of https clusters, as an Envoy
-	// cluster's validation_context trusted_ca; nil: the system's roots.
-	// Not used with HTTPClient.
-	RootCAs *x509.CertPool
+	// TLSClientConfig is the TLS client configuration of https clusters:
+	// its RootCAs verify their certificates, as an Envoy cluster's
+	// validation_context trusted_ca; nil: the system's roots. Not used
+	// with HTTPClient.
+	TLSClientConfig *tls.Config
 	// Logger receives plugin logs (proxy_log and the guest's stderr).
 	Logger *slog.Logger
 	// OnLog, when set, is called with every plugin log entry.
@@ -197,8 +197,8 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	}
 	if h.client == nil {
 		t := NewTransport()
-		if opts.RootCAs != nil {
-			t.TLSClientConfig = &tls.Config{RootCAs: opts.RootCAs}
+		if opts.TLSClientConfig != nil {
+			t.TLSClientConfig = opts.TLSClientConfig.Clone()
 		}
 		h.client = &http.Client{Transport: t, CheckRedirect: noRedirect}
 	}

@@ -3,6 +3,7 @@ package wasmhost
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -204,8 +205,9 @@ func TestHost_Callout(t *testing.T) {
 			case "in-process":
 				opts.Handlers = map[string]http.Handler{"backend": srv.Config.Handler}
 			case "https": // its certificate from a CA of its own
-				opts.RootCAs = x509.NewCertPool()
-				opts.RootCAs.AddCert(tlsSrv.Certificate())
+				roots := x509.NewCertPool()
+				roots.AddCert(tlsSrv.Certificate())
+				opts.TLSClientConfig = &tls.Config{RootCAs: roots}
 			}
 			testCallouts(t, newHost(t, opts))
 		})

@@ -5,13 +5,12 @@
 //	gateway --listen :8080 --plugin build/plugin.wasm --config examples/config.json \
 //	        --upstream http://127.0.0.1:9000 --cluster sluice_bridge=http://127.0.0.1:8081
 //
-// SIGHUP reloads --config; an invalid file is refused and the running
-// configuration stays. SIGINT/SIGTERM stop it.
+// SIGHUP reloads --config, the TLS pair and --upstream-tls-ca; a file
+// refused leaves what it would replace in place. SIGINT/SIGTERM stop it.
 package main
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -185,7 +184,7 @@ type settings struct {
 	embedBridge                      string
 	preserveRequestID                bool
 	upstreamCA                       string
-	rootCAs                          *x509.CertPool   // upstreamCA's certificates, read at start
+	cas                              *trustedCAs      // upstreamCA's certificates, read at start and on SIGHUP
 	now                              func() time.Time // tests: the clock of upstream service times; default time.Now
 }
 
@@ -219,7 +218,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
 	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key; SIGHUP reads both again")
 	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
-	fs.StringVar(&s.upstreamCA, "upstream-tls-ca", "", "PEM CA certificates that verify https upstreams and call-out clusters (a bridge with a private CA), instead of the system's roots, as an Envoy cluster's trusted_ca")
+	fs.StringVar(&s.upstreamCA, "upstream-tls-ca", "", "PEM CA certificates that verify https upstreams and call-out clusters (a bridge with a private CA), instead of the system's roots, as an Envoy cluster's trusted_ca; SIGHUP reads it again")
 	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
 	fs.DurationVar(&s.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM or SIGINT, how long requests in flight (throttled ones held up to their max_delay included) may take to finish before the gateway exits")
 	fs.BoolVar(&s.validate, "validate", false, "start the plugin with --config (and read the TLS pair) as at start, say whether they are accepted, and exit, as envoy --mode validate; --upstream may be left out")
@@ -334,7 +333,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		return fmt.Errorf("--config: %w", err)
 	}
 	if s.upstreamCA != "" {
-		if s.rootCAs, err = loadCAs(s.upstreamCA); err != nil {
+		if s.cas, err = loadTrustedCAs(s.upstreamCA); err != nil {
 			return err
 		}
 	}
@@ -367,7 +366,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	opts := wasmhost.Options{
 		Workers: s.workers, PluginConfig: cfg, RootID: "sluice", Clusters: s.clusters,
 		Logger: logger, FailurePolicy: s.failure.FailurePolicy, LogLevel: hostLevel,
-		Environment: s.env.environment(os.LookupEnv), RootCAs: s.rootCAs,
+		Environment: s.env.environment(os.LookupEnv), TLSClientConfig: s.cas.clientConfig(),
 	}
 	var bridge http.Handler // the embedded bridge's API, for the admin address
 	if s.embedBridge != "" {
@@ -442,7 +441,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGHUP:
-				reload(ctx, host, cert, s.config, logger)
+				reload(ctx, host, cert, s.cas, s.config, logger)
 			case syscall.SIGUSR1: // as Envoy: reopen the access log, for rotation
 				if alog == nil {
 					continue
@@ -461,10 +460,11 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	}
 }
 
-// reload reads the plugin's configuration and the TLS pair (when cert is
-// not nil) again, on SIGHUP. Each is kept as it runs when its new files
-// are refused, and the log says which.
-func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, config string, logger *slog.Logger) {
+// reload reads the plugin's configuration, the TLS pair (when cert is not
+// nil) and the upstream CAs (when cas is not nil) again, on SIGHUP. Each
+// is kept as it runs when its new files are refused, and the log says
+// which.
+func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, cas *trustedCAs, config string, logger *slog.Logger) {
 	data, err := os.ReadFile(config)
 	if err == nil {
 		err = host.Configure(ctx, data)
@@ -474,13 +474,19 @@ func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, config 
 	} else {
 		logger.Info("configuration reloaded", "file", config)
 	}
-	if cert == nil {
-		return
+	if cert != nil {
+		if err := cert.reload(); err != nil {
+			logger.Error("certificate reload refused; the running certificate stays", "err", err)
+		} else {
+			logger.Info("certificate reloaded", "cert", cert.certFile, "not_after", cert.notAfter())
+		}
 	}
-	if err := cert.reload(); err != nil {
-		logger.Error("certificate reload refused; the running certificate stays", "err", err)
-	} else {
-		logger.Info("certificate reloaded", "cert", cert.certFile, "not_after", cert.notAfter())
+	if cas != nil {
+		if err := cas.reload(); err != nil {
+			logger.Error("upstream CA reload refused; the CAs in use stay", "err", err)
+		} else {
+			logger.Info("upstream CAs reloaded", "file", cas.file)
+		}
 	}
 }
 
@@ -499,7 +505,7 @@ func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.
 			i = 1
 		}
 		if transports[i] == nil {
-			transports[i] = newUpstreamTransport(s.upstreamTimeout, http2, s.rootCAs)
+			transports[i] = newUpstreamTransport(s.upstreamTimeout, http2, s.cas.clientConfig())
 		}
 		return transports[i]
 	}

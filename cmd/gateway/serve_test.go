@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -261,14 +262,17 @@ func TestConnectionManager(t *testing.T) {
 
 // The gateway as started with --tls-cert, --tls-key and --access-log
 // serves HTTPS and logs each request; SIGHUP makes it serve the renewed
-// pair written over the files, and SIGUSR1 reopens the access log after
-// it was moved away, without a restart.
+// pair written over the files (and read --upstream-tls-ca again), and
+// SIGUSR1 reopens the access log after it was moved away, without a
+// restart.
 func TestRun_Signals(t *testing.T) {
 	dir := t.TempDir()
 	plugin, config := guestFiles(t, dir)
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	accessFile := filepath.Join(dir, "access.log")
 	writeCert(t, certFile, keyFile, "first")
+	caFile := filepath.Join(dir, "ca.pem")
+	writeCert(t, caFile, filepath.Join(dir, "ca.key"), "ca")
 	logr, logw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +284,7 @@ func TestRun_Signals(t *testing.T) {
 	go func() {
 		defer logw.Close()
 		done <- run(ctx, []string{"--listen", listen, "--plugin", plugin, "--config", config, "--upstream", "http://127.0.0.1:1",
-			"--tls-cert", certFile, "--tls-key", keyFile, "--access-log", accessFile, "--log-level", "info"}, logw)
+			"--tls-cert", certFile, "--tls-key", keyFile, "--upstream-tls-ca", caFile, "--access-log", accessFile, "--log-level", "info"}, logw)
 	}()
 	// The log says what the gateway did, in order.
 	lines := make(chan string)
@@ -317,6 +321,7 @@ func TestRun_Signals(t *testing.T) {
 		t.Fatal(err)
 	}
 	await("certificate reloaded")
+	await("upstream CAs reloaded")
 	if got := served(t, listen); got != "renewed" {
 		t.Errorf("after SIGHUP served %q, want renewed", got)
 	}
@@ -555,5 +560,79 @@ func TestRun_UpstreamTLSCA(t *testing.T) {
 	if err := run(t.Context(), []string{"--validate", "--plugin", plugin, "--config", config, "--upstream-tls-ca", keyFile}, os.Stderr); err == nil ||
 		!strings.Contains(err.Error(), "--upstream-tls-ca: no PEM certificate in "+keyFile) {
 		t.Errorf("a file with no certificate: %v", err)
+	}
+}
+
+// --upstream-tls-ca verifies an https upstream's chain and name against
+// the CAs read last: a CA written over the file and read again (SIGHUP)
+// is trusted from the next connection on; a file that does not load
+// leaves the CAs in use; a name the certificate is not for is refused.
+func TestTrustedCAs_Reload(t *testing.T) {
+	dir := t.TempDir()
+	upCert, upKey := filepath.Join(dir, "up.pem"), filepath.Join(dir, "up.key")
+	writeCert(t, upCert, upKey, "upstream") // for 127.0.0.1 only
+	pair, err := tls.LoadX509KeyPair(upCert, upKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	up.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+	up.StartTLS()
+	defer up.Close()
+
+	caFile := filepath.Join(dir, "ca.pem")
+	if _, err := loadTrustedCAs(caFile); err == nil || !strings.HasPrefix(err.Error(), "--upstream-tls-ca: ") {
+		t.Fatalf("missing file: %v", err)
+	}
+	writeCert(t, caFile, filepath.Join(dir, "other.key"), "another CA")
+	cas, err := loadTrustedCAs(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newUpstreamTransport(0, false, cas.clientConfig())
+	get := func(url string) error {
+		t.Helper()
+		tr.fallback.(*http.Transport).CloseIdleConnections() // a new connection, verified anew
+		req := httptest.NewRequest("GET", url, nil)
+		req.RequestURI = ""
+		res, err := tr.RoundTrip(req)
+		if err != nil {
+			return err
+		}
+		defer res.Body.Close()
+		if b, _ := io.ReadAll(res.Body); string(b) != "ok" {
+			t.Fatalf("answer %q", b)
+		}
+		return nil
+	}
+	var unknown x509.UnknownAuthorityError
+	if err := get(up.URL); !errors.As(err, &unknown) {
+		t.Fatalf("with another CA: %v, want unknown authority", err)
+	}
+	data, err := os.ReadFile(upCert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(caFile, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := cas.reload(); err != nil {
+		t.Fatal(err)
+	}
+	if err := get(up.URL); err != nil {
+		t.Fatalf("after reload: %v", err)
+	}
+	var wrongName x509.HostnameError
+	if err := get(strings.Replace(up.URL, "127.0.0.1", "localhost", 1)); !errors.As(err, &wrongName) {
+		t.Fatalf("by a name the certificate is not for: %v, want a hostname error", err)
+	}
+	if err := os.WriteFile(caFile, []byte("not PEM"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := cas.reload(); err == nil || err.Error() != "--upstream-tls-ca: no PEM certificate in "+caFile {
+		t.Fatalf("reload of a file with no certificate: %v", err)
+	}
+	if err := get(up.URL); err != nil {
+		t.Fatalf("after a refused reload: %v", err)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -58,10 +57,10 @@ type upstreamTransport struct {
 	http2    bool
 }
 
-func newUpstreamTransport(timeout time.Duration, http2 bool, rootCAs *x509.CertPool) *upstreamTransport {
+func newUpstreamTransport(timeout time.Duration, http2 bool, tlsConfig *tls.Config) *upstreamTransport {
 	tr := wasmhost.NewTransport()
-	if rootCAs != nil { // --upstream-tls-ca
-		tr.TLSClientConfig = &tls.Config{RootCAs: rootCAs}
+	if tlsConfig != nil { // --upstream-tls-ca
+		tr.TLSClientConfig = tlsConfig.Clone()
 	}
 	if http2 {
 		var p http.Protocols
