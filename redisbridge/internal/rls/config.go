@@ -461,9 +461,10 @@ func parseLimit(v any, path, place string, shadow bool) (*Limit, error) {
 	return l, nil
 }
 
-// known refuses a field envoyproxy/ratelimit's files do not have here.
+// known refuses a field envoyproxy/ratelimit's files do not have here:
+// the first by name, so a file gets the same error every time.
 func known(m map[string]any, path string, fields ...string) error {
-	for k := range m {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		found := false
 		for _, f := range fields {
 			found = found || k == f

@@ -150,6 +150,9 @@ func TestParse_Errors(t *testing.T) {
 		{"domain: d\ndescriptors:\n  - key: k\n    value: 1e3", "f.yaml: descriptors[0].value: 1000 is read as a number"},
 		{"domain: d\ndescriptors:\n  - key: k\n    value: 18446744073709551615", "f.yaml: descriptors[0].value: 18446744073709551615 is read as a number"},
 		{"domain: d\ndescriptors:\n  - key: k\n    1: x", "f.yaml: descriptors[0].1: a key must be text"},
+		// Of several faults in one mapping, the first by name, every time.
+		{"domain: d\nzz: 1\naa: 2\nmm: 3", "f.yaml: aa: unknown field"},
+		{"domain: d\ndescriptors:\n  - key: k\n    2: x\n    1: 1.5\n    0.5: y", "f.yaml: descriptors[0].0.5: a key must be text"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}", "f.yaml: descriptors[0].rate_limit.unit: must not be given with unlimited"},
 		{"domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: a\n        rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 2}",
 			"f.yaml: descriptors[0].descriptors[0].rate_limit.unit_multiplier: unknown field"},

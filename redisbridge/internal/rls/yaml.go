@@ -1,11 +1,15 @@
 package rls
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 
 	yaml "go.yaml.in/yaml/v2"
 )
@@ -61,8 +65,8 @@ func plain(v any, path string, meta bool) (any, error) {
 	switch v := v.(type) {
 	case map[string]any: // a descriptor's metadata, its keys as written
 		m := make(map[string]any, len(v))
-		for k, e := range v {
-			c, err := plain(e, join(path, k), true)
+		for _, k := range slices.Sorted(maps.Keys(v)) {
+			c, err := plain(v[k], join(path, k), true)
 			if err != nil {
 				return nil, err
 			}
@@ -70,16 +74,32 @@ func plain(v any, path string, meta bool) (any, error) {
 		}
 		return m, nil
 	case map[any]any:
-		m := make(map[string]any, len(v))
-		for k, e := range v {
-			name, ok := k.(string)
-			if !ok {
-				if !meta {
-					return nil, fmt.Errorf("%s: a key must be text", join(path, fmt.Sprint(k)))
-				}
-				name = fmt.Sprint(k)
+		// In the order of the keys' texts, so that a file gets the same
+		// error every time; of two with one text (1 and "1", in
+		// metadata), the text's value is kept.
+		type key struct {
+			name string
+			k    any
+			text bool
+		}
+		keys := make([]key, 0, len(v))
+		for k := range v {
+			_, text := k.(string)
+			keys = append(keys, key{fmt.Sprint(k), k, text})
+		}
+		slices.SortFunc(keys, func(a, b key) int {
+			if c := strings.Compare(a.name, b.name); c != 0 {
+				return c
 			}
-			c, err := plain(e, join(path, name), meta || name == "metadata")
+			return cmp.Compare(b2i(a.text), b2i(b.text))
+		})
+		m := make(map[string]any, len(v))
+		for _, kk := range keys {
+			name, k := kk.name, kk.k
+			if !kk.text && !meta {
+				return nil, fmt.Errorf("%s: a key must be text", join(path, name))
+			}
+			c, err := plain(v[k], join(path, name), meta || name == "metadata")
 			if err != nil {
 				return nil, err
 			}
@@ -184,4 +204,11 @@ func putText(m map[string]any, field, text string) {
 	case json.Number, bool:
 		m[field] = text
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
