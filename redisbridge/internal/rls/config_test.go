@@ -2,6 +2,7 @@ package rls
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -377,4 +378,22 @@ descriptors:
 			t.Errorf("%s=%q: got %+v, want %+v", tt.key, tt.value, got, tt.want)
 		}
 	}
+}
+
+// Parse reads any file without panicking (a reload on SIGHUP runs it on
+// whatever the directory holds), and the same file the same way every
+// time: the same configuration, or the same error.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(exampleConfig))
+	f.Add([]byte("domain: 0123\ndescriptors:\n  - key: a\n    value: 007\n    metadata: {on: {1: [1.5, x], '1': y}}\n" +
+		"    rate_limit: {unit: second, requests_per_unit: 1_000, replaces: [{name: yes}]}\n    descriptors: [{key: b*, share_threshold: true}]"))
+	f.Add([]byte("{X,A}"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    2: x\n    1: 1.5\n    0.5: y"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c1, err1 := Parse(map[string][]byte{"f.yaml": data}, false)
+		c2, err2 := Parse(map[string][]byte{"f.yaml": data}, false)
+		if fmt.Sprint(err1) != fmt.Sprint(err2) || !reflect.DeepEqual(c1, c2) {
+			t.Fatalf("read twice: %v / %v, the same configuration: %t", err1, err2, reflect.DeepEqual(c1, c2))
+		}
+	})
 }
