@@ -77,23 +77,9 @@ descriptors:
 `
 
 func TestConfig_Match(t *testing.T) {
-	c, err := Parse(map[string][]byte{"edge.yaml": []byte(exampleConfig)}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := func(kv ...string) []Entry {
-		var out []Entry
-		for i := 0; i < len(kv); i += 2 {
-			out = append(out, Entry{kv[i], kv[i+1]})
-		}
-		return out
-	}
-	for _, tt := range []struct {
-		name    string
-		domain  string
-		entries []Entry
-		want    *Limit
-	}{
+	c := parseOne(t, exampleConfig)
+	e := entries
+	checkMatches(t, c, []matchCase{
 		{"any value", "edge", e("remote_address", "10.0.0.1"), &Limit{Place: "edge.remote_address", RequestsPerUnit: 10, Unit: 1}},
 		{"key and value, named", "edge", e("destination_cluster", "mongo_cps"), &Limit{Name: "mongo", Place: "edge.destination_cluster_mongo_cps", RequestsPerUnit: 100, Unit: 2}},
 		{"a value not configured", "edge", e("destination_cluster", "other"), nil},
@@ -122,13 +108,7 @@ func TestConfig_Match(t *testing.T) {
 			&Limit{Place: "edge.tenant_team-*.region_eu-*", RequestsPerUnit: 61, Unit: 2, Shared: []string{"team-*", "eu-*"}}},
 		{"unknown domain", "nope", e("remote_address", "a"), nil},
 		{"no entries", "edge", nil, nil},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := c.Match(tt.domain, tt.entries); !reflect.DeepEqual(got, tt.want) {
-				t.Errorf("got %+v, want %+v", got, tt.want)
-			}
-		})
-	}
+	})
 }
 
 func TestParse_Errors(t *testing.T) {
@@ -199,23 +179,9 @@ descriptors:
     value: '1.10'
     rate_limit: {unit: hour, requests_per_unit: 1}
 `
-	c, err := Parse(map[string][]byte{"f.yaml": []byte(yaml)}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := func(kv ...string) []Entry {
-		var out []Entry
-		for i := 0; i < len(kv); i += 2 {
-			out = append(out, Entry{Key: kv[i], Value: kv[i+1]})
-		}
-		return out
-	}
-	for _, tt := range []struct {
-		name    string
-		domain  string
-		entries []Entry
-		want    *Limit
-	}{
+	c := parseOne(t, yaml)
+	e := entries
+	checkMatches(t, c, []matchCase{
 		{"leading zeros kept", "0123", e("account", "007"), &Limit{Place: "0123.account_007", Name: "0x1F", RequestsPerUnit: 1000, Unit: 2, Replaces: []string{"yes"},
 			Metadata: map[string]any{"code": json.Number("7"), "ratio": json.Number("1.5"), "big": json.Number("18446744073709551615"), "on": map[string]any{"true": true}}}},
 		{"not the number YAML reads", "0123", e("account", "7"), nil},
@@ -223,13 +189,7 @@ descriptors:
 		{"yes as written", "0123", e("flag", "yes", "404", "+5"), &Limit{Place: "0123.flag_yes.404_+5", RequestsPerUnit: 16, Unit: 1}},
 		{"not true", "0123", e("flag", "true", "404", "+5"), nil},
 		{"a quoted number", "0123", e("quoted", "1.10"), &Limit{Place: "0123.quoted_1.10", RequestsPerUnit: 1, Unit: 3}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := c.Match(tt.domain, tt.entries); !reflect.DeepEqual(got, tt.want) {
-				t.Errorf("got %+v, want %+v", got, tt.want)
-			}
-		})
-	}
+	})
 }
 
 // A directory's files each configure a domain; two may configure one only
@@ -314,7 +274,7 @@ func TestLoad_Example(t *testing.T) {
 
 // Dump lists every limit as envoyproxy/ratelimit's /rlconfig does.
 func TestConfig_Dump(t *testing.T) {
-	c, err := Parse(map[string][]byte{"f.yaml": []byte(`domain: d
+	c := parseOne(t, `domain: d
 descriptors:
   - key: ip
     rate_limit: {unit: hour, requests_per_unit: 3}
@@ -328,10 +288,7 @@ descriptors:
     descriptors:
       - key: path
         rate_limit: {unit: second, requests_per_unit: 1}
-`)}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	want := `d.ip: unit=HOUR requests_per_unit=3, shadow_mode: false, quota_mode: false
 d.path_/free: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false
 d.user: unit=WEEK requests_per_unit=9, shadow_mode: true, quota_mode: true
@@ -355,10 +312,7 @@ descriptors:
     share_threshold: true
     rate_limit: {unit: hour, requests_per_unit: 3}
 `
-	c, err := Parse(map[string][]byte{"f.yaml": []byte(yaml)}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := parseOne(t, yaml)
 	team := &Limit{Place: "d.team_a_*", RequestsPerUnit: 2, Unit: 3}
 	path := &Limit{Place: "d.path*", RequestsPerUnit: 3, Unit: 3, Shared: []string{"path*"}}
 	for _, tt := range []struct {
@@ -396,4 +350,42 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("read twice: %v / %v, the same configuration: %t", err1, err2, reflect.DeepEqual(c1, c2))
 		}
 	})
+}
+
+// parseOne is the configuration of the one file yaml, which must load.
+func parseOne(t *testing.T, yaml string) *Config {
+	t.Helper()
+	c, err := Parse(map[string][]byte{"f.yaml": []byte(yaml)}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// entries is a request descriptor of key, value pairs.
+func entries(kv ...string) []Entry {
+	var out []Entry
+	for i := 0; i < len(kv); i += 2 {
+		out = append(out, Entry{kv[i], kv[i+1]})
+	}
+	return out
+}
+
+// matchCase is a request descriptor and the limit it should match.
+type matchCase struct {
+	name    string
+	domain  string
+	entries []Entry
+	want    *Limit
+}
+
+// checkMatches matches each case's descriptor in c.
+func checkMatches(t *testing.T, c *Config, cases []matchCase) {
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := c.Match(tt.domain, tt.entries); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
 }
