@@ -122,14 +122,14 @@ func TestParse_Errors(t *testing.T) {
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}",
 			"f.yaml: descriptors[0].rate_limit.requests_per_unit: must be an integer from 0 to 1099511627776"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1.5}",
-			"f.yaml: descriptors[0].rate_limit.requests_per_unit: 1.5 is read as a number envoyproxy/ratelimit refuses here"},
+			"f.yaml: descriptors[0].rate_limit.requests_per_unit: YAML reads this as the number 1.5, which envoyproxy/ratelimit refuses here"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: '5'}",
 			"f.yaml: descriptors[0].rate_limit.requests_per_unit: must be an integer"},
 		// YAML reads these as numbers envoyproxy/ratelimit refuses in a
 		// text field; as text, in quotes, they are taken.
-		{"domain: d\ndescriptors:\n  - key: version\n    value: 1.10", "f.yaml: descriptors[0].value: 1.1 is read as a number envoyproxy/ratelimit refuses here"},
-		{"domain: d\ndescriptors:\n  - key: k\n    value: 1e3", "f.yaml: descriptors[0].value: 1000 is read as a number"},
-		{"domain: d\ndescriptors:\n  - key: k\n    value: 18446744073709551615", "f.yaml: descriptors[0].value: 18446744073709551615 is read as a number"},
+		{"domain: d\ndescriptors:\n  - key: version\n    value: 1.10", "f.yaml: descriptors[0].value: YAML reads this as the number 1.1, which envoyproxy/ratelimit refuses here"},
+		{"domain: d\ndescriptors:\n  - key: k\n    value: 1e3", "f.yaml: descriptors[0].value: YAML reads this as the number 1000,"},
+		{"domain: d\ndescriptors:\n  - key: k\n    value: 18446744073709551615", "f.yaml: descriptors[0].value: YAML reads this as the number 18446744073709551615,"},
 		{"domain: d\ndescriptors:\n  - key: k\n    1: x", "f.yaml: descriptors[0].1: a key must be text"},
 		// Of several faults in one mapping, the first by name, every time.
 		{"domain: d\nzz: 1\naa: 2\nmm: 3", "f.yaml: aa: unknown field"},

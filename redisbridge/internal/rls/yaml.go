@@ -129,7 +129,7 @@ func plain(v any, path string, meta bool) (any, error) {
 			return json.Number(strconv.FormatFloat(v, 'g', -1, 64)), nil
 		}
 	}
-	return nil, fmt.Errorf("%s: %v is read as a number envoyproxy/ratelimit refuses here (with a fraction or an exponent, or too large); quote it to write text", path, v)
+	return nil, fmt.Errorf("%s: YAML reads this as the number %v, which envoyproxy/ratelimit refuses here (a fraction, an exponent, or beyond 64 bits); quote it to write text", path, v)
 }
 
 // textFile and the types below are a file's text fields, as yaml.v2
