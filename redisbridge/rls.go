@@ -1,11 +1,13 @@
 package redisbridge
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"strconv"
@@ -238,11 +240,35 @@ func rlsFail(out *checkio.Response, e *rlsError) {
 // with; a configuration refused leaves the running one in place, and the
 // error says why. Counters are kept: a limit whose number changed goes on
 // from its count, one whose unit changed starts a counter of its own.
-func (s *Server) ReloadRLS() error {
+func (s *Server) ReloadRLS() error { return s.reloadRLS(true) }
+
+// ReloadRLSIfChanged is ReloadRLS when a file of --rls-config was added,
+// removed or changed since it or ReloadRLS last looked (cmd/redisbridge
+// calls it every --rls-config-watch, as envoyproxy/ratelimit watches its
+// directory); otherwise it does nothing. Files refused, or a directory
+// that could not be read, are logged once, not at every look.
+func (s *Server) ReloadRLSIfChanged() error { return s.reloadRLS(false) }
+
+func (s *Server) reloadRLS(always bool) error {
 	if s.set.RLSConfig == "" {
 		return nil
 	}
-	cfg, err := s.set.loadRLS()
+	s.rlsMu.Lock()
+	defer s.rlsMu.Unlock()
+	files, err := rls.ReadFiles(s.set.RLSConfig)
+	seenErr := ""
+	if err != nil {
+		err = fmt.Errorf("--rls-config: %w", err)
+		seenErr = err.Error()
+	}
+	if !always && seenErr == s.rlsSeenErr && maps.EqualFunc(files, s.rlsSeen, bytes.Equal) {
+		return nil
+	}
+	s.rlsSeen, s.rlsSeenErr = files, seenErr
+	var cfg *rls.Config
+	if err == nil {
+		cfg, err = s.set.parseRLS(files)
+	}
 	if err != nil {
 		s.log.Error("rate limit service configuration refused; the running one stays", "err", err)
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http/httptest"
 	"os"
@@ -1066,6 +1067,101 @@ func TestServer_ReloadRLS(t *testing.T) {
 	if rec.Code != 404 {
 		t.Errorf("/rlconfig without --rls-config: %d %s", rec.Code, rec.Body)
 	}
+}
+
+// ReloadRLSIfChanged reads --rls-config again when a file was added,
+// removed or changed, and only then: files refused, or a directory gone,
+// are logged once and the running configuration stays; ReloadRLS (SIGHUP)
+// reads it whatever changed.
+func TestServer_ReloadRLSIfChanged(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "domain: a\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 1}}]")
+	var logs logLines
+	set := DefaultSettings()
+	set.Listen, set.RLSConfig = "127.0.0.1:0", dir
+	set.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	set.AuditLog = filepath.Join(t.TempDir(), "audit.log")
+	srv, err := New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	const a = "a.k: unit=HOUR requests_per_unit=1, shadow_mode: false, quota_mode: false\n"
+	const b = "b.k: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\n"
+	step := func(name string, wantErr bool, rlconfig string, reloaded, refused int) {
+		t.Helper()
+		if err := srv.ReloadRLSIfChanged(); (err != nil) != wantErr {
+			t.Fatalf("%s: error %v, want one: %t", name, err, wantErr)
+		}
+		rec := httptest.NewRecorder()
+		srv.RLSConfigHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/rlconfig", nil))
+		if rec.Body.String() != rlconfig {
+			t.Errorf("%s: /rlconfig %q, want %q", name, rec.Body, rlconfig)
+		}
+		if n := logs.count("rate limit service configuration reloaded"); n != reloaded {
+			t.Errorf("%s: %d reloads logged, want %d", name, n, reloaded)
+		}
+		if n := logs.count("rate limit service configuration refused"); n != refused {
+			t.Errorf("%s: %d refusals logged, want %d", name, n, refused)
+		}
+	}
+	step("nothing changed", false, a, 0, 0)
+	write("a.yaml", "domain: a\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 1}}]")
+	step("written again, the same", false, a, 0, 0)
+	write("b.yaml", "domain: b\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 2}}]")
+	step("a file added", false, a+b, 1, 0)
+	write("b.yaml", "domain: b\ndescriptors: [{key: k, rate_limit: {unit: fortnight, requests_per_unit: 2}}]")
+	step("a file refused", true, a+b, 1, 1)
+	step("still refused: logged once", false, a+b, 1, 1)
+	if err := os.Remove(filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	step("the file removed", false, a, 2, 1)
+	if err := os.Rename(dir, dir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	step("the directory gone", true, a, 2, 2)
+	step("still gone: logged once", false, a, 2, 2)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	step("another reason: an empty directory", true, a, 2, 3)
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(dir+".away", dir); err != nil {
+		t.Fatal(err)
+	}
+	step("back, as it was", false, a, 3, 3)
+	if err := srv.ReloadRLS(); err != nil {
+		t.Fatal(err)
+	}
+	step("SIGHUP reads it whatever changed", false, a, 4, 3)
+}
+
+// logLines collects a logger's lines.
+type logLines struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// count is how many lines carry msg.
+func (l *logLines) count(msg string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), "msg=\""+msg)
 }
 
 // CheckFiles reads what a start would read, and names the setting whose

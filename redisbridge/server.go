@@ -36,7 +36,12 @@ type Server struct {
 	overrides *overrides.Set
 	policy    *policy.Store              // nil without --policy-store
 	rls       atomic.Pointer[rls.Config] // nil without --rls-config; ReloadRLS replaces it
-	spent     *overLimitCache            // nil without --rls-over-limit-cache
+	// rlsSeen is what ReloadRLS and ReloadRLSIfChanged last found in
+	// --rls-config: its files, or why they could not be read.
+	rlsMu      sync.Mutex
+	rlsSeen    map[string][]byte
+	rlsSeenErr string
+	spent      *overLimitCache // nil without --rls-over-limit-cache
 	// rlsHeaders names the RateLimit headers of --rls-response-headers
 	// (empty: rls.DefaultHeaderNames).
 	rlsHeaders [3]string
@@ -69,11 +74,12 @@ func New(set Settings) (*Server, error) {
 	s.rlsHeaders, _ = set.rlsHeaderNames() // checked by Validate
 	s.set.NearLimitRatio = set.nearLimitRatio()
 	if set.RLSConfig != "" {
-		cfg, err := set.loadRLS()
+		cfg, files, err := set.loadRLS()
 		if err != nil {
 			return nil, err
 		}
 		s.rls.Store(cfg)
+		s.rlsSeen = files
 		if set.RLSOverLimitCache > 0 {
 			s.spent = newOverLimitCache(set.RLSOverLimitCache, set.Now)
 		}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/sluicehq/sluice/redisbridge"
 )
@@ -52,6 +53,12 @@ func run() error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP) // reread --rls-config; the server logs how that went
 	defer signal.Stop(hup)
+	var watch <-chan time.Time // reread --rls-config when its files change
+	if set.RLSConfig != "" && set.RLSConfigWatch > 0 {
+		t := time.NewTicker(set.RLSConfigWatch)
+		defer t.Stop()
+		watch = t.C
+	}
 	done := make(chan error, 1)
 	go func() { done <- srv.ListenAndServe() }()
 wait:
@@ -61,6 +68,8 @@ wait:
 			return err
 		case <-hup:
 			_ = srv.ReloadRLS()
+		case <-watch:
+			_ = srv.ReloadRLSIfChanged()
 		case <-ctx.Done():
 			break wait
 		}

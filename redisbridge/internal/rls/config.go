@@ -191,35 +191,45 @@ func (c *Config) Domains() []string {
 // configure the same domain only with merge, as with its
 // MERGE_DOMAIN_CONFIG (Parse).
 func Load(path string, merge bool) (*Config, error) {
+	files, err := ReadFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(files, merge)
+}
+
+// ReadFiles reads the files of path that Load parses, by name: path
+// itself, or a directory's *.yaml and *.yml files.
+func ReadFiles(path string) (map[string][]byte, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, err
 	}
-	files := []string{path}
+	names := []string{path}
 	if fi.IsDir() {
-		files = nil
+		names = nil
 		entries, err := os.ReadDir(path)
 		if err != nil {
 			return nil, err
 		}
 		for _, e := range entries {
 			if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
-				files = append(files, filepath.Join(path, e.Name()))
+				names = append(names, filepath.Join(path, e.Name()))
 			}
 		}
-		if len(files) == 0 {
+		if len(names) == 0 {
 			return nil, fmt.Errorf("%s: no .yaml or .yml file", path)
 		}
 	}
-	docs := map[string][]byte{}
-	for _, f := range files {
+	files := map[string][]byte{}
+	for _, f := range names {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, err
 		}
-		docs[f] = b
+		files[f] = b
 	}
-	return Parse(docs, merge)
+	return files, nil
 }
 
 // Parse reads configuration files by name, in the order of their names.
