@@ -235,20 +235,13 @@ func rlsFail(out *checkio.Response, e *rlsError) {
 	out.Set("Grpc-Message", grpcwire.Message([]byte(e.msg)))
 }
 
-// ReloadRLS reads --rls-config again (cmd/redisbridge calls it on
-// SIGHUP). Calls decided meanwhile use the configuration they started
-// with; a configuration refused leaves the running one in place, and the
-// error says why. Counters are kept: a limit whose number changed goes on
-// from its count, one whose unit changed starts a counter of its own.
-func (s *Server) ReloadRLS() error { return s.reloadRLS(true) }
-
-// ReloadRLSIfChanged is ReloadRLS when a file of --rls-config was added,
-// removed or changed since it or ReloadRLS last looked (cmd/redisbridge
-// calls it every --rls-config-watch, as envoyproxy/ratelimit watches its
-// directory); otherwise it does nothing. Files refused, or a directory
-// that could not be read, are logged once, not at every look.
-func (s *Server) ReloadRLSIfChanged() error { return s.reloadRLS(false) }
-
+// reloadRLS reads --rls-config again; unless always, only when a file
+// was added, removed or changed since it last looked. Calls decided
+// meanwhile use the configuration they started with; a configuration
+// refused leaves the running one in place, and the error says why (files
+// refused, or a directory that could not be read, are logged once, not
+// at every look). Counters are kept: a limit whose number changed goes
+// on from its count, one whose unit changed starts a counter of its own.
 func (s *Server) reloadRLS(always bool) error {
 	if s.set.RLSConfig == "" {
 		return nil

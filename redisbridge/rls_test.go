@@ -1011,10 +1011,10 @@ func BenchmarkRLS_ShouldRateLimit(b *testing.B) {
 	})
 }
 
-// ReloadRLS puts a new configuration in force, counters kept, and leaves
+// Reload puts a new configuration in force, counters kept, and leaves
 // the running one when the new one is refused; /rlconfig lists the one in
 // force.
-func TestServer_ReloadRLS(t *testing.T) {
+func TestServer_Reload_RLS(t *testing.T) {
 	set := DefaultSettings()
 	set.Listen, set.LogLevel = "127.0.0.1:0", "error"
 	set.RLSConfig = rlsConfig(t, "domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 1}}]")
@@ -1044,7 +1044,7 @@ func TestServer_ReloadRLS(t *testing.T) {
 	if err := os.WriteFile(set.RLSConfig, []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 2}}]"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.ReloadRLS(); err != nil {
+	if err := srv.Reload(); err != nil {
 		t.Fatal(err)
 	}
 	if a, b := call(), call(); a != rlsv3.RateLimitResponse_OK || b != rlsv3.RateLimitResponse_OVER_LIMIT {
@@ -1054,7 +1054,7 @@ func TestServer_ReloadRLS(t *testing.T) {
 	if err := os.WriteFile(set.RLSConfig, []byte("domain: d\ndescriptors: [{key: k, rate_limit: {unit: hour}}]"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.ReloadRLS(); err == nil || !strings.Contains(err.Error(), "descriptors[0].rate_limit.requests_per_unit: required") {
+	if err := srv.Reload(); err == nil || !strings.Contains(err.Error(), "descriptors[0].rate_limit.requests_per_unit: required") {
 		t.Errorf("a refused configuration: %v", err)
 	}
 	if c := call(); c != rlsv3.RateLimitResponse_OVER_LIMIT {
@@ -1069,11 +1069,11 @@ func TestServer_ReloadRLS(t *testing.T) {
 	}
 }
 
-// ReloadRLSIfChanged reads --rls-config again when a file was added,
+// ReloadChanged reads --rls-config again when a file was added,
 // removed or changed, and only then: files refused, or a directory gone,
-// are logged once and the running configuration stays; ReloadRLS (SIGHUP)
+// are logged once and the running configuration stays; Reload (SIGHUP)
 // reads it whatever changed.
-func TestServer_ReloadRLSIfChanged(t *testing.T) {
+func TestServer_ReloadChanged_RLS(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, data string) {
 		t.Helper()
@@ -1096,7 +1096,7 @@ func TestServer_ReloadRLSIfChanged(t *testing.T) {
 	const b = "b.k: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\n"
 	step := func(name string, wantErr bool, rlconfig string, reloaded, refused int) {
 		t.Helper()
-		if err := srv.ReloadRLSIfChanged(); (err != nil) != wantErr {
+		if err := srv.ReloadChanged(); (err != nil) != wantErr {
 			t.Fatalf("%s: error %v, want one: %t", name, err, wantErr)
 		}
 		rec := httptest.NewRecorder()
@@ -1139,7 +1139,7 @@ func TestServer_ReloadRLSIfChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	step("back, as it was", false, a, 3, 3)
-	if err := srv.ReloadRLS(); err != nil {
+	if err := srv.Reload(); err != nil {
 		t.Fatal(err)
 	}
 	step("SIGHUP reads it whatever changed", false, a, 4, 3)

@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -546,4 +547,66 @@ func TestSecurity_RedisACL(t *testing.T) {
 	} {
 		t.Run(what, func(t *testing.T) { expectStore(t, u, 503) })
 	}
+}
+
+// The TLS pair is read again on Reload (SIGHUP) and ReloadChanged
+// (--watch) when its files changed: the next handshake gets the renewed
+// certificate; a pair that does not load leaves the served one, logged
+// once; unchanged files are not read again into a new pair.
+func TestSecurity_TLSReload(t *testing.T) {
+	ca := newTestCA(t)
+	dir := t.TempDir()
+	var logs logLines
+	set := testSettings()
+	set.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	set.TLSCert, set.TLSKey = ca.issue(t, dir, "bridge")
+	ts := startServer(t, set)
+	addr := strings.TrimPrefix(ts.URL, "http://")
+	served := func() string {
+		t.Helper()
+		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.pool, ServerName: "localhost"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].Subject.CommonName
+	}
+	step := func(name string, reload func() error, wantErr bool, cn string, reloaded, refused int) {
+		t.Helper()
+		if err := reload(); (err != nil) != wantErr {
+			t.Fatalf("%s: error %v, want one: %t", name, err, wantErr)
+		}
+		if got := served(); got != cn {
+			t.Errorf("%s: served %q, want %q", name, got, cn)
+		}
+		if n := logs.count("TLS certificate reloaded"); n != reloaded {
+			t.Errorf("%s: %d reloads logged, want %d", name, n, reloaded)
+		}
+		if n := logs.count("TLS certificate refused"); n != refused {
+			t.Errorf("%s: %d refusals logged, want %d", name, n, refused)
+		}
+	}
+	step("nothing changed", ts.ReloadChanged, false, "bridge", 0, 0)
+	renewed, renewedKey := ca.issue(t, t.TempDir(), "renewed")
+	for _, f := range [][2]string{{renewed, set.TLSCert}, {renewedKey, set.TLSKey}} {
+		b, err := os.ReadFile(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f[1], b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step("renewed", ts.ReloadChanged, false, "renewed", 1, 0)
+	other, _ := ca.issue(t, t.TempDir(), "other")
+	b, err := os.ReadFile(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(set.TLSCert, b, 0o600); err != nil { // its key is not the file's
+		t.Fatal(err)
+	}
+	step("a certificate without its key", ts.ReloadChanged, true, "renewed", 1, 1)
+	step("still refused: logged once", ts.ReloadChanged, false, "renewed", 1, 1)
+	step("SIGHUP reads it whatever changed", ts.Reload, true, "renewed", 1, 2)
 }

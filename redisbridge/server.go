@@ -35,9 +35,10 @@ type Server struct {
 	store     store.Store
 	overrides *overrides.Set
 	policy    *policy.Store              // nil without --policy-store
-	rls       atomic.Pointer[rls.Config] // nil without --rls-config; ReloadRLS replaces it
-	// rlsSeen is what ReloadRLS and ReloadRLSIfChanged last found in
-	// --rls-config: its files, or why they could not be read.
+	rls       atomic.Pointer[rls.Config] // nil without --rls-config; Reload replaces it
+	cert      *servingCert               // nil without --tls-cert
+	// rlsSeen is what reloadRLS last found in --rls-config: its files,
+	// or why they could not be read.
 	rlsMu      sync.Mutex
 	rlsSeen    map[string][]byte
 	rlsSeenErr string
@@ -82,6 +83,12 @@ func New(set Settings) (*Server, error) {
 		s.rlsSeen = files
 		if set.RLSOverLimitCache > 0 {
 			s.spent = newOverLimitCache(set.RLSOverLimitCache, set.Now)
+		}
+	}
+	if set.TLSCert != "" {
+		var err error
+		if s.cert, err = loadServingCert(set.TLSCert, set.TLSKey); err != nil {
+			return nil, err
 		}
 	}
 	s.log = set.Logger
@@ -190,9 +197,10 @@ func (s *Server) Serve(ln net.Listener) error {
 		return errors.New("redisbridge: Serve called twice")
 	}
 	s.srv = srv
-	if s.set.TLSCert != "" {
+	if s.cert != nil {
 		s.mu.Unlock()
-		return serverClosed(srv.ServeTLS(ln, s.set.TLSCert, s.set.TLSKey))
+		srv.TLSConfig = s.cert.tlsConfig()
+		return serverClosed(srv.ServeTLS(ln, "", ""))
 	}
 	fast := h1fast.New(ln, checkio.HandlerFunc(s.serveCheck))
 	fast.SetMaxAge(s.set.MaxConnectionAge)
@@ -244,6 +252,31 @@ func (s *Server) httpServer() *http.Server {
 		srv.Protocols.SetUnencryptedHTTP2(true)
 	}
 	return srv
+}
+
+// Reload reads --rls-config and the TLS pair again, whatever changed
+// (cmd/redisbridge calls it on SIGHUP). What is refused leaves what it
+// would replace in place; the log, and the error, say why.
+func (s *Server) Reload() error { return s.reload(true) }
+
+// ReloadChanged is Reload of the files that were added, removed or
+// changed since they were last read (cmd/redisbridge calls it every
+// --watch); files refused are logged once, not at every look.
+func (s *Server) ReloadChanged() error { return s.reload(false) }
+
+func (s *Server) reload(always bool) error {
+	err := s.reloadRLS(always)
+	if s.cert != nil {
+		read, cerr := s.cert.reload(always)
+		switch {
+		case cerr != nil:
+			s.log.Error("TLS certificate refused; the one served stays", "err", cerr)
+		case read:
+			s.log.Info("TLS certificate reloaded", "cert", s.set.TLSCert, "not_after", s.cert.cur.Load().Leaf.NotAfter)
+		}
+		err = errors.Join(err, cerr)
+	}
+	return err
 }
 
 func serverClosed(err error) error {

@@ -63,11 +63,12 @@ type Settings struct {
 	// envoyproxy/ratelimit's format: with it the bridge serves Envoy's
 	// rate limit service (gRPC, envoy.service.ratelimit.v3).
 	RLSConfig string
-	// RLSConfigWatch is how often cmd/redisbridge looks at RLSConfig's
-	// files and reads them again when they changed, as envoyproxy/
-	// ratelimit watches its directory (RUNTIME_WATCH_ROOT); 0: only on
+	// Watch is how often cmd/redisbridge looks at the files it serves
+	// from (RLSConfig's, TLSCert and TLSKey) and reads again those that
+	// changed, as envoyproxy/ratelimit watches its configuration
+	// directory (RUNTIME_WATCH_ROOT) and its certificate's; 0: only on
 	// SIGHUP.
-	RLSConfigWatch time.Duration
+	Watch time.Duration
 	// RLSShadowMode answers every rate limit service call OK while
 	// deciding and counting it as always: each limit is in shadow mode,
 	// as envoyproxy/ratelimit's SHADOW_MODE puts them all.
@@ -124,7 +125,7 @@ func DefaultSettings() Settings {
 		// the request in Redis.
 		Listen: ":8081", Store: "memory", RedisTimeout: 150 * time.Millisecond, RedisPipelines: 2, RedisBatch: 128,
 		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window",
-		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second, RLSConfigWatch: time.Second, NearLimitRatio: defaultNearLimitRatio,
+		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second, Watch: time.Second, NearLimitRatio: defaultNearLimitRatio,
 	}
 }
 
@@ -233,7 +234,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
 	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
-	fs.DurationVar(&s.RLSConfigWatch, "rls-config-watch", s.RLSConfigWatch, "rate limit service: how often to look at the files of --rls-config and read them again when one was added, removed or changed, as envoyproxy/ratelimit's RUNTIME_WATCH_ROOT (0: only on SIGHUP)")
+	fs.DurationVar(&s.Watch, "watch", s.Watch, "how often to look at the files of --rls-config and of the TLS pair and read again those added, removed or changed, as envoyproxy/ratelimit watches its configuration and certificate (0: only on SIGHUP)")
 	fs.StringVar(&s.RLSResponseHeaderNames, "rls-response-header-names", s.RLSResponseHeaderNames, "rate limit service: the names of the headers of --rls-response-headers, limit, remaining and reset, separated by commas (default RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset)")
 	fs.BoolVar(&s.RLSResponseHeaders, "rls-response-headers", s.RLSResponseHeaders, "rate limit service: add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer, of the descriptor closest to its limit")
 	fs.IntVar(&s.RLSOverLimitCache, "rls-over-limit-cache", s.RLSOverLimitCache, "rate limit service: counters remembered as spent until their window ends, whose calls are refused without a store call (0: none)")
@@ -312,8 +313,8 @@ func (s *Settings) Validate() error {
 	if s.PolicyStore != "" && !strings.HasPrefix(s.PolicyStore, "postgres://") && !strings.HasPrefix(s.PolicyStore, "postgresql://") {
 		return errors.New("--policy-store: must be a postgres:// or postgresql:// URL")
 	}
-	if s.RLSConfigWatch < 0 {
-		return errors.New("--rls-config-watch: must not be negative")
+	if s.Watch < 0 {
+		return errors.New("--watch: must not be negative")
 	}
 	if s.ShutdownGrace < 0 {
 		return errors.New("--shutdown-grace: must not be negative")

@@ -51,11 +51,11 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP) // reread --rls-config; the server logs how that went
+	signal.Notify(hup, syscall.SIGHUP) // reread --rls-config and the TLS pair; the server logs how that went
 	defer signal.Stop(hup)
-	var watch <-chan time.Time // reread --rls-config when its files change
-	if set.RLSConfig != "" && set.RLSConfigWatch > 0 {
-		t := time.NewTicker(set.RLSConfigWatch)
+	var watch <-chan time.Time // reread the files that changed
+	if (set.RLSConfig != "" || set.TLSCert != "") && set.Watch > 0 {
+		t := time.NewTicker(set.Watch)
 		defer t.Stop()
 		watch = t.C
 	}
@@ -67,9 +67,9 @@ wait:
 		case err := <-done:
 			return err
 		case <-hup:
-			_ = srv.ReloadRLS()
+			_ = srv.Reload()
 		case <-watch:
-			_ = srv.ReloadRLSIfChanged()
+			_ = srv.ReloadChanged()
 		case <-ctx.Done():
 			break wait
 		}

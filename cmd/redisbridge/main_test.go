@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 }
 
 // The running command reads --rls-config again when its file changes,
-// without a signal (--rls-config-watch), as a Kubernetes ConfigMap's
+// without a signal (--watch), as a Kubernetes ConfigMap's
 // update needs; its debug port's /rlconfig shows the limits in force.
 func TestRun_WatchesRLSConfig(t *testing.T) {
 	dir := t.TempDir()
@@ -41,7 +41,7 @@ func TestRun_WatchesRLSConfig(t *testing.T) {
 	write("1")
 	debug := nettest.FreeAddr(t)
 	cmd := exec.Command(os.Args[0], "--listen", nettest.FreeAddr(t), "--debug-listen", debug, "--rls-config", config,
-		"--rls-config-watch", "20ms", "--audit-log", filepath.Join(dir, "audit.log"), "--log-level", "error")
+		"--watch", "20ms", "--audit-log", filepath.Join(dir, "audit.log"), "--log-level", "error")
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
