@@ -1,13 +1,11 @@
 package redisbridge
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"net/http"
 	"strconv"
@@ -249,15 +247,12 @@ func (s *Server) reloadRLS(always bool) error {
 	s.rlsMu.Lock()
 	defer s.rlsMu.Unlock()
 	files, err := rls.ReadFiles(s.set.RLSConfig)
-	seenErr := ""
 	if err != nil {
 		err = fmt.Errorf("--rls-config: %w", err)
-		seenErr = err.Error()
 	}
-	if !always && seenErr == s.rlsSeenErr && maps.EqualFunc(files, s.rlsSeen, bytes.Equal) {
+	if !s.rlsSeen.Note(files, err) && !always {
 		return nil
 	}
-	s.rlsSeen, s.rlsSeenErr = files, seenErr
 	var cfg *rls.Config
 	if err == nil {
 		cfg, err = s.set.parseRLS(files)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sluicehq/sluice/internal/filewatch"
 	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 	"github.com/sluicehq/sluice/redisbridge/internal/h1fast"
@@ -37,12 +38,10 @@ type Server struct {
 	policy    *policy.Store              // nil without --policy-store
 	rls       atomic.Pointer[rls.Config] // nil without --rls-config; Reload replaces it
 	cert      *servingCert               // nil without --tls-cert
-	// rlsSeen is what reloadRLS last found in --rls-config: its files,
-	// or why they could not be read.
-	rlsMu      sync.Mutex
-	rlsSeen    map[string][]byte
-	rlsSeenErr string
-	spent      *overLimitCache // nil without --rls-over-limit-cache
+	// rlsSeen is what reloadRLS last found in --rls-config.
+	rlsMu   sync.Mutex
+	rlsSeen filewatch.Seen
+	spent   *overLimitCache // nil without --rls-over-limit-cache
 	// rlsHeaders names the RateLimit headers of --rls-response-headers
 	// (empty: rls.DefaultHeaderNames).
 	rlsHeaders [3]string
@@ -80,7 +79,7 @@ func New(set Settings) (*Server, error) {
 			return nil, err
 		}
 		s.rls.Store(cfg)
-		s.rlsSeen = files
+		s.rlsSeen.Note(files, nil)
 		if set.RLSOverLimitCache > 0 {
 			s.spent = newOverLimitCache(set.RLSOverLimitCache, set.Now)
 		}

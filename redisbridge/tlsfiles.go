@@ -1,12 +1,12 @@
 package redisbridge
 
 import (
-	"bytes"
 	"crypto/tls"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
+
+	"github.com/sluicehq/sluice/internal/filewatch"
 )
 
 // servingCert is the bridge's TLS pair (--tls-cert, --tls-key): read at
@@ -18,8 +18,7 @@ type servingCert struct {
 	certFile, keyFile string
 	cur               atomic.Pointer[tls.Certificate]
 	mu                sync.Mutex
-	seen              [2][]byte // the files as last read
-	seenErr           string    // or why they could not be
+	seen              filewatch.Seen
 }
 
 // loadServingCert reads the pair, or says why it could not use it.
@@ -37,22 +36,13 @@ func loadServingCert(certFile, keyFile string) (*servingCert, error) {
 func (c *servingCert) reload(always bool) (bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var files [2][]byte
-	var err error
-	if files[0], err = os.ReadFile(c.certFile); err == nil {
-		files[1], err = os.ReadFile(c.keyFile)
-	}
-	seenErr := ""
-	if err != nil {
-		seenErr = err.Error()
-	}
-	if !always && seenErr == c.seenErr && bytes.Equal(files[0], c.seen[0]) && bytes.Equal(files[1], c.seen[1]) {
+	files, err := filewatch.Read(c.certFile, c.keyFile)
+	if !c.seen.Note(files, err) && !always {
 		return false, nil
 	}
-	c.seen, c.seenErr = files, seenErr
 	var pair tls.Certificate
 	if err == nil {
-		pair, err = tls.X509KeyPair(files[0], files[1])
+		pair, err = tls.X509KeyPair(files[c.certFile], files[c.keyFile])
 	}
 	if err != nil {
 		return true, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", c.certFile, c.keyFile, err)
