@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluicehq/sluice/internal/filewatch"
+	"github.com/sluicehq/sluice/internal/tlsfiles"
 	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 	"github.com/sluicehq/sluice/redisbridge/internal/h1fast"
@@ -37,7 +38,7 @@ type Server struct {
 	overrides *overrides.Set
 	policy    *policy.Store              // nil without --policy-store
 	rls       atomic.Pointer[rls.Config] // nil without --rls-config; Reload replaces it
-	cert      *servingCert               // nil without --tls-cert
+	cert      *tlsfiles.Pair             // nil without --tls-cert
 	// rlsSeen is what reloadRLS last found in --rls-config.
 	rlsMu   sync.Mutex
 	rlsSeen filewatch.Seen
@@ -86,7 +87,7 @@ func New(set Settings) (*Server, error) {
 	}
 	if set.TLSCert != "" {
 		var err error
-		if s.cert, err = loadServingCert(set.TLSCert, set.TLSKey); err != nil {
+		if s.cert, err = tlsfiles.Load(set.TLSCert, set.TLSKey); err != nil {
 			return nil, err
 		}
 	}
@@ -198,7 +199,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.srv = srv
 	if s.cert != nil {
 		s.mu.Unlock()
-		srv.TLSConfig = s.cert.tlsConfig()
+		srv.TLSConfig = s.cert.Config()
 		return serverClosed(srv.ServeTLS(ln, "", ""))
 	}
 	fast := h1fast.New(ln, checkio.HandlerFunc(s.serveCheck))
@@ -266,12 +267,12 @@ func (s *Server) ReloadChanged() error { return s.reload(false) }
 func (s *Server) reload(always bool) error {
 	err := s.reloadRLS(always)
 	if s.cert != nil {
-		read, cerr := s.cert.reload(always)
+		read, cerr := s.cert.Reload(always)
 		switch {
 		case cerr != nil:
 			s.log.Error("TLS certificate refused; the one served stays", "err", cerr)
 		case read:
-			s.log.Info("TLS certificate reloaded", "cert", s.set.TLSCert, "not_after", s.cert.cur.Load().Leaf.NotAfter)
+			s.log.Info("TLS certificate reloaded", "cert", s.set.TLSCert, "not_after", s.cert.NotAfter())
 		}
 		err = errors.Join(err, cerr)
 	}

@@ -5,8 +5,9 @@
 //	gateway --listen :8080 --plugin build/plugin.wasm --config examples/config.json \
 //	        --upstream http://127.0.0.1:9000 --cluster sluice_bridge=http://127.0.0.1:8081
 //
-// SIGHUP reloads --config, the TLS pair and --upstream-tls-ca; a file
-// refused leaves what it would replace in place. SIGINT/SIGTERM stop it.
+// SIGHUP reloads --config, the TLS pair and --upstream-tls-ca, and every
+// --watch those that changed are reloaded; a file refused leaves what it
+// would replace in place. SIGINT/SIGTERM stop it.
 package main
 
 import (
@@ -31,6 +32,8 @@ import (
 
 	"github.com/tetratelabs/wazero"
 
+	"github.com/sluicehq/sluice/internal/filewatch"
+	"github.com/sluicehq/sluice/internal/tlsfiles"
 	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/wasmhost"
 )
@@ -174,6 +177,7 @@ type settings struct {
 	cacheDir                         string
 	idleTimeout, upstreamTimeout     time.Duration
 	shutdownGrace                    time.Duration
+	watch                            time.Duration
 	adminListen                      string
 	maxRequestHeadersKB              int
 	tlsCert, tlsKey                  string
@@ -200,7 +204,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.StringVar(&s.listen, "listen", ":8080", "address to serve on")
 	fs.StringVar(&s.plugin, "plugin", "build/plugin.wasm", "the plugin .wasm")
-	fs.StringVar(&s.config, "config", "examples/config.json", "the plugin's JSON configuration")
+	fs.StringVar(&s.config, "config", "examples/config.json", "the plugin's JSON configuration; read again on SIGHUP and when it changes (--watch)")
 	fs.StringVar(&s.upstream, "upstream", "", "the upstream base URL, e.g. http://127.0.0.1:9000; with --route, where the requests no route matches go")
 	fs.Var(&s.routes, "route", "[HOST]PATH=URL (repeatable): requests whose path (and :authority, when HOST is given) match go to URL; the first match in the order given wins. HOST and PATH are patterns as in the plugin's configuration, e.g. /api/**=http://127.0.0.1:9001 or admin.example.com/**=http://127.0.0.1:9002")
 	fs.Var(s.clusters, "cluster", "a call-out cluster NAME=URL (repeatable), e.g. sluice_bridge=http://127.0.0.1:8081, or sluice_bridge=unix:///run/sluice/bridge.sock for a bridge on a Unix socket")
@@ -216,10 +220,11 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.DurationVar(&s.upstreamTimeout, "upstream-timeout", defaultUpstreamTimeout, "the upstream's time for a whole answer, from when the plugin lets the request through, as Envoy's route timeout; past it the client gets 504; 0 for none")
 	fs.IntVar(&s.maxRequestHeadersKB, "max-request-headers-kb", defaultMaxRequestHeadersKB, "refuse a request whose request line and headers exceed this many KiB with 431, as Envoy's max_request_headers_kb")
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
-	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key; SIGHUP reads both again")
+	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key; read again on SIGHUP and when they change (--watch)")
 	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&s.upstreamCA, "upstream-tls-ca", "", "PEM CA certificates that verify https upstreams and call-out clusters (a bridge with a private CA), instead of the system's roots, as an Envoy cluster's trusted_ca; SIGHUP reads it again")
 	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
+	fs.DurationVar(&s.watch, "watch", time.Second, "how often to look at --config, --tls-cert, --tls-key and --upstream-tls-ca and read again those that changed, as SIGHUP reads them all (0: only on SIGHUP)")
 	fs.DurationVar(&s.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM or SIGINT, how long requests in flight (throttled ones held up to their max_delay included) may take to finish before the gateway exits")
 	fs.BoolVar(&s.validate, "validate", false, "start the plugin with --config (and read the TLS pair) as at start, say whether they are accepted, and exit, as envoy --mode validate; --upstream may be left out")
 	fs.StringVar(&s.embedBridge, "embed-bridge", "", "run the check service (the bridge) in the gateway's process and serve the plugin's call-outs to this cluster (e.g. sluice_bridge) with it, with no connection; it takes the bridge's SLUICE_* settings (store, Redis, keys: docs/bridge.md), and its API is on --admin-listen")
@@ -297,6 +302,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	if s.shutdownGrace < 0 {
 		return s, fmt.Errorf("--shutdown-grace %v: must be 0 or above", s.shutdownGrace)
 	}
+	if s.watch < 0 {
+		return s, fmt.Errorf("--watch %v: must be 0 (only on SIGHUP) or above", s.watch)
+	}
 	switch s.upstreamProtocol {
 	case upstreamHTTP1, upstreamHTTP2, upstreamDownstream:
 	default:
@@ -337,9 +345,9 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 			return err
 		}
 	}
-	var cert *certificate
+	var cert *tlsfiles.Pair
 	if s.tlsCert != "" {
-		if cert, err = loadCertificate(s.tlsCert, s.tlsKey); err != nil {
+		if cert, err = tlsfiles.Load(s.tlsCert, s.tlsKey); err != nil {
 			return err
 		}
 	}
@@ -420,15 +428,23 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	}
 	serve := srv.Serve
 	if cert != nil {
-		srv.TLSConfig = cert.tlsConfig()
+		srv.TLSConfig = cert.Config()
 		serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
-		logger.Info("serving HTTPS", "cert", s.tlsCert, "not_after", cert.notAfter())
+		logger.Info("serving HTTPS", "cert", s.tlsCert, "not_after", cert.NotAfter())
 	}
 	logger.Info("gateway listening", "addr", ln.Addr().String(), "upstream", s.upstream, "routes", s.routes.String(), "workers", s.workers)
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
 	defer signal.Stop(sigs)
+	r := &reloader{host: host, config: s.config, cert: cert, cas: s.cas, logger: logger}
+	r.seen.Note(map[string][]byte{s.config: cfg}, nil)
+	var watch <-chan time.Time // reread the files that changed
+	if s.watch > 0 {
+		t := time.NewTicker(s.watch)
+		defer t.Stop()
+		watch = t.C
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- serve(ln) }()
 	for {
@@ -438,10 +454,12 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		case <-ctx.Done():
 			draining.Store(true)
 			return shutdown(srv, s.shutdownGrace)
+		case <-watch:
+			r.reload(ctx, false)
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGHUP:
-				reload(ctx, host, cert, s.cas, s.config, logger)
+				r.reload(ctx, true)
 			case syscall.SIGUSR1: // as Envoy: reopen the access log, for rotation
 				if alog == nil {
 					continue
@@ -460,32 +478,44 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	}
 }
 
-// reload reads the plugin's configuration, the TLS pair (when cert is not
-// nil) and the upstream CAs (when cas is not nil) again, on SIGHUP. Each
-// is kept as it runs when its new files are refused, and the log says
-// which.
-func reload(ctx context.Context, host *wasmhost.Host, cert *certificate, cas *trustedCAs, config string, logger *slog.Logger) {
-	data, err := os.ReadFile(config)
-	if err == nil {
-		err = host.Configure(ctx, data)
-	}
-	if err != nil {
-		logger.Error("reload refused; the running configuration stays", "err", err)
-	} else {
-		logger.Info("configuration reloaded", "file", config)
-	}
-	if cert != nil {
-		if err := cert.reload(); err != nil {
-			logger.Error("certificate reload refused; the running certificate stays", "err", err)
+// reloader reads again what the gateway serves from: the plugin's
+// configuration, the TLS pair (cert, when not nil) and the upstream CAs
+// (cas, when not nil); on SIGHUP whatever changed, every --watch what
+// changed. Each is kept as it runs when its new files are refused, and
+// the log says which, once while they stay as they are.
+type reloader struct {
+	host   *wasmhost.Host
+	config string
+	seen   filewatch.Seen // the plugin's configuration file
+	cert   *tlsfiles.Pair
+	cas    *trustedCAs
+	logger *slog.Logger
+}
+
+func (r *reloader) reload(ctx context.Context, always bool) {
+	files, err := filewatch.Read(r.config)
+	if r.seen.Note(files, err) || always {
+		if err == nil {
+			err = r.host.Configure(ctx, files[r.config])
+		}
+		if err != nil {
+			r.logger.Error("reload refused; the running configuration stays", "err", err)
 		} else {
-			logger.Info("certificate reloaded", "cert", cert.certFile, "not_after", cert.notAfter())
+			r.logger.Info("configuration reloaded", "file", r.config)
 		}
 	}
-	if cas != nil {
-		if err := cas.reload(); err != nil {
-			logger.Error("upstream CA reload refused; the CAs in use stay", "err", err)
-		} else {
-			logger.Info("upstream CAs reloaded", "file", cas.file)
+	if r.cert != nil {
+		if read, err := r.cert.Reload(always); err != nil {
+			r.logger.Error("certificate reload refused; the running certificate stays", "err", err)
+		} else if read {
+			r.logger.Info("certificate reloaded", "cert", r.cert.CertFile, "not_after", r.cert.NotAfter())
+		}
+	}
+	if r.cas != nil {
+		if read, err := r.cas.reload(always); err != nil {
+			r.logger.Error("upstream CA reload refused; the CAs in use stay", "err", err)
+		} else if read {
+			r.logger.Info("upstream CAs reloaded", "file", r.cas.file)
 		}
 	}
 }

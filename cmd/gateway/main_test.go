@@ -102,7 +102,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9901", "SLUICE_GATEWAY_UPSTREAM_TIMEOUT": "0s",
 		"SLUICE_GATEWAY_MAX_REQUEST_HEADERS_KB": "96", "SLUICE_GATEWAY_TLS_CERT": "/etc/gw/cert.pem", "SLUICE_GATEWAY_TLS_KEY": "/etc/gw/key.pem",
 		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout", "SLUICE_GATEWAY_UPSTREAM_PROTOCOL": "downstream", "SLUICE_GATEWAY_VALIDATE": "true",
-		"SLUICE_GATEWAY_SHUTDOWN_GRACE": "35s", "SLUICE_GATEWAY_EMBED_BRIDGE": "sluice_bridge",
+		"SLUICE_GATEWAY_SHUTDOWN_GRACE": "35s", "SLUICE_GATEWAY_WATCH": "5s", "SLUICE_GATEWAY_EMBED_BRIDGE": "sluice_bridge",
 		"SLUICE_GATEWAY_PRESERVE_EXTERNAL_REQUEST_ID": "true", "SLUICE_GATEWAY_UPSTREAM_TLS_CA": "/etc/gw/ca.pem", "SLUICE_GATEWAY_ACCESS_LOG_FORMAT": "%RESPONSE_CODE%", "SLUICE_GATEWAY_ACCESS_LOG_JSON": `{"s":"%RESPONSE_CODE%"}`,
 		"SLUICE_GATEWAY_ROUTE": "/api/**=http://127.0.0.1:9001, Admin.example.com/**=http://127.0.0.1:9002",
 	}
@@ -115,7 +115,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		listen: "127.0.0.1:9999", plugin: "p.wasm", config: "c.json", upstream: "http://127.0.0.1:9000",
 		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2", "c": "unix:///run/sluice/bridge.sock"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
-		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout", upstreamProtocol: "downstream", validate: true, shutdownGrace: 35 * time.Second,
+		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: "/etc/gw/cert.pem", tlsKey: "/etc/gw/key.pem", accessLog: "/dev/stdout", upstreamProtocol: "downstream", validate: true, shutdownGrace: 35 * time.Second, watch: 5 * time.Second,
 		embedBridge: "sluice_bridge", preserveRequestID: true, upstreamCA: "/etc/gw/ca.pem", accessLogFormat: "%RESPONSE_CODE%", accessLogJSON: `{"s":"%RESPONSE_CODE%"}`,
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}

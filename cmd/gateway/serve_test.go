@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/sluicehq/sluice/internal/tlsfiles"
 	"io"
 	"math/big"
 	"net"
@@ -78,42 +79,6 @@ func served(t *testing.T, addr string) string {
 	return c.ConnectionState().PeerCertificates[0].Subject.CommonName
 }
 
-// A pair that loads replaces the served one; one that does not (a key
-// of another certificate, a missing file) is refused, names the flags,
-// and leaves the served pair in place.
-func TestCertificate_Reload(t *testing.T) {
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if _, err := loadCertificate(certFile, keyFile); err == nil || !strings.Contains(err.Error(), "--tls-cert "+certFile+", --tls-key "+keyFile) {
-		t.Fatalf("missing files: %v", err)
-	}
-	a := writeCert(t, certFile, keyFile, "a")
-	c, err := loadCertificate(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	get := func() string {
-		pair, err := c.tlsConfig().GetCertificate(&tls.ClientHelloInfo{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pair.Leaf.Subject.CommonName
-	}
-	if got := get(); got != "a" || !c.notAfter().Equal(a.NotAfter) {
-		t.Fatalf("served %q until %v, want a until %v", got, c.notAfter(), a.NotAfter)
-	}
-	writeCert(t, certFile, keyFile, "b")
-	if err := c.reload(); err != nil || get() != "b" {
-		t.Fatalf("after reload: %v, served %q, want b", err, get())
-	}
-	otherKey := filepath.Join(dir, "other-key.pem")
-	writeCert(t, filepath.Join(dir, "other.pem"), otherKey, "other")
-	c.keyFile = otherKey
-	if err := c.reload(); err == nil || !strings.Contains(err.Error(), "--tls-key "+otherKey) || get() != "b" {
-		t.Fatalf("a key of another certificate: %v, served %q, want b kept", err, get())
-	}
-}
-
 // The gateway speaks HTTP/1.1 and HTTP/2, in the clear (HTTP/2 by prior
 // knowledge) and over TLS (by ALPN), and the plugin sees each request as
 // Envoy would show it: request.protocol, request.scheme and an
@@ -133,7 +98,7 @@ func TestGateway_Protocols(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	ca := writeCert(t, certFile, keyFile, "gateway")
-	cert, err := loadCertificate(certFile, keyFile)
+	cert, err := tlsfiles.Load(certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +114,7 @@ func TestGateway_Protocols(t *testing.T) {
 		}
 		srv := newServer(h, s)
 		if tlsOn {
-			srv.TLSConfig = cert.tlsConfig()
+			srv.TLSConfig = cert.Config()
 			go srv.ServeTLS(ln, "", "")
 		} else {
 			go srv.Serve(ln)
@@ -260,33 +225,22 @@ func TestConnectionManager(t *testing.T) {
 	}
 }
 
-// The gateway as started with --tls-cert, --tls-key and --access-log
-// serves HTTPS and logs each request; SIGHUP makes it serve the renewed
-// pair written over the files (and read --upstream-tls-ca again), and
-// SIGUSR1 reopens the access log after it was moved away, without a
-// restart.
-func TestRun_Signals(t *testing.T) {
-	dir := t.TempDir()
-	plugin, config := guestFiles(t, dir)
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	accessFile := filepath.Join(dir, "access.log")
-	writeCert(t, certFile, keyFile, "first")
-	caFile := filepath.Join(dir, "ca.pem")
-	writeCert(t, caFile, filepath.Join(dir, "ca.key"), "ca")
+// runLogged runs the gateway (run) with args until stop, which returns
+// run's error; await waits for a message in its log, in order, within
+// the test's own bound.
+func runLogged(t *testing.T, args ...string) (await func(msg string), stop func() error) {
+	t.Helper()
 	logr, logw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer logr.Close()
-	listen := nettest.FreeAddr(t)
+	t.Cleanup(func() { logr.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		defer logw.Close()
-		done <- run(ctx, []string{"--listen", listen, "--plugin", plugin, "--config", config, "--upstream", "http://127.0.0.1:1",
-			"--tls-cert", certFile, "--tls-key", keyFile, "--upstream-tls-ca", caFile, "--access-log", accessFile, "--log-level", "info"}, logw)
+		done <- run(ctx, args, logw)
 	}()
-	// The log says what the gateway did, in order.
 	lines := make(chan string)
 	go func() {
 		defer close(lines)
@@ -295,9 +249,9 @@ func TestRun_Signals(t *testing.T) {
 			lines <- sc.Text()
 		}
 	}()
-	await := func(msg string) {
+	await = func(msg string) {
 		t.Helper()
-		guard := time.After(30 * time.Second) // the test's own bound; the plugin compiles first
+		guard := time.After(30 * time.Second) // the plugin compiles first
 		for {
 			select {
 			case line, ok := <-lines:
@@ -312,6 +266,34 @@ func TestRun_Signals(t *testing.T) {
 			}
 		}
 	}
+	stop = func() error {
+		cancel()
+		go func() { // the rest of the log, until run closes it
+			for range lines {
+			}
+		}()
+		return <-done
+	}
+	return await, stop
+}
+
+// The gateway as started with --tls-cert, --tls-key and --access-log
+// serves HTTPS and logs each request; SIGHUP makes it serve the renewed
+// pair written over the files (and read --upstream-tls-ca again), and
+// SIGUSR1 reopens the access log after it was moved away, without a
+// restart.
+func TestRun_Signals(t *testing.T) {
+	dir := t.TempDir()
+	plugin, config := guestFiles(t, dir)
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	accessFile := filepath.Join(dir, "access.log")
+	writeCert(t, certFile, keyFile, "first")
+	caFile := filepath.Join(dir, "ca.pem")
+	writeCert(t, caFile, filepath.Join(dir, "ca.key"), "ca")
+	listen := nettest.FreeAddr(t)
+	// --watch 0: what SIGHUP reads, not the watch.
+	await, stop := runLogged(t, "--listen", listen, "--plugin", plugin, "--config", config, "--upstream", "http://127.0.0.1:1",
+		"--tls-cert", certFile, "--tls-key", keyFile, "--upstream-tls-ca", caFile, "--access-log", accessFile, "--log-level", "info", "--watch", "0")
 	await("gateway listening")
 	if got := served(t, listen); got != "first" {
 		t.Fatalf("served %q, want first", got)
@@ -350,12 +332,7 @@ func TestRun_Signals(t *testing.T) {
 	}
 	await("access log reopened")
 	deny("/after-rotation")
-	cancel()
-	go func() { // the rest of the log, until run closes it
-		for range lines {
-		}
-	}()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("run: %v", err)
 	}
 	// run has returned: the access log is flushed and closed.
@@ -616,7 +593,7 @@ func TestTrustedCAs_Reload(t *testing.T) {
 	if err := os.WriteFile(caFile, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := cas.reload(); err != nil {
+	if _, err := cas.reload(false); err != nil {
 		t.Fatal(err)
 	}
 	if err := get(up.URL); err != nil {
@@ -629,10 +606,37 @@ func TestTrustedCAs_Reload(t *testing.T) {
 	if err := os.WriteFile(caFile, []byte("not PEM"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := cas.reload(); err == nil || err.Error() != "--upstream-tls-ca: no PEM certificate in "+caFile {
+	if _, err := cas.reload(false); err == nil || err.Error() != "--upstream-tls-ca: no PEM certificate in "+caFile {
 		t.Fatalf("reload of a file with no certificate: %v", err)
 	}
 	if err := get(up.URL); err != nil {
 		t.Fatalf("after a refused reload: %v", err)
+	}
+}
+
+// With --watch the gateway reads again, without a signal, the files that
+// changed: a renewed certificate is served from the next handshake, and
+// a plugin configuration written anew is loaded; files written again the
+// same are not reloaded.
+func TestRun_Watch(t *testing.T) {
+	dir := t.TempDir()
+	plugin, config := guestFiles(t, dir)
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	writeCert(t, certFile, keyFile, "first")
+	listen := nettest.FreeAddr(t)
+	await, stop := runLogged(t, "--listen", listen, "--plugin", plugin, "--config", config, "--upstream", "http://127.0.0.1:1",
+		"--tls-cert", certFile, "--tls-key", keyFile, "--log-level", "info", "--watch", "20ms")
+	await("gateway listening")
+	writeCert(t, certFile, keyFile, "renewed")
+	await("certificate reloaded")
+	if got := served(t, listen); got != "renewed" {
+		t.Errorf("after the watch served %q, want renewed", got)
+	}
+	if err := os.WriteFile(config, []byte(guestConfig+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	await("configuration reloaded")
+	if err := stop(); err != nil {
+		t.Errorf("run: %v", err)
 	}
 }

@@ -5,87 +5,52 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
+	"sync"
 	"sync/atomic"
-	"time"
+
+	"github.com/sluicehq/sluice/internal/filewatch"
 )
 
-// certificate is the gateway's serving certificate: the PEM chain and
-// private key of --tls-cert and --tls-key, read at start and again on
-// SIGHUP, so a renewed certificate is served without a restart. A pair
-// that does not load leaves the one being served in place.
-type certificate struct {
-	certFile, keyFile string
-	cur               atomic.Pointer[tls.Certificate]
-}
-
-// loadCertificate reads the pair, or says which files it could not use.
-func loadCertificate(certFile, keyFile string) (*certificate, error) {
-	c := &certificate{certFile: certFile, keyFile: keyFile}
-	if err := c.reload(); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-// reload reads the pair again; on an error the running one stays.
-func (c *certificate) reload() error {
-	pair, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
-	if err != nil {
-		return fmt.Errorf("--tls-cert %s, --tls-key %s: %w", c.certFile, c.keyFile, err)
-	}
-	c.cur.Store(&pair)
-	return nil
-}
-
-// notAfter is when the served certificate expires, for the log.
-func (c *certificate) notAfter() time.Time {
-	if leaf := c.cur.Load().Leaf; leaf != nil {
-		return leaf.NotAfter
-	}
-	return time.Time{}
-}
-
-// tlsConfig serves the current pair to every new connection. HTTP/2 and
-// HTTP/1.1 are offered by ALPN (net/http adds them), as Envoy's listener
-// with codec_type AUTO does; the minimum version is crypto/tls's, TLS 1.2,
-// which is also Envoy's.
-func (c *certificate) tlsConfig() *tls.Config {
-	return &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-		return c.cur.Load(), nil
-	}}
-}
-
 // trustedCAs are the CA certificates of --upstream-tls-ca, which verify
-// https upstreams and call-out clusters: read at start and again on
-// SIGHUP, so a private CA can be rotated without a restart. Certificates
+// https upstreams and call-out clusters: read at start, and again on
+// SIGHUP and when the file changes (--watch), so a private CA can be
+// rotated without a restart. Certificates
 // that do not load leave the ones in use in place.
 type trustedCAs struct {
 	file string
 	cur  atomic.Pointer[x509.CertPool]
+	mu   sync.Mutex
+	seen filewatch.Seen
 }
 
 // loadTrustedCAs reads file, or says why it could not use it.
 func loadTrustedCAs(file string) (*trustedCAs, error) {
 	c := &trustedCAs{file: file}
-	if err := c.reload(); err != nil {
+	if _, err := c.reload(true); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// reload reads the file again; on an error the CAs in use stay.
-func (c *trustedCAs) reload() error {
-	pemBytes, err := os.ReadFile(c.file)
+// reload reads the file again; unless always, only when it changed since
+// it was last read (read says whether it did). On an error the CAs in use
+// stay.
+func (c *trustedCAs) reload(always bool) (read bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	files, err := filewatch.Read(c.file)
+	if !c.seen.Note(files, err) && !always {
+		return false, nil
+	}
 	if err != nil {
-		return fmt.Errorf("--upstream-tls-ca: %w", err)
+		return true, fmt.Errorf("--upstream-tls-ca: %w", err)
 	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pemBytes) {
-		return fmt.Errorf("--upstream-tls-ca: no PEM certificate in %s", c.file)
+	if !pool.AppendCertsFromPEM(files[c.file]) {
+		return true, fmt.Errorf("--upstream-tls-ca: no PEM certificate in %s", c.file)
 	}
 	c.cur.Store(pool)
-	return nil
+	return true, nil
 }
 
 // clientConfig verifies each new connection's certificate chain and name
