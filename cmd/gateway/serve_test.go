@@ -3,18 +3,11 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"github.com/sluicehq/sluice/internal/tlsfiles"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -29,44 +22,11 @@ import (
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/internal/hosttest"
 	"github.com/sluicehq/sluice/internal/nettest"
+	"github.com/sluicehq/sluice/internal/tlsfiles"
+	"github.com/sluicehq/sluice/internal/tlsfiles/tlsfilestest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/wasmhost"
 )
-
-// writeCert writes a self-signed certificate for 127.0.0.1 and its key to
-// certFile and keyFile, named name, and returns it.
-func writeCert(t *testing.T, certFile, keyFile, name string) *x509.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert
-}
 
 // served is the common name of the certificate a server at addr presents.
 func served(t *testing.T, addr string) string {
@@ -97,7 +57,7 @@ func TestGateway_Protocols(t *testing.T) {
 	defer up.Close()
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	ca := writeCert(t, certFile, keyFile, "gateway")
+	ca := tlsfilestest.WriteSelfSigned(t, certFile, keyFile, "gateway")
 	cert, err := tlsfiles.Load(certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
@@ -287,9 +247,9 @@ func TestRun_Signals(t *testing.T) {
 	plugin, config := guestFiles(t, dir)
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	accessFile := filepath.Join(dir, "access.log")
-	writeCert(t, certFile, keyFile, "first")
+	tlsfilestest.WriteSelfSigned(t, certFile, keyFile, "first")
 	caFile := filepath.Join(dir, "ca.pem")
-	writeCert(t, caFile, filepath.Join(dir, "ca.key"), "ca")
+	tlsfilestest.WriteSelfSigned(t, caFile, filepath.Join(dir, "ca.key"), "ca")
 	listen := nettest.FreeAddr(t)
 	// --watch 0: what SIGHUP reads, not the watch.
 	await, stop := runLogged(t, "--listen", listen, "--plugin", plugin, "--config", config, "--upstream", "http://127.0.0.1:1",
@@ -298,7 +258,7 @@ func TestRun_Signals(t *testing.T) {
 	if got := served(t, listen); got != "first" {
 		t.Fatalf("served %q, want first", got)
 	}
-	writeCert(t, certFile, keyFile, "renewed")
+	tlsfilestest.WriteSelfSigned(t, certFile, keyFile, "renewed")
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +389,7 @@ func TestRun_Validate(t *testing.T) {
 		t.Fatal(err)
 	}
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	writeCert(t, certFile, keyFile, "gw")
+	tlsfilestest.WriteSelfSigned(t, certFile, keyFile, "gw")
 	listen := nettest.FreeAddr(t)
 	for _, tc := range []struct {
 		name string
@@ -498,7 +458,7 @@ func TestRun_UpstreamTLSCA(t *testing.T) {
 	dir := t.TempDir()
 	plugin, config := guestFiles(t, dir)
 	certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
-	writeCert(t, certFile, keyFile, "upstream")
+	tlsfilestest.WriteSelfSigned(t, certFile, keyFile, "upstream")
 	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
@@ -547,7 +507,7 @@ func TestRun_UpstreamTLSCA(t *testing.T) {
 func TestTrustedCAs_Reload(t *testing.T) {
 	dir := t.TempDir()
 	upCert, upKey := filepath.Join(dir, "up.pem"), filepath.Join(dir, "up.key")
-	writeCert(t, upCert, upKey, "upstream") // for 127.0.0.1 only
+	tlsfilestest.WriteSelfSigned(t, upCert, upKey, "upstream") // for 127.0.0.1 only
 	pair, err := tls.LoadX509KeyPair(upCert, upKey)
 	if err != nil {
 		t.Fatal(err)
@@ -561,7 +521,7 @@ func TestTrustedCAs_Reload(t *testing.T) {
 	if _, err := loadTrustedCAs(caFile); err == nil || !strings.HasPrefix(err.Error(), "--upstream-tls-ca: ") {
 		t.Fatalf("missing file: %v", err)
 	}
-	writeCert(t, caFile, filepath.Join(dir, "other.key"), "another CA")
+	tlsfilestest.WriteSelfSigned(t, caFile, filepath.Join(dir, "other.key"), "another CA")
 	cas, err := loadTrustedCAs(caFile)
 	if err != nil {
 		t.Fatal(err)
@@ -622,12 +582,12 @@ func TestRun_Watch(t *testing.T) {
 	dir := t.TempDir()
 	plugin, config := guestFiles(t, dir)
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	writeCert(t, certFile, keyFile, "first")
+	tlsfilestest.WriteSelfSigned(t, certFile, keyFile, "first")
 	listen := nettest.FreeAddr(t)
 	await, stop := runLogged(t, "--listen", listen, "--plugin", plugin, "--config", config, "--upstream", "http://127.0.0.1:1",
 		"--tls-cert", certFile, "--tls-key", keyFile, "--log-level", "info", "--watch", "20ms")
 	await("gateway listening")
-	writeCert(t, certFile, keyFile, "renewed")
+	tlsfilestest.WriteSelfSigned(t, certFile, keyFile, "renewed")
 	await("certificate reloaded")
 	if got := served(t, listen); got != "renewed" {
 		t.Errorf("after the watch served %q, want renewed", got)

@@ -1,47 +1,13 @@
 package tlsfiles
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-)
 
-// writePair writes a self-signed certificate named name, and its key.
-func writePair(t *testing.T, certFile, keyFile, name string) *x509.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Duration(len(name)) * time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return cert
-}
+	"github.com/sluicehq/sluice/internal/tlsfiles/tlsfilestest"
+)
 
 // A pair that loads replaces the served one; one that does not (a key of
 // another certificate, a missing file) is refused, names the flags, and
@@ -53,7 +19,7 @@ func TestPair_Reload(t *testing.T) {
 	if _, err := Load(certFile, keyFile); err == nil || !strings.Contains(err.Error(), "--tls-cert "+certFile+", --tls-key "+keyFile) {
 		t.Fatalf("missing files: %v", err)
 	}
-	a := writePair(t, certFile, keyFile, "a")
+	a := tlsfilestest.WriteSelfSigned(t, certFile, keyFile, "a")
 	p, err := Load(certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
@@ -71,12 +37,12 @@ func TestPair_Reload(t *testing.T) {
 	if read, err := p.Reload(false); read || err != nil {
 		t.Fatalf("unchanged files: read %t, %v", read, err)
 	}
-	writePair(t, certFile, keyFile, "b")
+	tlsfilestest.WriteSelfSigned(t, certFile, keyFile, "b")
 	if read, err := p.Reload(false); !read || err != nil || get() != "b" {
 		t.Fatalf("changed files: read %t, %v, served %q, want b", read, err, get())
 	}
 	otherKey := filepath.Join(dir, "other-key.pem")
-	writePair(t, filepath.Join(dir, "other.pem"), otherKey, "other")
+	tlsfilestest.WriteSelfSigned(t, filepath.Join(dir, "other.pem"), otherKey, "other")
 	p.KeyFile = otherKey
 	if _, err := p.Reload(true); err == nil || !strings.Contains(err.Error(), "--tls-key "+otherKey) || get() != "b" {
 		t.Fatalf("a key of another certificate: %v, served %q, want b kept", err, get())

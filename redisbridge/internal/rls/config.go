@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/sluicehq/sluice/internal/filewatch"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -221,15 +222,7 @@ func ReadFiles(path string) (map[string][]byte, error) {
 			return nil, fmt.Errorf("%s: no .yaml or .yml file", path)
 		}
 	}
-	files := map[string][]byte{}
-	for _, f := range names {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
-		}
-		files[f] = b
-	}
-	return files, nil
+	return filewatch.Read(names...)
 }
 
 // Parse reads configuration files by name, in the order of their names.
