@@ -389,3 +389,45 @@ func checkMatches(t *testing.T, c *Config, cases []matchCase) {
 		})
 	}
 }
+
+// A Kubernetes ConfigMap mounted as a directory holds each key as a link
+// through ..data to a timestamped directory, and an update swaps ..data
+// for a new one: ReadFiles reads the keys' files through the links, the
+// new contents after the swap, and nothing of the directories and links
+// the kubelet keeps beside them.
+func TestReadFiles_ConfigMapLayout(t *testing.T) {
+	dir := t.TempDir()
+	version := func(name, data string) {
+		t.Helper()
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name, "ratelimit.yaml"), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// As the kubelet swaps it: a new link renamed over ..data.
+		if err := os.Symlink(name, filepath.Join(dir, "..data_tmp")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	version("..2026_11_29_05_00_00.1", "domain: a")
+	if err := os.Symlink("..data/ratelimit.yaml", filepath.Join(dir, "ratelimit.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	want := func(data string) {
+		t.Helper()
+		files, err := ReadFiles(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(files) != 1 || string(files[filepath.Join(dir, "ratelimit.yaml")]) != data {
+			t.Fatalf("files %q, want ratelimit.yaml alone with %q", files, data)
+		}
+	}
+	want("domain: a")
+	version("..2026_11_29_05_01_00.2", "domain: b")
+	want("domain: b")
+}
