@@ -199,7 +199,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.srv = srv
 	if s.cert != nil {
 		s.mu.Unlock()
-		srv.TLSConfig = s.cert.Config()
+		srv.TLSConfig = tlsfiles.Config(s.cert)
 		return serverClosed(srv.ServeTLS(ln, "", ""))
 	}
 	fast := h1fast.New(ln, checkio.HandlerFunc(s.serveCheck))

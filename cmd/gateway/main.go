@@ -71,6 +71,21 @@ func (c clusterFlag) Set(v string) error {
 func (clusterFlag) repeatable() {}
 
 // listFlag is a repeatable string flag.
+// fileListFlag is a repeatable flag of file paths.
+type fileListFlag []string
+
+func (l *fileListFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *fileListFlag) Set(v string) error {
+	if v == "" {
+		return errors.New("a file path is empty")
+	}
+	*l = append(*l, v)
+	return nil
+}
+
+func (*fileListFlag) repeatable() {}
+
 type listFlag []string
 
 func (l *listFlag) String() string { return strings.Join(*l, ",") }
@@ -180,7 +195,7 @@ type settings struct {
 	watch                            time.Duration
 	adminListen                      string
 	maxRequestHeadersKB              int
-	tlsCert, tlsKey                  string
+	tlsCert, tlsKey                  fileListFlag
 	accessLog                        string
 	accessLogFormat, accessLogJSON   string
 	upstreamProtocol                 string
@@ -220,13 +235,13 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.DurationVar(&s.upstreamTimeout, "upstream-timeout", defaultUpstreamTimeout, "the upstream's time for a whole answer, from when the plugin lets the request through, as Envoy's route timeout; past it the client gets 504; 0 for none")
 	fs.IntVar(&s.maxRequestHeadersKB, "max-request-headers-kb", defaultMaxRequestHeadersKB, "refuse a request whose request line and headers exceed this many KiB with 431, as Envoy's max_request_headers_kb")
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
-	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key; read again on SIGHUP and when they change (--watch)")
-	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.Var(&s.tlsCert, "tls-cert", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key (repeatable: each connection gets the first whose names match the server name it asks for, else the first); read again on SIGHUP and when they change (--watch)")
+	fs.Var(&s.tlsKey, "tls-key", "PEM private key of --tls-cert (repeatable: the keys of the certificates, in their order)")
 	fs.StringVar(&s.upstreamCA, "upstream-tls-ca", "", "PEM CA certificates that verify https upstreams and call-out clusters (a bridge with a private CA), instead of the system's roots, as an Envoy cluster's trusted_ca; SIGHUP reads it again")
 	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
 	fs.DurationVar(&s.watch, "watch", time.Second, "how often to look at --config, --tls-cert, --tls-key and --upstream-tls-ca and read again those that changed, as SIGHUP reads them all (0: only on SIGHUP)")
 	fs.DurationVar(&s.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM or SIGINT, how long requests in flight (throttled ones held up to their max_delay included) may take to finish before the gateway exits")
-	fs.BoolVar(&s.validate, "validate", false, "start the plugin with --config (and read the TLS pair) as at start, say whether they are accepted, and exit, as envoy --mode validate; --upstream may be left out")
+	fs.BoolVar(&s.validate, "validate", false, "start the plugin with --config (and read the TLS pairs) as at start, say whether they are accepted, and exit, as envoy --mode validate; --upstream may be left out")
 	fs.StringVar(&s.embedBridge, "embed-bridge", "", "run the check service (the bridge) in the gateway's process and serve the plugin's call-outs to this cluster (e.g. sluice_bridge) with it, with no connection; it takes the bridge's SLUICE_* settings (store, Redis, keys: docs/bridge.md), and its API is on --admin-listen")
 	fs.StringVar(&s.accessLog, "access-log", "", "file to append a line per request to, in Envoy's default access log format (/dev/stdout works); SIGUSR1 reopens it; none when empty")
 	fs.StringVar(&s.accessLogFormat, "access-log-format", "", "the access log's lines as an Envoy format string, e.g. '%START_TIME% %REQ(:METHOD)% %RESPONSE_CODE% %DURATION%' (docs/deploy.md lists the command operators); default Envoy's default format")
@@ -310,8 +325,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	default:
 		return s, fmt.Errorf("--upstream-protocol %q: must be http1, http2 or downstream", s.upstreamProtocol)
 	}
-	if (s.tlsCert == "") != (s.tlsKey == "") {
-		return s, errors.New("--tls-cert and --tls-key: give both or neither")
+	if len(s.tlsCert) != len(s.tlsKey) {
+		return s, fmt.Errorf("--tls-cert and --tls-key: give a key for each certificate (%d certificates, %d keys)", len(s.tlsCert), len(s.tlsKey))
 	}
 	if (s.accessLogFormat != "" || s.accessLogJSON != "") && s.accessLog == "" {
 		return s, errors.New("--access-log-format, --access-log-json: only with --access-log, the file they format")
@@ -345,11 +360,13 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 			return err
 		}
 	}
-	var cert *tlsfiles.Pair
-	if s.tlsCert != "" {
-		if cert, err = tlsfiles.Load(s.tlsCert, s.tlsKey); err != nil {
+	var certs []*tlsfiles.Pair
+	for i := range s.tlsCert {
+		cert, err := tlsfiles.Load(s.tlsCert[i], s.tlsKey[i])
+		if err != nil {
 			return err
 		}
+		certs = append(certs, cert)
 	}
 	format, err := accessFormatFrom(s.accessLogFormat, s.accessLogJSON)
 	if err != nil {
@@ -427,17 +444,19 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	serve := srv.Serve
-	if cert != nil {
-		srv.TLSConfig = cert.Config()
+	if len(certs) > 0 {
+		srv.TLSConfig = tlsfiles.Config(certs...)
 		serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
-		logger.Info("serving HTTPS", "cert", s.tlsCert, "not_after", cert.NotAfter())
+		for _, c := range certs {
+			logger.Info("serving HTTPS", "cert", c.CertFile, "not_after", c.NotAfter())
+		}
 	}
 	logger.Info("gateway listening", "addr", ln.Addr().String(), "upstream", s.upstream, "routes", s.routes.String(), "workers", s.workers)
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
 	defer signal.Stop(sigs)
-	r := &reloader{host: host, config: s.config, cert: cert, cas: s.cas, logger: logger}
+	r := &reloader{host: host, config: s.config, certs: certs, cas: s.cas, logger: logger}
 	r.seen.Note(map[string][]byte{s.config: cfg}, nil)
 	var watch <-chan time.Time // reread the files that changed
 	if s.watch > 0 {
@@ -479,7 +498,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 }
 
 // reloader reads again what the gateway serves from: the plugin's
-// configuration, the TLS pair (cert, when not nil) and the upstream CAs
+// configuration, the TLS pairs (certs) and the upstream CAs
 // (cas, when not nil); on SIGHUP whatever changed, every --watch what
 // changed. Each is kept as it runs when its new files are refused, and
 // the log says which, once while they stay as they are.
@@ -487,7 +506,7 @@ type reloader struct {
 	host   *wasmhost.Host
 	config string
 	seen   filewatch.Seen // the plugin's configuration file
-	cert   *tlsfiles.Pair
+	certs  []*tlsfiles.Pair
 	cas    *trustedCAs
 	logger *slog.Logger
 }
@@ -504,11 +523,11 @@ func (r *reloader) reload(ctx context.Context, always bool) {
 			r.logger.Info("configuration reloaded", "file", r.config)
 		}
 	}
-	if r.cert != nil {
-		if read, err := r.cert.Reload(always); err != nil {
+	for _, c := range r.certs {
+		if read, err := c.Reload(always); err != nil {
 			r.logger.Error("certificate reload refused; the running certificate stays", "err", err)
 		} else if read {
-			r.logger.Info("certificate reloaded", "cert", r.cert.CertFile, "not_after", r.cert.NotAfter())
+			r.logger.Info("certificate reloaded", "cert", c.CertFile, "not_after", c.NotAfter())
 		}
 	}
 	if r.cas != nil {

@@ -74,7 +74,7 @@ func TestGateway_Protocols(t *testing.T) {
 		}
 		srv := newServer(h, s)
 		if tlsOn {
-			srv.TLSConfig = cert.Config()
+			srv.TLSConfig = tlsfiles.Config(cert)
 			go srv.ServeTLS(ln, "", "")
 		} else {
 			go srv.Serve(ln)

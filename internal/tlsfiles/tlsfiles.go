@@ -53,10 +53,20 @@ func (p *Pair) Reload(always bool) (read bool, err error) {
 	return true, nil
 }
 
-// Config serves the current pair to every new connection.
-func (p *Pair) Config() *tls.Config {
-	return &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-		return p.cur.Load(), nil
+// Config serves the current pairs to every new connection: the first
+// pair whose certificate the client supports, its name (SNI) included,
+// as an Envoy listener picks a filter chain's certificate by server name;
+// the first pair when none is.
+func Config(pairs ...*Pair) *tls.Config {
+	return &tls.Config{GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		if len(pairs) > 1 {
+			for _, p := range pairs {
+				if c := p.cur.Load(); hello.SupportsCertificate(c) == nil {
+					return c, nil
+				}
+			}
+		}
+		return pairs[0].cur.Load(), nil
 	}}
 }
 

@@ -25,7 +25,7 @@ func TestPair_Reload(t *testing.T) {
 		t.Fatal(err)
 	}
 	get := func() string {
-		pair, err := p.Config().GetCertificate(&tls.ClientHelloInfo{})
+		pair, err := Config(p).GetCertificate(&tls.ClientHelloInfo{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,5 +49,41 @@ func TestPair_Reload(t *testing.T) {
 	}
 	if read, err := p.Reload(false); read || err != nil {
 		t.Fatalf("the same refused files again: read %t, %v (logged once)", read, err)
+	}
+}
+
+// Of several pairs, a connection gets the first whose certificate is for
+// the server name it asks for, and the first pair when none is or it asks
+// for none.
+func TestConfig_ServerName(t *testing.T) {
+	dir := t.TempDir()
+	var pairs []*Pair
+	for _, name := range []string{"a.example.com", "b.example.com", "*.example.org"} {
+		base := filepath.Join(dir, strings.TrimPrefix(name, "*."))
+		tlsfilestest.WriteSelfSigned(t, base+".pem", base+".key", name, name)
+		p, err := Load(base+".pem", base+".key")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pairs = append(pairs, p)
+	}
+	cfg := Config(pairs...)
+	for _, tt := range []struct{ serverName, want string }{
+		{"b.example.com", "b.example.com"},
+		{"a.example.com", "a.example.com"},
+		{"www.example.org", "*.example.org"},
+		{"other.example.net", "a.example.com"},
+		{"", "a.example.com"},
+	} {
+		// What a client that speaks TLS 1.3 offers.
+		hello := &tls.ClientHelloInfo{ServerName: tt.serverName, SupportedVersions: []uint16{tls.VersionTLS13},
+			SignatureSchemes: []tls.SignatureScheme{tls.ECDSAWithP256AndSHA256}, SupportedCurves: []tls.CurveID{tls.CurveP256}}
+		c, err := cfg.GetCertificate(hello)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Leaf.Subject.CommonName; got != tt.want {
+			t.Errorf("server name %q: got %s, want %s", tt.serverName, got, tt.want)
+		}
 	}
 }

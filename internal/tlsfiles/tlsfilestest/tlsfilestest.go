@@ -16,10 +16,10 @@ import (
 	"time"
 )
 
-// WriteSelfSigned writes a self-signed certificate for 127.0.0.1, named
-// name, and its key to certFile and keyFile as PEM, and returns it. It
-// may serve, and be trusted as its own CA.
-func WriteSelfSigned(t testing.TB, certFile, keyFile, name string) *x509.Certificate {
+// WriteSelfSigned writes a self-signed certificate for 127.0.0.1 and
+// dnsNames, named name, and its key to certFile and keyFile as PEM, and
+// returns it. It may serve, and be trusted as its own CA.
+func WriteSelfSigned(t testing.TB, certFile, keyFile, name string, dnsNames ...string) *x509.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -28,7 +28,7 @@ func WriteSelfSigned(t testing.TB, certFile, keyFile, name string) *x509.Certifi
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: dnsNames, KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
