@@ -70,7 +70,6 @@ func (c clusterFlag) Set(v string) error {
 
 func (clusterFlag) repeatable() {}
 
-// listFlag is a repeatable string flag.
 // fileListFlag is a repeatable flag of file paths.
 type fileListFlag []string
 
@@ -86,6 +85,7 @@ func (l *fileListFlag) Set(v string) error {
 
 func (*fileListFlag) repeatable() {}
 
+// listFlag is a repeatable string flag.
 type listFlag []string
 
 func (l *listFlag) String() string { return strings.Join(*l, ",") }
@@ -203,7 +203,7 @@ type settings struct {
 	embedBridge                      string
 	preserveRequestID                bool
 	upstreamCA                       string
-	cas                              *trustedCAs      // upstreamCA's certificates, read at start and on SIGHUP
+	cas                              *trustedCAs      // upstreamCA's certificates, read again on SIGHUP and --watch
 	now                              func() time.Time // tests: the clock of upstream service times; default time.Now
 }
 
@@ -237,7 +237,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
 	fs.Var(&s.tlsCert, "tls-cert", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key (repeatable: each connection gets the first whose names match the server name it asks for, else the first); read again on SIGHUP and when they change (--watch)")
 	fs.Var(&s.tlsKey, "tls-key", "PEM private key of --tls-cert (repeatable: the keys of the certificates, in their order)")
-	fs.StringVar(&s.upstreamCA, "upstream-tls-ca", "", "PEM CA certificates that verify https upstreams and call-out clusters (a bridge with a private CA), instead of the system's roots, as an Envoy cluster's trusted_ca; SIGHUP reads it again")
+	fs.StringVar(&s.upstreamCA, "upstream-tls-ca", "", "PEM CA certificates that verify https upstreams and call-out clusters (a bridge with a private CA), instead of the system's roots, as an Envoy cluster's trusted_ca; read again on SIGHUP and when it changes (--watch)")
 	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
 	fs.DurationVar(&s.watch, "watch", time.Second, "how often to look at --config, --tls-cert, --tls-key and --upstream-tls-ca and read again those that changed, as SIGHUP reads them all (0: only on SIGHUP)")
 	fs.DurationVar(&s.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "on SIGTERM or SIGINT, how long requests in flight (throttled ones held up to their max_delay included) may take to finish before the gateway exits")
@@ -498,9 +498,8 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 }
 
 // reloader reads again what the gateway serves from: the plugin's
-// configuration, the TLS pairs (certs) and the upstream CAs
-// (cas, when not nil); on SIGHUP whatever changed, every --watch what
-// changed. Each is kept as it runs when its new files are refused, and
+// configuration, the TLS pairs (certs) and the upstream CAs (cas, when
+// not nil); on SIGHUP whatever changed, every --watch what changed. Each is kept as it runs when its new files are refused, and
 // the log says which, once while they stay as they are.
 type reloader struct {
 	host   *wasmhost.Host

@@ -14,8 +14,8 @@ import (
 // trustedCAs are the CA certificates of --upstream-tls-ca, which verify
 // https upstreams and call-out clusters: read at start, and again on
 // SIGHUP and when the file changes (--watch), so a private CA can be
-// rotated without a restart. Certificates
-// that do not load leave the ones in use in place.
+// rotated without a restart. Certificates that do not load leave the
+// ones in use in place.
 type trustedCAs struct {
 	file string
 	cur  atomic.Pointer[x509.CertPool]

@@ -187,20 +187,9 @@ func (c *Config) Domains() []string {
 	return out
 }
 
-// Load reads path, a YAML file or a directory of them (*.yaml, *.yml), as
-// envoyproxy/ratelimit reads its configuration directory. Two files may
-// configure the same domain only with merge, as with its
-// MERGE_DOMAIN_CONFIG (Parse).
-func Load(path string, merge bool) (*Config, error) {
-	files, err := ReadFiles(path)
-	if err != nil {
-		return nil, err
-	}
-	return Parse(files, merge)
-}
-
-// ReadFiles reads the files of path that Load parses, by name: path
-// itself, or a directory's *.yaml and *.yml files.
+// ReadFiles reads path, a YAML file or a directory of them (*.yaml,
+// *.yml), as envoyproxy/ratelimit reads its configuration directory: the
+// files, by name, for Parse.
 func ReadFiles(path string) (map[string][]byte, error) {
 	fi, err := os.Stat(path)
 	if err != nil {

@@ -204,7 +204,7 @@ func TestLoad(t *testing.T) {
 	write("a.yaml", "domain: a\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]")
 	write("b.yml", "domain: b\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 2}}]")
 	write("notes.txt", "not configuration")
-	c, err := Load(dir, false)
+	c, err := load(dir, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,12 +215,12 @@ func TestLoad(t *testing.T) {
 		t.Errorf("b's limit: %+v", l)
 	}
 	write("c.yaml", "domain: a\ndescriptors: [{key: j, rate_limit: {unit: hour, requests_per_unit: 3}}, {key: w, value: x*, rate_limit: {unit: day, requests_per_unit: 4}}]")
-	if _, err := Load(dir, false); err == nil || !strings.Contains(err.Error(), `c.yaml: domain "a" is configured in `+filepath.Join(dir, "a.yaml")+" too") {
+	if _, err := load(dir, false); err == nil || !strings.Contains(err.Error(), `c.yaml: domain "a" is configured in `+filepath.Join(dir, "a.yaml")+" too") {
 		t.Errorf("a domain twice: %v", err)
 	}
 	// Merged, as with envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG: c.yaml's
 	// descriptors join a's.
-	c, err = Load(dir, true)
+	c, err = load(dir, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,10 +233,10 @@ func TestLoad(t *testing.T) {
 		}
 	}
 	write("d.yaml", "domain: a\ndescriptors: [{key: j, rate_limit: {unit: hour, requests_per_unit: 9}}]")
-	if _, err := Load(dir, true); err == nil || !strings.Contains(err.Error(), `d.yaml: descriptor a.j is configured in `+filepath.Join(dir, "a.yaml")+", "+filepath.Join(dir, "c.yaml")+" too") {
+	if _, err := load(dir, true); err == nil || !strings.Contains(err.Error(), `d.yaml: descriptor a.j is configured in `+filepath.Join(dir, "a.yaml")+", "+filepath.Join(dir, "c.yaml")+" too") {
 		t.Errorf("merged, a descriptor twice: %v", err)
 	}
-	if _, err := Load(filepath.Join(dir, "none"), false); err == nil {
+	if _, err := load(filepath.Join(dir, "none"), false); err == nil {
 		t.Error("a missing path loaded")
 	}
 }
@@ -244,7 +244,7 @@ func TestLoad(t *testing.T) {
 // examples/rls/ratelimit.yaml has a limit for each descriptor
 // examples/rls/envoy.yaml's actions send.
 func TestLoad_Example(t *testing.T) {
-	c, err := Load("../../../examples/rls/ratelimit.yaml", false)
+	c, err := load("../../../examples/rls/ratelimit.yaml", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,4 +430,13 @@ func TestReadFiles_ConfigMapLayout(t *testing.T) {
 	want("domain: a")
 	version("..2026_11_29_05_01_00.2", "domain: b")
 	want("domain: b")
+}
+
+// load is the configuration of path's files (ReadFiles, then Parse).
+func load(path string, merge bool) (*Config, error) {
+	files, err := ReadFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(files, merge)
 }

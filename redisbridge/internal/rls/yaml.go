@@ -1,7 +1,6 @@
 package rls
 
 import (
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,9 +20,8 @@ import (
 // (a number with a fraction or an exponent is refused there), and once
 // into the text fields (domain, key, value, a rate_limit's name and unit,
 // a replaced name, the keys of a descriptor's metadata), which take a
-// scalar as it is written: `value: 007` is
-// the text 007 and `value: yes` the text yes, where the tree has the
-// number 7 and true. A descriptor then matches the calls it matches
+// scalar as it is written: `value: 007` is the text 007 and `value: yes`
+// the text yes, where the tree has the number 7 and true. A descriptor then matches the calls it matches
 // there. It returns the tree with those texts in place and numbers as
 // json.Number.
 func readYAML(data []byte) (map[string]any, error) {
@@ -88,10 +86,13 @@ func plain(v any, path string, meta bool) (any, error) {
 			keys = append(keys, key{fmt.Sprint(k), k, text})
 		}
 		slices.SortFunc(keys, func(a, b key) int {
-			if c := strings.Compare(a.name, b.name); c != 0 {
+			if c := strings.Compare(a.name, b.name); c != 0 || a.text == b.text {
 				return c
 			}
-			return cmp.Compare(b2i(a.text), b2i(b.text))
+			if a.text {
+				return 1 // the text after the other, so its value is kept
+			}
+			return -1
 		})
 		m := make(map[string]any, len(v))
 		for _, kk := range keys {
@@ -204,11 +205,4 @@ func putText(m map[string]any, field, text string) {
 	case json.Number, bool:
 		m[field] = text
 	}
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
