@@ -1,11 +1,11 @@
-// Package fields is the HTTP header map of the proxy-wasm host and its proxy-wasm
-// serialization.
+// Package fields is the HTTP header map of the proxy-wasm host, with its
+// proxy-wasm serialization (internal/pwmap).
 package fields
 
 import (
-	"encoding/binary"
-	"errors"
 	"strings"
+
+	"github.com/sluicehq/sluice/internal/pwmap"
 )
 
 // Map is an ordered multi-map with lower-case names, as Envoy keeps headers.
@@ -71,87 +71,25 @@ func (m *Map) Remove(name string) {
 // Clone returns a copy that shares no backing array with m.
 func (m Map) Clone() Map { return append(Map(nil), m...) }
 
-// Append appends the proxy-wasm serialization of m to dst: the pair count,
-// the key and value lengths, then every key and value NUL-terminated, all
-// integers little-endian uint32.
-func (m Map) Append(dst []byte) []byte {
-	if len(m) == 0 {
-		return dst
-	}
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(m)))
-	for _, p := range m {
-		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(p[0])))
-		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(p[1])))
-	}
-	for _, p := range m {
-		dst = append(append(dst, p[0]...), 0)
-		dst = append(append(dst, p[1]...), 0)
-	}
-	return dst
-}
+// Append appends the proxy-wasm serialization of m to dst (pwmap).
+func (m Map) Append(dst []byte) []byte { return pwmap.Append(dst, m) }
 
 // ErrMalformed reports a serialized map that breaks the layout.
-var ErrMalformed = errors.New("malformed serialized header map")
+var ErrMalformed = pwmap.ErrMalformed
 
-// Parse decodes a serialized map that came from guest memory. Empty input
-// and a single zero byte are both the empty map.
+// Parse decodes a serialized map that came from guest memory, its names
+// lower-cased. Empty input and a single zero byte are both the empty map.
 func Parse(b []byte) (Map, error) {
-	n, err := layout(b)
+	n, err := pwmap.Len(b)
 	if err != nil || n == 0 {
 		return nil, err
 	}
 	m := make(Map, 0, n)
-	visit(b, n, func(k, v []byte) { m = append(m, [2]string{strings.ToLower(string(k)), string(v)}) })
+	_ = pwmap.Visit(b, func(k, v []byte) { m = append(m, [2]string{strings.ToLower(string(k)), string(v)}) })
 	return m, nil
 }
 
 // Visit calls fn with each pair of a serialized map that came from guest
 // memory, in order, as views into b, once the whole layout is checked: fn
 // never sees part of a malformed map. Names are as the guest wrote them.
-func Visit(b []byte, fn func(name, value []byte)) error {
-	n, err := layout(b)
-	if err == nil && n > 0 {
-		visit(b, n, fn)
-	}
-	return err
-}
-
-// layout checks that b is a serialized map and returns its pair count.
-func layout(b []byte) (uint64, error) {
-	if len(b) == 0 || (len(b) == 1 && b[0] == 0) {
-		return 0, nil
-	}
-	if len(b) < 4 {
-		return 0, ErrMalformed
-	}
-	n := uint64(binary.LittleEndian.Uint32(b))
-	if n > uint64(len(b)-4)/8 {
-		return 0, ErrMalformed
-	}
-	sizes := b[4 : 4+8*n]
-	data := b[4+8*n:]
-	for i := uint64(0); i < n; i++ {
-		kl := uint64(binary.LittleEndian.Uint32(sizes[8*i:]))
-		vl := uint64(binary.LittleEndian.Uint32(sizes[8*i+4:]))
-		if kl+vl+2 > uint64(len(data)) || data[kl] != 0 || data[kl+1+vl] != 0 {
-			return 0, ErrMalformed
-		}
-		data = data[kl+vl+2:]
-	}
-	if len(data) != 0 {
-		return 0, ErrMalformed
-	}
-	return n, nil
-}
-
-// visit walks the n pairs of b, whose layout is checked.
-func visit(b []byte, n uint64, fn func(name, value []byte)) {
-	sizes := b[4 : 4+8*n]
-	data := b[4+8*n:]
-	for i := uint64(0); i < n; i++ {
-		kl := uint64(binary.LittleEndian.Uint32(sizes[8*i:]))
-		vl := uint64(binary.LittleEndian.Uint32(sizes[8*i+4:]))
-		fn(data[:kl], data[kl+1:kl+1+vl])
-		data = data[kl+vl+2:]
-	}
-}
+func Visit(b []byte, fn func(name, value []byte)) error { return pwmap.Visit(b, fn) }
