@@ -221,7 +221,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.plugin, "plugin", "build/plugin.wasm", "the plugin .wasm")
 	fs.StringVar(&s.config, "config", "examples/config.json", "the plugin's JSON configuration; read again on SIGHUP and when it changes (--watch)")
 	fs.StringVar(&s.upstream, "upstream", "", "the upstream base URL, e.g. http://127.0.0.1:9000; with --route, where the requests no route matches go")
-	fs.Var(&s.routes, "route", "[HOST]PATH=URL (repeatable): requests whose path (and :authority, when HOST is given) match go to URL; the first match in the order given wins. HOST and PATH are patterns as in the plugin's configuration, e.g. /api/**=http://127.0.0.1:9001 or admin.example.com/**=http://127.0.0.1:9002")
+	fs.Var(&s.routes, "route", "[HOST]PATH=URL[ timeout=DURATION] (repeatable): requests whose path (and :authority, when HOST is given) match go to URL; the first match in the order given wins. HOST and PATH are patterns as in the plugin's configuration, e.g. /api/**=http://127.0.0.1:9001 or admin.example.com/**=http://127.0.0.1:9002; timeout= is the route's own --upstream-timeout, e.g. '/reports/**=http://127.0.0.1:9003 timeout=2m'")
 	fs.Var(s.clusters, "cluster", "a call-out cluster NAME=URL (repeatable), e.g. sluice_bridge=http://127.0.0.1:8081, or sluice_bridge=unix:///run/sluice/bridge.sock for a bridge on a Unix socket")
 	fs.IntVar(&s.workers, "workers", defaultWorkers(), "plugin VMs (default: the CPUs the gateway may use)")
 	fs.Var(&s.failure, "failure-policy", "what requests get from a plugin VM that has failed (trapped), as Envoy's failure_policy: fail_reload (503, and a new VM at most once a second), fail_closed (503 until restart) or fail_open (pass unlimited)")
@@ -541,24 +541,28 @@ func (r *reloader) reload(ctx context.Context, always bool) {
 // newHandler is the gateway: the access log (when alog is not nil), the
 // stripped identity headers (s.strip), X-Forwarded-For, X-Forwarded-Proto
 // and X-Request-Id (connectionManager, with s.appendXFF), the plugin (when
-// host is not nil), and a reverse proxy in s.upstreamProtocol, with
-// s.upstreamTimeout: to the upstream of the first of s.routes that
-// matches, else to up (nil: none, and 404).
+// host is not nil), and a reverse proxy in s.upstreamProtocol: to the
+// upstream of the first of s.routes that matches, with the route's timeout
+// or s.upstreamTimeout, else to up with s.upstreamTimeout (nil: none, and
+// 404).
 func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.Logger, s settings) http.Handler {
-	// One pool of connections for each protocol, whatever the upstream.
-	var transports [2]http.RoundTripper
-	transport := func(http2 bool) http.RoundTripper {
-		i := 0
-		if http2 {
-			i = 1
-		}
-		if transports[i] == nil {
-			transports[i] = newUpstreamTransport(s.upstreamTimeout, http2, s.cas.clientConfig())
-		}
-		return transports[i]
+	// One pool of connections for each protocol and timeout, whatever the
+	// upstream.
+	type transportKey struct {
+		http2   bool
+		timeout time.Duration
 	}
-	to := func(u *url.URL) http.Handler {
-		proxy := func(http2 bool) http.Handler { return newProxy(u, transport(http2), logger, s) }
+	transports := map[transportKey]http.RoundTripper{}
+	transport := func(k transportKey) http.RoundTripper {
+		if transports[k] == nil {
+			transports[k] = newUpstreamTransport(k.timeout, k.http2, s.cas.clientConfig())
+		}
+		return transports[k]
+	}
+	to := func(u *url.URL, timeout time.Duration) http.Handler {
+		proxy := func(http2 bool) http.Handler {
+			return newProxy(u, transport(transportKey{http2, timeout}), timeout, logger, s)
+		}
 		var handler http.Handler
 		switch s.upstreamProtocol {
 		case upstreamHTTP2:
@@ -575,12 +579,16 @@ func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.
 	}
 	var handler http.Handler
 	if up != nil {
-		handler = to(up)
+		handler = to(up, s.upstreamTimeout)
 	}
 	if len(s.routes) > 0 {
 		rt := &router{routes: s.routes, fallback: handler}
 		for _, r := range s.routes {
-			rt.handlers = append(rt.handlers, to(r.to))
+			timeout := s.upstreamTimeout
+			if r.hasTimeout {
+				timeout = r.timeout
+			}
+			rt.handlers = append(rt.handlers, to(r.to, timeout))
 		}
 		handler = rt
 	}
@@ -597,9 +605,10 @@ func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.
 	return handler
 }
 
-// newProxy is the reverse proxy to up through transport, with the
-// gateway's forwarded headers and its answers when the upstream fails.
-func newProxy(up *url.URL, transport http.RoundTripper, logger *slog.Logger, s settings) *httputil.ReverseProxy {
+// newProxy is the reverse proxy to up through transport, whose timeout is
+// timeout, with the gateway's forwarded headers and its answers when the
+// upstream fails.
+func newProxy(up *url.URL, transport http.RoundTripper, timeout time.Duration, logger *slog.Logger, s settings) *httputil.ReverseProxy {
 	now := s.now
 	if now == nil {
 		now = time.Now
@@ -627,7 +636,7 @@ func newProxy(up *url.URL, transport http.RoundTripper, logger *slog.Logger, s s
 			e.flags = flag
 		}
 		if flag == "UT" {
-			logger.Warn("upstream timeout", "timeout", s.upstreamTimeout.String(), "path", r.URL.Path)
+			logger.Warn("upstream timeout", "timeout", timeout.String(), "path", r.URL.Path)
 		} else {
 			logger.Warn("upstream error", "err", err, "flag", flag, "path", r.URL.Path)
 		}

@@ -54,6 +54,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--route", "/a/**x=http://x"}, `"/a/**x=http://x": path: "**" must be a whole segment`},
 		{[]string{"--route", "api.example.com:8080/=http://x"}, `"api.example.com:8080/=http://x": host: host pattern must not carry a port`},
 		{[]string{"--route", "a.*.com/=http://x"}, `host: host pattern may use "*" only as a whole first label`},
+		{[]string{"--route", "/r/**=http://x timeout=soon"}, `"/r/**=http://x timeout=soon": timeout "soon": want a duration, 0 for none (60s, 1m30s)`},
+		{[]string{"--route", "/r/**=http://x timeout=-1s"}, `timeout "-1s": want a duration`},
+		{[]string{"--route", "/r/**=http://x retries=2"}, `"/r/**=http://x retries=2": unknown option "retries=2" (a route takes timeout=DURATION)`},
 		{[]string{"--validate", "--upstream", "x"}, `--upstream "x" is not an http(s) URL`},
 		{[]string{"--upstream", "ftp://x"}, "not an http(s) URL"},
 		{[]string{"--upstream", "http://x", "--cluster", "nameonly"}, "NAME=URL"},
@@ -105,7 +108,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout", "SLUICE_GATEWAY_UPSTREAM_PROTOCOL": "downstream", "SLUICE_GATEWAY_VALIDATE": "true",
 		"SLUICE_GATEWAY_SHUTDOWN_GRACE": "35s", "SLUICE_GATEWAY_WATCH": "5s", "SLUICE_GATEWAY_EMBED_BRIDGE": "sluice_bridge",
 		"SLUICE_GATEWAY_PRESERVE_EXTERNAL_REQUEST_ID": "true", "SLUICE_GATEWAY_UPSTREAM_TLS_CA": "/etc/gw/ca.pem", "SLUICE_GATEWAY_ACCESS_LOG_FORMAT": "%RESPONSE_CODE%", "SLUICE_GATEWAY_ACCESS_LOG_JSON": `{"s":"%RESPONSE_CODE%"}`,
-		"SLUICE_GATEWAY_ROUTE": "/api/**=http://127.0.0.1:9001, Admin.example.com/**=http://127.0.0.1:9002",
+		"SLUICE_GATEWAY_ROUTE": "/api/**=http://127.0.0.1:9001, Admin.example.com/**=http://127.0.0.1:9002 timeout=2m",
 	}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	s, err := parseFlags(nil, lookup, io.Discard)
@@ -120,7 +123,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		embedBridge: "sluice_bridge", preserveRequestID: true, upstreamCA: "/etc/gw/ca.pem", accessLogFormat: "%RESPONSE_CODE%", accessLogJSON: `{"s":"%RESPONSE_CODE%"}`,
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}
-	for _, r := range []string{"/api/**=http://127.0.0.1:9001", "Admin.example.com/**=http://127.0.0.1:9002"} {
+	for _, r := range []string{"/api/**=http://127.0.0.1:9001", "Admin.example.com/**=http://127.0.0.1:9002 timeout=2m"} {
 		if err := want.routes.Set(r); err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/wasmhost"
@@ -16,10 +17,15 @@ import (
 // plugin's own syntax (docs/config.md, "Value syntax"), matched by the
 // same code.
 type route struct {
-	raw  string // as given: [HOST]PATH=URL
+	raw  string // as given: [HOST]PATH=URL[ timeout=DURATION]
 	host string // a host pattern; "" for every host
 	path rules.PathPattern
 	to   *url.URL
+	// timeout is the route's own upstream timeout (0: none), as an
+	// Envoy route's timeout; without one (hasTimeout false) the route
+	// has --upstream-timeout.
+	timeout    time.Duration
+	hasTimeout bool
 }
 
 // routeFlag is --route, repeatable: the routes in the order given.
@@ -36,7 +42,20 @@ func (f *routeFlag) String() string {
 func (f *routeFlag) Set(v string) error {
 	match, target, ok := strings.Cut(v, "=")
 	if !ok || match == "" {
-		return fmt.Errorf("%q: want [HOST]PATH=URL", v)
+		return fmt.Errorf("%q: want [HOST]PATH=URL[ timeout=DURATION]", v)
+	}
+	r := route{raw: v}
+	target, opts, _ := strings.Cut(target, " ")
+	for _, o := range strings.Fields(opts) {
+		name, val, _ := strings.Cut(o, "=")
+		if name != "timeout" {
+			return fmt.Errorf("%q: unknown option %q (a route takes timeout=DURATION)", v, o)
+		}
+		d, err := time.ParseDuration(val)
+		if err != nil || d < 0 {
+			return fmt.Errorf("%q: timeout %q: want a duration, 0 for none (60s, 1m30s)", v, val)
+		}
+		r.timeout, r.hasTimeout = d, true
 	}
 	host, path := splitRouteMatch(match)
 	host = strings.ToLower(host) // as the plugin's match.hosts
@@ -53,7 +72,8 @@ func (f *routeFlag) Set(v string) error {
 	if err != nil {
 		return fmt.Errorf("%q: %w", v, err)
 	}
-	*f = append(*f, route{raw: v, host: host, path: p, to: to})
+	r.host, r.path, r.to = host, p, to
+	*f = append(*f, r)
 	return nil
 }
 

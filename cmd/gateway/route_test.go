@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSplitRouteMatch(t *testing.T) {
@@ -139,5 +142,88 @@ func TestRouter_PathThePluginLeft(t *testing.T) {
 	rt.ServeHTTP(rec, r)
 	if got != "routed" {
 		t.Errorf("answered %d, want the /new/** route", rec.Code)
+	}
+}
+
+func TestRouteFlag_Set(t *testing.T) {
+	for _, tc := range []struct {
+		in         string
+		timeout    time.Duration
+		hasTimeout bool
+	}{
+		{"/a/**=http://x", 0, false},
+		{"/a/**=http://x timeout=90s", 90 * time.Second, true},
+		{"/a/**=http://x  timeout=1m30s ", 90 * time.Second, true},
+		{"/a/**=http://x timeout=0", 0, true},
+	} {
+		var f routeFlag
+		if err := f.Set(tc.in); err != nil {
+			t.Errorf("%q: %v", tc.in, err)
+			continue
+		}
+		if r := f[0]; r.timeout != tc.timeout || r.hasTimeout != tc.hasTimeout || r.to.String() != "http://x" || r.raw != tc.in {
+			t.Errorf("%q: timeout %v (given %v), to %s, raw %q; want %v (%v)", tc.in, r.timeout, r.hasTimeout, r.to, r.raw, tc.timeout, tc.hasTimeout)
+		}
+	}
+}
+
+// A route's timeout= replaces --upstream-timeout for the requests it
+// routes, the others keep it: a route's shorter one answers 504 while
+// --upstream-timeout (a minute) is far off, and a route's longer one, or
+// its 0 (none), waits for an upstream that answers after a request with
+// --upstream-timeout's 200 ms, sent later, got its 504.
+func TestNewHandler_RouteTimeout(t *testing.T) {
+	arrived := make(chan string, 4)
+	release := make(chan struct{})
+	u := startRawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request, _ []byte) bool {
+		arrived <- req.URL.Path
+		select {
+		case <-release:
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+		case <-t.Context().Done():
+		}
+		return false
+	})
+	up := mustURL(t, "http://"+u.addr)
+	gateway := func(timeout time.Duration, routes ...string) string {
+		var f routeFlag
+		for _, r := range routes {
+			if err := f.Set(strings.Replace(r, "URL", up.String(), 1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return serveGateway(t, newHandler(up, nil, nil, discardLogger(), settings{upstreamTimeout: timeout, routes: f}))
+	}
+	get := func(addr, path string) string {
+		res, err := (&http.Client{Timeout: 30 * time.Second}).Get("http://" + addr + path) // the test's own bound
+		if err != nil {
+			return err.Error()
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return fmt.Sprintf("%d %s", res.StatusCode, b)
+	}
+
+	short := gateway(time.Minute, "/short/**=URL timeout=200ms")
+	if got := get(short, "/short/x"); got != "504 upstream request timeout" {
+		t.Errorf("a route's 200 ms under a --upstream-timeout of 1m: %s, want 504", got)
+	}
+	<-arrived
+
+	long := gateway(200*time.Millisecond, "/long/**=URL timeout=1m", "/none/**=URL timeout=0")
+	answers := make(chan string, 2)
+	for _, path := range []string{"/long/x", "/none/x"} {
+		go func() { answers <- path + ": " + get(long, path) }()
+		<-arrived // at the upstream before the request below leaves
+	}
+	if got := get(long, "/other"); got != "504 upstream request timeout" {
+		t.Errorf("no route, --upstream-timeout 200ms: %s, want 504", got)
+	}
+	<-arrived
+	close(release)
+	for range 2 {
+		if got := <-answers; !strings.HasSuffix(got, ": 200 late") {
+			t.Errorf("%s, want 200 late", got)
+		}
 	}
 }
