@@ -24,6 +24,8 @@ type metrics struct {
 	leaseCalls  *prometheus.CounterVec   // checks that only renew or return leases, by op
 	// rate limit service calls refused by the over-limit cache
 	overLimitCacheHits prometheus.Counter
+	// rate limit service configurations from --rls-xds, by result
+	rlsConfigUpdates *prometheus.CounterVec
 
 	// Children of the vectors the check path uses, looked up once: a
 	// WithLabelValues per check costs label hashing and a lock.
@@ -94,8 +96,11 @@ func newMetrics() *metrics {
 	m.overLimitCacheHits = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_bridge_rls_over_limit_cache_hits_total", Help: "Rate limit service calls refused by the over-limit cache, without a store call.",
 	})
+	m.rlsConfigUpdates = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_bridge_rls_xds_updates_total", Help: "Rate limit service configurations the --rls-xds server sent, by result (applied, refused).",
+	}, []string{"result"})
 	m.reg.MustRegister(m.checks, m.decisions, m.nearLimit, m.checkDur, m.storeDur, m.storeErrors, m.adminOps, m.idemReplays,
-		m.leaseGrants, m.leaseUnits, m.leaseCalls, m.delays, m.overLimitCacheHits,
+		m.leaseGrants, m.leaseUnits, m.leaseCalls, m.delays, m.overLimitCacheHits, m.rlsConfigUpdates,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.unitsGranted = m.leaseUnits.WithLabelValues("granted")
 	m.unitsReturned = m.leaseUnits.WithLabelValues("returned")
@@ -111,6 +116,9 @@ func newMetrics() *metrics {
 	// dashboards and alerts see the first error rather than a new series.
 	for _, op := range []string{"check", "status", "config", "reset", "ping"} {
 		m.storeErrors.WithLabelValues(op)
+	}
+	for _, r := range []string{"applied", "refused"} {
+		m.rlsConfigUpdates.WithLabelValues(r)
 	}
 	return m
 }

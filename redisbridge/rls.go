@@ -2,12 +2,14 @@ package redisbridge
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -115,7 +117,7 @@ func (s *Server) serveRLSJSON(ctx context.Context, in *checkio.Request, out *che
 		return
 	}
 	if s.rls.Load() == nil { // whatever the body: it would not be read
-		rlsJSONError(errNoRLSConfig).writeTo(out, id)
+		rlsJSONError(s.noRLSConfig()).writeTo(out, id)
 		return
 	}
 	var req rls.Request
@@ -151,7 +153,12 @@ func (s *Server) RLSConfigHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cfg := s.rls.Load()
 		if cfg == nil {
-			http.Error(w, "no rate limit service configuration (--rls-config)", http.StatusNotFound)
+			e := s.noRLSConfig()
+			code := http.StatusNotFound
+			if e.code == grpcUnavailable {
+				code = http.StatusServiceUnavailable
+			}
+			http.Error(w, e.msg, code)
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -213,7 +220,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		rlsFail(out, &rlsError{grpcInvalidArgument, "the request message: " + err.Error()})
 		return
-	case service != "" && (service != rlsService || s.rls.Load() == nil):
+	case service != "" && (service != rlsService || !s.servesRLS()):
 		rlsFail(out, &rlsError{grpcNotFound, "unknown service " + service})
 		return
 	}
@@ -221,6 +228,9 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if err := s.store.Ping(r.Context()); err != nil {
 		s.storeFailed("ping", err)
 		health = rls.NotServing
+	}
+	if s.servesRLS() && s.rls.Load() == nil {
+		health = rls.NotServing // no configuration from --rls-xds yet: every call fails
 	}
 	grpcAnswer(out, func(b []byte) []byte { return rls.AppendHealthResponse(b, health) })
 }
@@ -264,6 +274,30 @@ func (s *Server) reloadRLS(always bool) error {
 	s.rls.Store(cfg)
 	s.log.Info("rate limit service configuration reloaded", "file", s.set.RLSConfig, "domains", cfg.Domains())
 	return nil
+}
+
+// watchXDS runs the --rls-xds client until ctx ends: each response's
+// RateLimitConfig resources replace the configuration, as an edited
+// --rls-config does; a response refused leaves the running one in place,
+// and the server is told why (a NACK) as well as the log.
+func (s *Server) watchXDS(ctx context.Context, tlsConfig *tls.Config) {
+	u, _ := url.Parse(s.set.RLSXDS) // checked by Validate
+	ads := &rls.ADS{URL: u, TLS: tlsConfig, NodeID: s.set.RLSXDSNodeID, TypeURL: rls.XDSTypeURL,
+		Log: func(msg string, args ...any) { s.log.Warn(msg, args...) },
+		Apply: func(version string, resources [][]byte) error {
+			s.rlsMu.Lock()
+			defer s.rlsMu.Unlock()
+			cfg, err := rls.ParseXDS(resources, s.set.RLSMergeDomainConfig)
+			if err != nil {
+				s.m.rlsConfigUpdates.WithLabelValues("refused").Inc()
+				return fmt.Errorf("--rls-xds: %w", err)
+			}
+			s.rls.Store(cfg)
+			s.m.rlsConfigUpdates.WithLabelValues("applied").Inc()
+			s.log.Info("rate limit service configuration from the xDS server", "server", s.set.RLSXDS, "version", version, "domains", cfg.Domains())
+			return nil
+		}}
+	ads.Run(ctx)
 }
 
 // rlsReply is a call's answer.
@@ -533,8 +567,25 @@ func (p *rlsPlanned) statuses(i int, d *rules.Decision, allowed bool, set func(d
 	return had
 }
 
-// errNoRLSConfig answers every call of a bridge without --rls-config.
+// errNoRLSConfig answers every call of a bridge without --rls-config
+// or --rls-xds.
 var errNoRLSConfig = &rlsError{grpcUnimplemented, "no rate limit service configuration (--rls-config)"}
+
+// errRLSConfigPending answers the calls of a bridge whose --rls-xds
+// server has not given it a configuration yet.
+var errRLSConfigPending = &rlsError{grpcUnavailable, "no rate limit service configuration from the xDS server yet (--rls-xds)"}
+
+// noRLSConfig is the answer to a call while there is no configuration.
+func (s *Server) noRLSConfig() *rlsError {
+	if s.set.RLSXDS != "" {
+		return errRLSConfigPending
+	}
+	return errNoRLSConfig
+}
+
+// servesRLS tells whether the bridge serves the rate limit service:
+// with a configuration from files or from an xDS server.
+func (s *Server) servesRLS() bool { return s.set.RLSConfig != "" || s.set.RLSXDS != "" }
 
 // zeroLimit is a limit of 0 and the descriptor it is of.
 type zeroLimit struct {
@@ -549,7 +600,7 @@ type zeroLimit struct {
 func (s *Server) rlsPlan(req *rls.Request) (*rlsPlanned, *rlsError) {
 	cfg := s.rls.Load()
 	if cfg == nil {
-		return nil, errNoRLSConfig
+		return nil, s.noRLSConfig()
 	}
 	if len(req.Descriptors) > rules.MaxLimitsPerCheck {
 		return nil, &rlsError{grpcInvalidArgument, fmt.Sprintf("more than %d descriptors", rules.MaxLimitsPerCheck)}

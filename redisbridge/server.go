@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +42,10 @@ type Server struct {
 	rlsMu   sync.Mutex
 	rlsSeen filewatch.Seen
 	spent   *overLimitCache // nil without --rls-over-limit-cache
+	// stopXDS ends the --rls-xds client, and xdsDone is closed when it
+	// has; nil without --rls-xds.
+	stopXDS context.CancelFunc
+	xdsDone chan struct{}
 	// rlsHeaders names the RateLimit headers of --rls-response-headers
 	// (empty: rls.DefaultHeaderNames).
 	rlsHeaders [3]string
@@ -81,9 +84,16 @@ func New(set Settings) (*Server, error) {
 		}
 		s.rls.Store(cfg)
 		s.rlsSeen.Note(files, nil)
-		if set.RLSOverLimitCache > 0 {
-			s.spent = newOverLimitCache(set.RLSOverLimitCache, set.Now)
+	}
+	var xdsTLS *tls.Config
+	if set.RLSXDS != "" {
+		var err error
+		if xdsTLS, err = set.xdsTLS(); err != nil {
+			return nil, err
 		}
+	}
+	if s.servesRLS() && set.RLSOverLimitCache > 0 {
+		s.spent = newOverLimitCache(set.RLSOverLimitCache, set.Now)
 	}
 	if set.TLSCert != "" {
 		var err error
@@ -147,6 +157,15 @@ func New(set Settings) (*Server, error) {
 	}
 	s.overrides = overrides.New(ob, s.log)
 	s.handler = s.routes()
+	if set.RLSXDS != "" {
+		// Last, once nothing can fail: the client runs until Close.
+		ctx, stop := context.WithCancel(context.Background())
+		s.stopXDS, s.xdsDone = stop, make(chan struct{})
+		go func() {
+			defer close(s.xdsDone)
+			s.watchXDS(ctx, xdsTLS)
+		}()
+	}
 	return s, nil
 }
 
@@ -205,7 +224,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	fast := h1fast.New(ln, checkio.HandlerFunc(s.serveCheck))
 	fast.SetMaxAge(s.set.MaxConnectionAge)
 	var serveRLS checkio.Handler // nil: no rate limit service, and its calls go to net/http
-	if s.set.RLSConfig != "" {
+	if s.servesRLS() {
 		serveRLS = checkio.HandlerFunc(s.serveRLS)
 	}
 	s.h2 = h2fast.New(h2fast.Options{Handler: checkio.HandlerFunc(s.serveCheck), RLS: serveRLS, Handoff: fast.Give,
@@ -330,6 +349,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // Close releases the store and the audit log. Call after Shutdown.
 func (s *Server) Close() error {
+	if s.stopXDS != nil {
+		s.stopXDS()
+		<-s.xdsDone
+	}
 	s.overrides.Close()
 	if s.policy != nil {
 		s.policy.Close()
@@ -377,24 +400,9 @@ func (s *Server) storeFailed(op string, err error) {
 // loadRedisTLS reads the Redis CA and client certificate files once, at
 // start, so a bad file stops the start with the setting's name.
 func loadRedisTLS(set *Settings, ro *store.RedisOptions) error {
-	if set.RedisTLSCA != "" {
-		pemBytes, err := os.ReadFile(set.RedisTLSCA)
-		if err != nil {
-			return fmt.Errorf("--redis-tls-ca: %w", err)
-		}
-		ro.RootCAs = x509.NewCertPool()
-		if !ro.RootCAs.AppendCertsFromPEM(pemBytes) {
-			return fmt.Errorf("--redis-tls-ca: no PEM certificate in %s", set.RedisTLSCA)
-		}
-	}
-	if set.RedisTLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(set.RedisTLSCert, set.RedisTLSKey)
-		if err != nil {
-			return fmt.Errorf("--redis-tls-cert: %w", err)
-		}
-		ro.Certificates = []tls.Certificate{cert}
-	}
-	return nil
+	var err error
+	ro.RootCAs, ro.Certificates, err = clientTLSFiles("--redis-tls", set.RedisTLSCA, set.RedisTLSCert, set.RedisTLSKey)
+	return err
 }
 
 // listen listens on addr: "host:port", or "unix:///path" for a Unix socket,

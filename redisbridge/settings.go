@@ -2,11 +2,13 @@ package redisbridge
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -63,6 +65,20 @@ type Settings struct {
 	// envoyproxy/ratelimit's format: with it the bridge serves Envoy's
 	// rate limit service (gRPC, envoy.service.ratelimit.v3).
 	RLSConfig string
+	// RLSXDS is the URL of an xDS management server (http:// for gRPC in
+	// the clear, https:// over TLS) that gives the rate limit service its
+	// configuration, in RateLimitConfig resources over ADS, as it gives it
+	// to envoyproxy/ratelimit with CONFIG_TYPE=GRPC_XDS_SOTW; in place of
+	// RLSConfig.
+	RLSXDS string
+	// RLSXDSNodeID is the node the bridge says it is to that server
+	// (CONFIG_GRPC_XDS_NODE_ID); default "default", as there.
+	RLSXDSNodeID string
+	// RLSXDSCA verifies an https:// server's certificate (default: the
+	// system roots); RLSXDSCert and RLSXDSKey are the bridge's own, for a
+	// server that asks for one (CONFIG_GRPC_XDS_SERVER_TLS_CACERT,
+	// CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY).
+	RLSXDSCA, RLSXDSCert, RLSXDSKey string
 	// Watch is how often cmd/redisbridge looks at the files it serves
 	// from (RLSConfig's, TLSCert and TLSKey) and reads again those that
 	// changed, as envoyproxy/ratelimit watches its configuration
@@ -126,6 +142,7 @@ func DefaultSettings() Settings {
 		Listen: ":8081", Store: "memory", RedisTimeout: 150 * time.Millisecond, RedisPipelines: 2, RedisBatch: 128,
 		DefaultLimit: 100, DefaultWindow: time.Minute, DefaultAlgorithm: "sliding_window",
 		MemoryMaxKeys: 1_000_000, LogLevel: "info", ShutdownGrace: 10 * time.Second, Watch: time.Second, NearLimitRatio: defaultNearLimitRatio,
+		RLSXDSNodeID: "default",
 	}
 }
 
@@ -234,6 +251,11 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
 	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
+	fs.StringVar(&s.RLSXDS, "rls-xds", s.RLSXDS, "URL of an xDS management server (http:// in the clear, https:// over TLS) that gives the rate limit service its configuration, in RateLimitConfig resources over ADS, as envoyproxy/ratelimit's CONFIG_TYPE=GRPC_XDS_SOTW; in place of a configuration file")
+	fs.StringVar(&s.RLSXDSNodeID, "rls-xds-node-id", s.RLSXDSNodeID, "the node id the bridge gives that xDS server, which picks the node's resources by it")
+	fs.StringVar(&s.RLSXDSCA, "rls-xds-ca", s.RLSXDSCA, "PEM CA certificates that verify an https:// xDS server (default: the system roots)")
+	fs.StringVar(&s.RLSXDSCert, "rls-xds-cert", s.RLSXDSCert, "PEM client certificate for the xDS server (mutual TLS)")
+	fs.StringVar(&s.RLSXDSKey, "rls-xds-key", s.RLSXDSKey, "PEM key of the xDS client certificate")
 	fs.DurationVar(&s.Watch, "watch", s.Watch, "how often to look at the files of --rls-config and of the TLS pair and read again those added, removed or changed, as envoyproxy/ratelimit watches its configuration and certificate (0: only on SIGHUP)")
 	fs.StringVar(&s.RLSResponseHeaderNames, "rls-response-header-names", s.RLSResponseHeaderNames, "rate limit service: the names of the headers of --rls-response-headers, limit, remaining and reset, separated by commas (default RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset)")
 	fs.BoolVar(&s.RLSResponseHeaders, "rls-response-headers", s.RLSResponseHeaders, "rate limit service: add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer, of the descriptor closest to its limit")
@@ -316,10 +338,73 @@ func (s *Settings) Validate() error {
 	if s.Watch < 0 {
 		return errors.New("--watch: must not be negative")
 	}
+	if err := s.validateXDS(); err != nil {
+		return err
+	}
 	if s.ShutdownGrace < 0 {
 		return errors.New("--shutdown-grace: must not be negative")
 	}
 	return nil
+}
+
+// validateXDS checks the --rls-xds settings.
+func (s *Settings) validateXDS() error {
+	if s.RLSXDS == "" {
+		if s.RLSXDSCA != "" || s.RLSXDSCert != "" || s.RLSXDSKey != "" {
+			return errors.New("--rls-xds-ca, --rls-xds-cert, --rls-xds-key: only with --rls-xds")
+		}
+		return nil
+	}
+	if s.RLSConfig != "" {
+		return errors.New("--rls-xds: not with --rls-config; the configuration comes from one or the other")
+	}
+	u, err := url.Parse(s.RLSXDS)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") || (u.Path != "" && u.Path != "/") {
+		return fmt.Errorf("--rls-xds %q: want http://HOST:PORT or https://HOST:PORT", s.RLSXDS)
+	}
+	if u.Scheme == "http" && (s.RLSXDSCA != "" || s.RLSXDSCert != "") {
+		return errors.New("--rls-xds-ca, --rls-xds-cert: only with an https:// --rls-xds")
+	}
+	if (s.RLSXDSCert == "") != (s.RLSXDSKey == "") {
+		return errors.New("--rls-xds-cert, --rls-xds-key: set both or neither")
+	}
+	if s.RLSXDSNodeID == "" {
+		return errors.New("--rls-xds-node-id: empty")
+	}
+	return nil
+}
+
+// xdsTLS is the TLS configuration of an https:// --rls-xds.
+func (s *Settings) xdsTLS() (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	var err error
+	c.RootCAs, c.Certificates, err = clientTLSFiles("--rls-xds", s.RLSXDSCA, s.RLSXDSCert, s.RLSXDSKey)
+	return c, err
+}
+
+// clientTLSFiles reads a client's TLS files, those of the flags named
+// flag-ca, flag-cert and flag-key: the CAs that verify the server (nil
+// for none: the system roots) and the client's certificate (none for "").
+func clientTLSFiles(flag, ca, cert, key string) (*x509.CertPool, []tls.Certificate, error) {
+	var roots *x509.CertPool
+	if ca != "" {
+		pemBytes, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s-ca: %w", flag, err)
+		}
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pemBytes) {
+			return nil, nil, fmt.Errorf("%s-ca: no PEM certificate in %s", flag, ca)
+		}
+	}
+	if cert == "" {
+		return roots, nil, nil
+	}
+	pair, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s-cert: %w", flag, err)
+	}
+	return roots, []tls.Certificate{pair}, nil
 }
 
 // loadRLS reads --rls-config as the settings say, and returns the files
@@ -343,8 +428,9 @@ func (s *Settings) parseRLS(files map[string][]byte) (*rls.Config, error) {
 }
 
 // CheckFiles reads the files the settings name as a start reads them:
-// --rls-config's configuration, Redis's TLS files and the listener's TLS
-// pair (which net/http reads when it serves). It connects to nothing.
+// --rls-config's configuration, Redis's and the xDS server's TLS files and
+// the listener's TLS pair (which net/http reads when it serves). It
+// connects to nothing.
 func (s *Settings) CheckFiles() error {
 	if s.RLSConfig != "" {
 		if _, _, err := s.loadRLS(); err != nil {
@@ -353,6 +439,11 @@ func (s *Settings) CheckFiles() error {
 	}
 	if err := loadRedisTLS(s, &store.RedisOptions{}); err != nil {
 		return err
+	}
+	if s.RLSXDS != "" {
+		if _, err := s.xdsTLS(); err != nil {
+			return err
+		}
 	}
 	if s.TLSCert != "" {
 		if _, err := tls.LoadX509KeyPair(s.TLSCert, s.TLSKey); err != nil {

@@ -220,15 +220,22 @@ func ReadFiles(path string) (map[string][]byte, error) {
 // top is refused; without, the domain is. An error names the file and
 // the field at fault, and nothing is kept of a configuration refused.
 func Parse(files map[string][]byte, merge bool) (*Config, error) {
-	c := &Config{domains: map[string]*node{}}
-	names := make([]string, 0, len(files))
-	for name := range files {
-		names = append(names, name)
+	docs := make(map[string]func() (map[string]any, error), len(files))
+	for name, data := range files {
+		docs[name] = func() (map[string]any, error) { return readYAML(data) }
 	}
-	sort.Strings(names)
+	return build(docs, merge)
+}
+
+// build makes a configuration of documents by name, each read into the
+// tree readYAML reads a file into: Parse's files, ParseXDS's resources.
+// They are read in the order of their names.
+func build(docs map[string]func() (map[string]any, error), merge bool) (*Config, error) {
+	c := &Config{domains: map[string]*node{}}
+	names := slices.Sorted(maps.Keys(docs))
 	owner := map[string]string{}
 	for _, name := range names {
-		domain, root, err := parseFile(files[name])
+		domain, root, err := parseTree(docs[name]())
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
@@ -254,9 +261,8 @@ func Parse(files map[string][]byte, merge bool) (*Config, error) {
 	return c, nil
 }
 
-// parseFile reads one file: its domain and its tree.
-func parseFile(data []byte) (string, *node, error) {
-	top, err := readYAML(data)
+// parseTree reads one document: its domain and its tree.
+func parseTree(top map[string]any, err error) (string, *node, error) {
 	if err != nil {
 		return "", nil, err
 	}
