@@ -4,7 +4,6 @@ package redisbridge
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -16,7 +15,6 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
-	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 )
@@ -120,14 +118,7 @@ func TestLong_RLS_XDSReadAsEnvoyRatelimit(t *testing.T) {
 	bin := envoyRatelimitBinary(t)
 	rs := redistest.Start(t)
 	ads := &snapshotADS{changed: make(chan struct{}), heard: make(chan struct{}), said: map[string]map[string]string{}}
-	srv := grpc.NewServer()
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, ads)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
+	addr := serveADS(t, ads, nil)
 
 	limit := func(u rlsconf.RateLimitUnit, n uint32) *rlsconf.RateLimitPolicy {
 		return &rlsconf.RateLimitPolicy{Unit: u, RequestsPerUnit: n}
@@ -167,10 +158,10 @@ func TestLong_RLS_XDSReadAsEnvoyRatelimit(t *testing.T) {
 	}
 	ads.set(t, "0", versions[0].resources...)
 	them := startEnvoyRatelimit(t, bin, rs.Addr, nil, "CONFIG_TYPE=GRPC_XDS_SOTW",
-		"CONFIG_GRPC_XDS_SERVER_URL="+ln.Addr().String(), "CONFIG_GRPC_XDS_NODE_ID=ratelimit")
+		"CONFIG_GRPC_XDS_SERVER_URL="+addr, "CONFIG_GRPC_XDS_NODE_ID=ratelimit")
 	set := DefaultSettings()
 	set.Store, set.RedisURL = "redis", rs.URL
-	set.RLSXDS, set.RLSXDSNodeID = "http://"+ln.Addr().String(), "bridge"
+	set.RLSXDS, set.RLSXDSNodeID = "http://"+addr, "bridge"
 	bridge := startServer(t, set)
 	dump := func(which string) string {
 		var body string

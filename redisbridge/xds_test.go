@@ -62,24 +62,30 @@ func (f *fakeADS) StreamAggregatedResources(st discoveryv3.AggregatedDiscoverySe
 	}
 }
 
-// startADS serves a fakeADS on a loopback port until t ends, in the
-// clear, or over TLS with creds; it returns the server and its address.
+// startADS serves a fakeADS (serveADS) and returns it and its address.
 func startADS(t *testing.T, creds credentials.TransportCredentials) (*fakeADS, string) {
 	t.Helper()
 	f := &fakeADS{responses: make(chan *discoveryv3.DiscoveryResponse), requests: make(chan *discoveryv3.DiscoveryRequest, 16), end: make(chan struct{})}
+	return f, serveADS(t, f, creds)
+}
+
+// serveADS serves ads on a loopback port until t ends, in the clear, or
+// over TLS with creds, and returns its address.
+func serveADS(t *testing.T, ads discoveryv3.AggregatedDiscoveryServiceServer, creds credentials.TransportCredentials) string {
+	t.Helper()
 	var opts []grpc.ServerOption
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
 	srv := grpc.NewServer(opts...)
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, f)
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, ads)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	go srv.Serve(ln)
 	t.Cleanup(srv.Stop)
-	return f, ln.Addr().String()
+	return ln.Addr().String()
 }
 
 // xdsResponse is a response of version with resources, its nonce "n" and
