@@ -169,6 +169,10 @@ func TestServer_RLSFromXDS(t *testing.T) {
 	if got := dump(); got != "503 no rate limit service configuration from the xDS server yet (--rls-xds)" {
 		t.Errorf("before any configuration, /rlconfig: %s", got)
 	}
+	if r := do(t, nil, "POST", ts.URL+"/json", `{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}`); r.status != 503 ||
+		!strings.Contains(string(r.body), "SERVICE_UNAVAILABLE") {
+		t.Errorf("POST /json before any configuration: %d %s, want 503", r.status, r.body)
+	}
 	health := healthpb.NewHealthClient(grpcConn(t, bridge))
 	healthOf := func() string {
 		var out []string
