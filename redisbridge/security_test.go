@@ -223,6 +223,12 @@ func newTestCA(t *testing.T) *testCA {
 // the CA, and its key, as PEM files in dir.
 func (ca *testCA) issue(t *testing.T, dir, name string) (certFile, keyFile string) {
 	t.Helper()
+	return ca.issueFor(t, dir, name, []net.IP{net.IPv4(127, 0, 0, 1)}, "localhost")
+}
+
+// issueFor is issue of a certificate for ips and dnsNames only.
+func (ca *testCA) issueFor(t *testing.T, dir, name string, ips []net.IP, dnsNames ...string) (certFile, keyFile string) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +238,7 @@ func (ca *testCA) issue(t *testing.T, dir, name string) (certFile, keyFile strin
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
+		IPAddresses: ips, DNSNames: dnsNames,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {

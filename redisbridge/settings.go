@@ -79,6 +79,9 @@ type Settings struct {
 	// server that asks for one (CONFIG_GRPC_XDS_SERVER_TLS_CACERT,
 	// CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY).
 	RLSXDSCA, RLSXDSCert, RLSXDSKey string
+	// RLSXDSServerName is the name an https:// server's certificate must
+	// have, when not the URL's host (CONFIG_GRPC_XDS_SERVER_TLS_SAN).
+	RLSXDSServerName string
 	// Watch is how often cmd/redisbridge looks at the files it serves
 	// from (RLSConfig's, TLSCert and TLSKey) and reads again those that
 	// changed, as envoyproxy/ratelimit watches its configuration
@@ -256,6 +259,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.RLSXDSCA, "rls-xds-ca", s.RLSXDSCA, "PEM CA certificates that verify an https:// xDS server (default: the system roots)")
 	fs.StringVar(&s.RLSXDSCert, "rls-xds-cert", s.RLSXDSCert, "PEM client certificate for the xDS server (mutual TLS)")
 	fs.StringVar(&s.RLSXDSKey, "rls-xds-key", s.RLSXDSKey, "PEM key of the xDS client certificate")
+	fs.StringVar(&s.RLSXDSServerName, "rls-xds-server-name", s.RLSXDSServerName, "the name the xDS server's certificate must have (default: the --rls-xds URL's host)")
 	fs.DurationVar(&s.Watch, "watch", s.Watch, "how often to look at the files of --rls-config and of the TLS pair and read again those added, removed or changed, as envoyproxy/ratelimit watches its configuration and certificate (0: only on SIGHUP)")
 	fs.StringVar(&s.RLSResponseHeaderNames, "rls-response-header-names", s.RLSResponseHeaderNames, "rate limit service: the names of the headers of --rls-response-headers, limit, remaining and reset, separated by commas (default RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset)")
 	fs.BoolVar(&s.RLSResponseHeaders, "rls-response-headers", s.RLSResponseHeaders, "rate limit service: add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer, of the descriptor closest to its limit")
@@ -350,8 +354,8 @@ func (s *Settings) Validate() error {
 // validateXDS checks the --rls-xds settings.
 func (s *Settings) validateXDS() error {
 	if s.RLSXDS == "" {
-		if s.RLSXDSCA != "" || s.RLSXDSCert != "" || s.RLSXDSKey != "" {
-			return errors.New("--rls-xds-ca, --rls-xds-cert, --rls-xds-key: only with --rls-xds")
+		if s.RLSXDSCA != "" || s.RLSXDSCert != "" || s.RLSXDSKey != "" || s.RLSXDSServerName != "" {
+			return errors.New("--rls-xds-ca, --rls-xds-cert, --rls-xds-key, --rls-xds-server-name: only with --rls-xds")
 		}
 		return nil
 	}
@@ -362,8 +366,8 @@ func (s *Settings) validateXDS() error {
 	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") || (u.Path != "" && u.Path != "/") {
 		return fmt.Errorf("--rls-xds %q: want http://HOST:PORT or https://HOST:PORT", s.RLSXDS)
 	}
-	if u.Scheme == "http" && (s.RLSXDSCA != "" || s.RLSXDSCert != "") {
-		return errors.New("--rls-xds-ca, --rls-xds-cert: only with an https:// --rls-xds")
+	if u.Scheme == "http" && (s.RLSXDSCA != "" || s.RLSXDSCert != "" || s.RLSXDSServerName != "") {
+		return errors.New("--rls-xds-ca, --rls-xds-cert, --rls-xds-server-name: only with an https:// --rls-xds")
 	}
 	if (s.RLSXDSCert == "") != (s.RLSXDSKey == "") {
 		return errors.New("--rls-xds-cert, --rls-xds-key: set both or neither")
@@ -376,7 +380,7 @@ func (s *Settings) validateXDS() error {
 
 // xdsTLS is the TLS configuration of an https:// --rls-xds.
 func (s *Settings) xdsTLS() (*tls.Config, error) {
-	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: s.RLSXDSServerName}
 	var err error
 	c.RootCAs, c.Certificates, err = clientTLSFiles("--rls-xds", s.RLSXDSCA, s.RLSXDSCert, s.RLSXDSKey)
 	return c, err

@@ -254,6 +254,46 @@ func TestServer_RLSFromXDSOverTLS(t *testing.T) {
 	wantRequest(t, nextRequest(t, ads), "1", "n1", "")
 }
 
+// A server whose certificate names it otherwise than the URL's host (here
+// only xds.internal, reached at 127.0.0.1) is verified by that name with
+// --rls-xds-server-name; without it, the handshake fails and the server
+// hears nothing.
+func TestServer_RLSFromXDSServerName(t *testing.T) {
+	ca := newTestCA(t)
+	dir := t.TempDir()
+	pair, err := tls.LoadX509KeyPair(ca.issueFor(t, dir, "xds", nil, "xds.internal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"", "xds.internal"} {
+		handshakes := make(chan error, 16)
+		ads, addr := startADS(t, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair},
+			VerifyConnection: func(tls.ConnectionState) error { handshakes <- nil; return nil }}))
+		set := testSettings()
+		set.RLSXDS, set.RLSXDSNodeID, set.RLSXDSCA, set.RLSXDSServerName = "https://"+addr, "node-1", caFile, name
+		startServer(t, set)
+		if name != "" {
+			wantRequest(t, nextRequest(t, ads), "", "", "")
+			continue
+		}
+		// The client refuses the certificate after the server's part of the
+		// handshake: the server saw a connection, and no request follows
+		// it before the next attempt.
+		<-handshakes
+		select {
+		case r := <-ads.requests:
+			t.Errorf("without --rls-xds-server-name, the server heard %v", r)
+		case <-handshakes: // the next attempt, after the backoff
+		case <-time.After(10 * time.Second):
+			t.Fatal("without --rls-xds-server-name: no request and no new attempt in 10 s")
+		}
+	}
+}
+
 // The --rls-xds settings refused, with the flag at fault.
 func TestSettings_ValidateXDS(t *testing.T) {
 	for _, tc := range []struct {
@@ -263,7 +303,8 @@ func TestSettings_ValidateXDS(t *testing.T) {
 		{func(s *Settings) { s.RLSXDS = "xds.example:18000" }, `--rls-xds "xds.example:18000": want http://HOST:PORT or https://HOST:PORT`},
 		{func(s *Settings) { s.RLSXDS = "http://xds:1/path" }, "want http://HOST:PORT"},
 		{func(s *Settings) { s.RLSXDS, s.RLSConfig = "http://xds:1", "r.yaml" }, "--rls-xds: not with --rls-config"},
-		{func(s *Settings) { s.RLSXDS, s.RLSXDSCA = "http://xds:1", "ca.pem" }, "--rls-xds-ca, --rls-xds-cert: only with an https:// --rls-xds"},
+		{func(s *Settings) { s.RLSXDS, s.RLSXDSCA = "http://xds:1", "ca.pem" }, "--rls-xds-ca, --rls-xds-cert, --rls-xds-server-name: only with an https:// --rls-xds"},
+		{func(s *Settings) { s.RLSXDS, s.RLSXDSServerName = "http://xds:1", "xds" }, "only with an https:// --rls-xds"},
 		{func(s *Settings) { s.RLSXDSCert = "c.pem" }, "only with --rls-xds"},
 		{func(s *Settings) { s.RLSXDS, s.RLSXDSCert = "https://xds:1", "c.pem" }, "--rls-xds-cert, --rls-xds-key: set both or neither"},
 		{func(s *Settings) { s.RLSXDS, s.RLSXDSNodeID = "https://xds:1", "" }, "--rls-xds-node-id: empty"},
