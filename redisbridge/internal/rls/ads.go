@@ -112,6 +112,9 @@ func (a *ADS) stream(ctx context.Context, tr *http2.Transport, accepted *string)
 				return
 			case m := <-send:
 				if _, err := pw.Write(m); err != nil {
+					// The request side is gone: end the stream, rather than
+					// read responses it can no longer acknowledge.
+					cancel()
 					return
 				}
 			}
