@@ -283,7 +283,11 @@ func TestServer_RLSFromXDSServerName(t *testing.T) {
 		// The client refuses the certificate after the server's part of the
 		// handshake: the server saw a connection, and no request follows
 		// it before the next attempt.
-		<-handshakes
+		select {
+		case <-handshakes:
+		case <-time.After(10 * time.Second):
+			t.Fatal("without --rls-xds-server-name: no handshake in 10 s")
+		}
 		select {
 		case r := <-ads.requests:
 			t.Errorf("without --rls-xds-server-name, the server heard %v", r)
