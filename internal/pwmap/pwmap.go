@@ -66,8 +66,27 @@ func Len(b []byte) (int, error) {
 // whole layout is checked: fn never sees part of a malformed map.
 func Visit(b []byte, fn func(name, value []byte)) error {
 	n, err := Len(b)
+	if err == nil {
+		walk(b, n, fn)
+	}
+	return err
+}
+
+// Pairs returns a copy of the pairs of b; nil for the empty map.
+func Pairs(b []byte) ([][2]string, error) {
+	n, err := Len(b)
 	if err != nil || n == 0 {
-		return err
+		return nil, err
+	}
+	out := make([][2]string, 0, n)
+	walk(b, n, func(k, v []byte) { out = append(out, [2]string{string(k), string(v)}) })
+	return out, nil
+}
+
+// walk calls fn with the n pairs of b, whose layout Len has checked.
+func walk(b []byte, n int, fn func(name, value []byte)) {
+	if n == 0 {
+		return
 	}
 	sizes := b[4 : 4+8*n]
 	data := b[4+8*n:]
@@ -77,5 +96,4 @@ func Visit(b []byte, fn func(name, value []byte)) error {
 		fn(data[:kl], data[kl+1:kl+1+vl])
 		data = data[kl+vl+2:]
 	}
-	return nil
 }

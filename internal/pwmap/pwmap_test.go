@@ -100,8 +100,8 @@ func decode(b []byte) ([][2]string, bool) {
 	return out, true
 }
 
-// FuzzVisit: Visit reads what the plain reading does, or refuses what it
-// refuses, and Append writes a map back as it was.
+// FuzzVisit: Visit and Pairs read what the plain reading does, or refuse
+// what it refuses, and Append writes a map back as it was.
 func FuzzVisit(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0, 0, 0, 0})
@@ -114,6 +114,9 @@ func FuzzVisit(f *testing.F) {
 		n, lerr := Len(b)
 		if (err == nil) != ok || (lerr == nil) != ok || !reflect.DeepEqual(got, want) || (ok && n != len(want)) {
 			t.Fatalf("%v: Visit %v, %v; Len %d, %v; want %v, map %v", b, got, err, n, lerr, want, ok)
+		}
+		if p, perr := Pairs(b); (perr == nil) != ok || !reflect.DeepEqual(p, want) {
+			t.Fatalf("%v: Pairs %v, %v; want %v, map %v", b, p, perr, want, ok)
 		}
 		if ok && len(want) > 0 && !bytes.Equal(Append(nil, want), b) {
 			t.Fatalf("%v: written back as %v", b, Append(nil, want))

@@ -22,15 +22,7 @@ func AppendHeaderMap(dst []byte, headers [][2]string) []byte { return pwmap.Appe
 func VisitHeaderMap(b []byte, fn func(name, value []byte)) error { return pwmap.Visit(b, fn) }
 
 // ParseHeaderMap returns a copy of the pairs of a serialized map.
-func ParseHeaderMap(b []byte) ([][2]string, error) {
-	n, err := pwmap.Len(b)
-	if err != nil || n == 0 {
-		return nil, err
-	}
-	out := make([][2]string, 0, n)
-	_ = pwmap.Visit(b, func(k, v []byte) { out = append(out, [2]string{string(k), string(v)}) })
-	return out, nil
-}
+func ParseHeaderMap(b []byte) ([][2]string, error) { return pwmap.Pairs(b) }
 
 // HeaderMapView is a serialized header map as the host handed it out,
 // validated and indexed in one pass, for lookups that need no further host

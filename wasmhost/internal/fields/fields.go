@@ -80,13 +80,11 @@ var ErrMalformed = pwmap.ErrMalformed
 // Parse decodes a serialized map that came from guest memory, its names
 // lower-cased. Empty input and a single zero byte are both the empty map.
 func Parse(b []byte) (Map, error) {
-	n, err := pwmap.Len(b)
-	if err != nil || n == 0 {
-		return nil, err
+	m, err := pwmap.Pairs(b)
+	for i := range m {
+		m[i][0] = strings.ToLower(m[i][0])
 	}
-	m := make(Map, 0, n)
-	_ = pwmap.Visit(b, func(k, v []byte) { m = append(m, [2]string{strings.ToLower(string(k)), string(v)}) })
-	return m, nil
+	return m, err
 }
 
 // Visit calls fn with each pair of a serialized map that came from guest
