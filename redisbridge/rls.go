@@ -154,11 +154,7 @@ func (s *Server) RLSConfigHandler() http.Handler {
 		cfg := s.rls.Load()
 		if cfg == nil {
 			e := s.noRLSConfig()
-			code := http.StatusNotFound
-			if e.code == grpcUnavailable {
-				code = http.StatusServiceUnavailable
-			}
-			http.Error(w, e.msg, code)
+			http.Error(w, e.msg, rlsJSONError(e).status) // 404, or 503 while --rls-xds has given none yet
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -282,8 +278,7 @@ func (s *Server) reloadRLS(always bool) error {
 // and the server is told why (a NACK) as well as the log.
 func (s *Server) watchXDS(ctx context.Context, tlsConfig *tls.Config) {
 	u, _ := url.Parse(s.set.RLSXDS) // checked by Validate
-	ads := &rls.ADS{URL: u, TLS: tlsConfig, NodeID: s.set.RLSXDSNodeID, TypeURL: rls.XDSTypeURL,
-		Log: func(msg string, args ...any) { s.log.Warn(msg, args...) },
+	ads := &rls.ADS{URL: u, TLS: tlsConfig, NodeID: s.set.RLSXDSNodeID, TypeURL: rls.XDSTypeURL, Logger: s.log,
 		Apply: func(version string, resources [][]byte) error {
 			s.rlsMu.Lock()
 			defer s.rlsMu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -38,9 +39,9 @@ type ADS struct {
 	// Apply takes the version of a response and the values of its
 	// resources (protobuf); an error refuses them.
 	Apply func(version string, resources [][]byte) error
-	// Log is told of each stream that ends, with why, and of each
-	// response refused (Apply's error).
-	Log func(msg string, args ...any)
+	// Logger gets a warning for each stream that ends, with why, and for
+	// each response refused (Apply's error).
+	Logger *slog.Logger
 	// MinBackoff and MaxBackoff bound the wait before a new stream (0:
 	// 500 ms and 30 s); it doubles from one failed stream to the next, and
 	// starts again from MinBackoff once a stream brought a response.
@@ -83,7 +84,7 @@ func (a *ADS) Run(ctx context.Context) {
 			backoff = minB
 		}
 		wait := backoff/2 + rand.N(backoff/2+1) // jittered, so that bridges do not come back together
-		a.Log("xDS stream ended; a new one follows", "server", a.URL.String(), "err", err, "in", wait.String())
+		a.Logger.Warn("xDS stream ended; a new one follows", "server", a.URL.String(), "err", err, "in", wait.String())
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -155,7 +156,7 @@ func (a *ADS) stream(ctx context.Context, tr *http2.Transport, accepted *string)
 		}
 		var next []byte
 		if err != nil {
-			a.Log("xDS response refused; the configuration in use stays", "server", a.URL.String(), "version", version, "err", err)
+			a.Logger.Warn("xDS response refused; the configuration in use stays", "server", a.URL.String(), "version", version, "err", err)
 			next = a.request(*accepted, nonce, err.Error())
 		} else {
 			*accepted = version
