@@ -2,17 +2,10 @@ package redisbridge
 
 import (
 	"bufio"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/tlsfiles/tlsfilestest"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -190,82 +184,14 @@ func TestSecurity_CheckToken(t *testing.T) {
 	}
 }
 
-// testCA is a throwaway certificate authority.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-	pool *x509.CertPool
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sluice test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	ca := &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pool: x509.NewCertPool()}
-	ca.pool.AddCert(cert)
-	return ca
-}
-
-// issue writes a server certificate for 127.0.0.1 and localhost, signed by
-// the CA, and its key, as PEM files in dir.
-func (ca *testCA) issue(t *testing.T, dir, name string) (certFile, keyFile string) {
-	t.Helper()
-	return ca.issueFor(t, dir, name, []net.IP{net.IPv4(127, 0, 0, 1)}, "localhost")
-}
-
-// issueFor is issue of a certificate for ips and dnsNames only.
-func (ca *testCA) issueFor(t *testing.T, dir, name string, ips []net.IP, dnsNames ...string) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: ips, DNSNames: dnsNames,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
-}
-
 // TestSecurity_TLSListener: with --tls-cert and --tls-key the bridge
 // serves HTTPS (h2 and HTTP/1.1) with a certificate clients verify, and
 // refuses cleartext HTTP, h2c and old TLS versions without deciding
 // anything.
 func TestSecurity_TLSListener(t *testing.T) {
-	ca := newTestCA(t)
+	ca := tlsfilestest.NewCA(t)
 	set := testSettings()
-	set.TLSCert, set.TLSKey = ca.issue(t, t.TempDir(), "bridge")
+	set.TLSCert, set.TLSKey = ca.Issue(t, t.TempDir(), "bridge")
 	ts := startServer(t, set)
 	addr := strings.TrimPrefix(ts.URL, "http://")
 	key := "rl:{u:tls}:x"
@@ -288,7 +214,7 @@ func TestSecurity_TLSListener(t *testing.T) {
 	// A client that does not trust the CA, and one limited to TLS 1.1.
 	for what, cfg := range map[string]*tls.Config{
 		"untrusted certificate": {},
-		"TLS 1.1":               {RootCAs: ca.pool, MaxVersion: tls.VersionTLS11},
+		"TLS 1.1":               {RootCAs: ca.Pool, MaxVersion: tls.VersionTLS11},
 	} {
 		c := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
 		if r, err := c.Post("https://"+addr+"/v1/rate-limit/check", "application/json", strings.NewReader(check)); err == nil {
@@ -304,8 +230,8 @@ func TestSecurity_TLSListener(t *testing.T) {
 		tr    *http.Transport
 		proto int
 	}{
-		{"h2", &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool}, ForceAttemptHTTP2: true}, 2},
-		{"http/1.1", &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool, NextProtos: []string{"http/1.1"}}, TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{}}, 1},
+		{"h2", &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}, ForceAttemptHTTP2: true}, 2},
+		{"http/1.1", &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, NextProtos: []string{"http/1.1"}}, TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{}}, 1},
 	} {
 		t.Cleanup(tc.tr.CloseIdleConnections) // before the bridge's shutdown: see h2cClient
 		r, err := (&http.Client{Transport: tc.tr}).Post("https://"+addr+"/v1/rate-limit/check", "application/json", strings.NewReader(check))
@@ -323,18 +249,16 @@ func TestSecurity_TLSListener(t *testing.T) {
 
 // startTLSRedis starts a redis-server that listens only with TLS, with a
 // certificate from ca, and stops it when t ends.
-func startTLSRedis(t *testing.T, ca *testCA) string { return startTLSRedisAuth(t, ca, false) }
+func startTLSRedis(t *testing.T, ca *tlsfilestest.CA) string { return startTLSRedisAuth(t, ca, false) }
 
 // startTLSRedisAuth starts a TLS-only redis-server; with authClients it
 // also requires a client certificate signed by ca (mutual TLS).
-func startTLSRedisAuth(t *testing.T, ca *testCA, authClients bool) string {
+func startTLSRedisAuth(t *testing.T, ca *tlsfilestest.CA, authClients bool) string {
 	t.Helper()
 	dir := t.TempDir()
-	certFile, keyFile := ca.issue(t, dir, "redis")
+	certFile, keyFile := ca.Issue(t, dir, "redis")
 	caFile := filepath.Join(dir, "ca.crt")
-	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	ca.WriteCert(t, caFile)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -352,9 +276,9 @@ func startTLSRedisAuth(t *testing.T, ca *testCA, authClients bool) string {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	deadline := time.Now().Add(10 * time.Second)
-	probe := &tls.Config{RootCAs: ca.pool}
+	probe := &tls.Config{RootCAs: ca.Pool}
 	if authClients {
-		cf, kf := ca.issue(t, dir, "probe")
+		cf, kf := ca.Issue(t, dir, "probe")
 		pair, err := tls.LoadX509KeyPair(cf, kf)
 		if err != nil {
 			t.Fatal(err)
@@ -393,24 +317,22 @@ func TestSecurity_RedisTLS(t *testing.T) {
 		expectStore(t, u, 200)
 		return
 	}
-	ca := newTestCA(t)
+	ca := tlsfilestest.NewCA(t)
 	addr := startTLSRedis(t, ca)
 	url := "rediss://" + addr + "/0"
 	t.Run("untrusted CA", func(t *testing.T) { expectStore(t, url, 503) })
 	t.Run("skip_verify", func(t *testing.T) { expectStore(t, url+"?skip_verify=true", 200) })
 	t.Run("cleartext URL", func(t *testing.T) { expectStore(t, "redis://"+addr+"/0", 503) })
 	dir := t.TempDir()
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	caFile := filepath.Join(dir, "ca.PEM")
+	ca.WriteCert(t, caFile)
 	t.Run("CA in --redis-tls-ca", func(t *testing.T) {
 		expectStoreWith(t, url, 200, func(s *Settings) { s.RedisTLSCA = caFile })
 	})
 	t.Run("mutual TLS", func(t *testing.T) {
 		mtls := "rediss://" + startTLSRedisAuth(t, ca, true) + "/0"
 		expectStoreWith(t, mtls, 503, func(s *Settings) { s.RedisTLSCA = caFile })
-		cert, key := ca.issue(t, dir, "bridge")
+		cert, key := ca.Issue(t, dir, "bridge")
 		expectStoreWith(t, mtls, 200, func(s *Settings) { s.RedisTLSCA, s.RedisTLSCert, s.RedisTLSKey = caFile, cert, key })
 	})
 	t.Run("bad settings stop the start", func(t *testing.T) {
@@ -419,7 +341,7 @@ func TestSecurity_RedisTLS(t *testing.T) {
 			want string
 		}{
 			{func(s *Settings) { s.RedisTLSCA = filepath.Join(dir, "missing.pem") }, "--redis-tls-ca"},
-			{func(s *Settings) { s.RedisTLSCA = filepath.Join(dir, "ca.pem"); s.RedisURL = "redis://" + addr }, "--redis-tls-ca"},
+			{func(s *Settings) { s.RedisTLSCA = filepath.Join(dir, "ca.PEM"); s.RedisURL = "redis://" + addr }, "--redis-tls-ca"},
 			{func(s *Settings) { s.RedisTLSCert = caFile }, "--redis-tls-cert, --redis-tls-key"},
 		} {
 			set := testSettings()
@@ -431,10 +353,8 @@ func TestSecurity_RedisTLS(t *testing.T) {
 		}
 	})
 	t.Run("CA in SSL_CERT_FILE", func(t *testing.T) {
-		caFile := filepath.Join(t.TempDir(), "ca.pem")
-		if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		caFile := filepath.Join(t.TempDir(), "ca.PEM")
+		ca.WriteCert(t, caFile)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestSecurity_RedisTLS$", "-test.count=1", "-test.v")
 		cmd.Env = append(os.Environ(), redissChildURL+"="+url, "SSL_CERT_FILE="+caFile, "SSL_CERT_DIR="+t.TempDir())
 		out, err := cmd.CombinedOutput()
@@ -560,17 +480,17 @@ func TestSecurity_RedisACL(t *testing.T) {
 // certificate; a pair that does not load leaves the served one, logged
 // once; unchanged files are not read again into a new pair.
 func TestSecurity_TLSReload(t *testing.T) {
-	ca := newTestCA(t)
+	ca := tlsfilestest.NewCA(t)
 	dir := t.TempDir()
 	var logs logLines
 	set := testSettings()
 	set.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	set.TLSCert, set.TLSKey = ca.issue(t, dir, "bridge")
+	set.TLSCert, set.TLSKey = ca.Issue(t, dir, "bridge")
 	ts := startServer(t, set)
 	addr := strings.TrimPrefix(ts.URL, "http://")
 	served := func() string {
 		t.Helper()
-		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.pool, ServerName: "localhost"})
+		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.Pool, ServerName: "localhost"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -593,7 +513,7 @@ func TestSecurity_TLSReload(t *testing.T) {
 		}
 	}
 	step("nothing changed", ts.ReloadChanged, false, "bridge", 0, 0)
-	renewed, renewedKey := ca.issue(t, t.TempDir(), "renewed")
+	renewed, renewedKey := ca.Issue(t, t.TempDir(), "renewed")
 	for _, f := range [][2]string{{renewed, set.TLSCert}, {renewedKey, set.TLSKey}} {
 		b, err := os.ReadFile(f[0])
 		if err != nil {
@@ -604,7 +524,7 @@ func TestSecurity_TLSReload(t *testing.T) {
 		}
 	}
 	step("renewed", ts.ReloadChanged, false, "renewed", 1, 0)
-	other, _ := ca.issue(t, t.TempDir(), "other")
+	other, _ := ca.Issue(t, t.TempDir(), "other")
 	b, err := os.ReadFile(other)
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/sluicehq/sluice/internal/tlsfiles/tlsfilestest"
 	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 )
 
@@ -232,22 +232,20 @@ func TestServer_RLSFromXDS(t *testing.T) {
 // and shows its own certificate (--rls-xds-cert, --rls-xds-key) to a
 // server that asks for one.
 func TestServer_RLSFromXDSOverTLS(t *testing.T) {
-	ca := newTestCA(t)
+	ca := tlsfilestest.NewCA(t)
 	dir := t.TempDir()
-	serverCert, serverKey := ca.issue(t, dir, "xds")
+	serverCert, serverKey := ca.Issue(t, dir, "xds")
 	pair, err := tls.LoadX509KeyPair(serverCert, serverKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ads, addr := startADS(t, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: ca.pool,
+	ads, addr := startADS(t, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: ca.Pool,
 		ClientAuth: tls.RequireAndVerifyClientCert}))
 	set := testSettings()
 	set.RLSXDS, set.RLSXDSNodeID = "https://"+addr, "node-1"
-	set.RLSXDSCA = filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(set.RLSXDSCA, ca.pem, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	set.RLSXDSCert, set.RLSXDSKey = ca.issue(t, dir, "bridge")
+	set.RLSXDSCA = filepath.Join(dir, "ca.PEM")
+	ca.WriteCert(t, set.RLSXDSCA)
+	set.RLSXDSCert, set.RLSXDSKey = ca.Issue(t, dir, "bridge")
 	startServer(t, set)
 	wantRequest(t, nextRequest(t, ads), "", "", "")
 	ads.responses <- xdsResponse(t, "1", oneLimit(1))
@@ -259,16 +257,14 @@ func TestServer_RLSFromXDSOverTLS(t *testing.T) {
 // --rls-xds-server-name; without it, the handshake fails and the server
 // hears nothing.
 func TestServer_RLSFromXDSServerName(t *testing.T) {
-	ca := newTestCA(t)
+	ca := tlsfilestest.NewCA(t)
 	dir := t.TempDir()
-	pair, err := tls.LoadX509KeyPair(ca.issueFor(t, dir, "xds", nil, "xds.internal"))
+	pair, err := tls.LoadX509KeyPair(ca.IssueFor(t, dir, "xds", nil, "xds.internal"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	caFile := filepath.Join(dir, "ca.PEM")
+	ca.WriteCert(t, caFile)
 	for _, name := range []string{"", "xds.internal"} {
 		handshakes := make(chan error, 16)
 		ads, addr := startADS(t, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair},
@@ -307,7 +303,7 @@ func TestSettings_ValidateXDS(t *testing.T) {
 		{func(s *Settings) { s.RLSXDS = "xds.example:18000" }, `--rls-xds "xds.example:18000": want http://HOST:PORT or https://HOST:PORT`},
 		{func(s *Settings) { s.RLSXDS = "http://xds:1/path" }, "want http://HOST:PORT"},
 		{func(s *Settings) { s.RLSXDS, s.RLSConfig = "http://xds:1", "r.yaml" }, "--rls-xds: not with --rls-config"},
-		{func(s *Settings) { s.RLSXDS, s.RLSXDSCA = "http://xds:1", "ca.pem" }, "--rls-xds-ca, --rls-xds-cert, --rls-xds-server-name: only with an https:// --rls-xds"},
+		{func(s *Settings) { s.RLSXDS, s.RLSXDSCA = "http://xds:1", "ca.PEM" }, "--rls-xds-ca, --rls-xds-cert, --rls-xds-server-name: only with an https:// --rls-xds"},
 		{func(s *Settings) { s.RLSXDS, s.RLSXDSServerName = "http://xds:1", "xds" }, "only with an https:// --rls-xds"},
 		{func(s *Settings) { s.RLSXDSCert = "c.pem" }, "only with --rls-xds"},
 		{func(s *Settings) { s.RLSXDS, s.RLSXDSCert = "https://xds:1", "c.pem" }, "--rls-xds-cert, --rls-xds-key: set both or neither"},

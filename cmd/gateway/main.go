@@ -203,7 +203,7 @@ type settings struct {
 	embedBridge                      string
 	preserveRequestID                bool
 	upstreamCA                       string
-	cas                              *trustedCAs      // upstreamCA's certificates, read again on SIGHUP and --watch
+	cas                              *tlsfiles.CAs    // upstreamCA's certificates, read again on SIGHUP and --watch
 	now                              func() time.Time // tests: the clock of upstream service times; default time.Now
 }
 
@@ -356,7 +356,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		return fmt.Errorf("--config: %w", err)
 	}
 	if s.upstreamCA != "" {
-		if s.cas, err = loadTrustedCAs(s.upstreamCA); err != nil {
+		if s.cas, err = tlsfiles.LoadCAs("--upstream-tls-ca", s.upstreamCA); err != nil {
 			return err
 		}
 	}
@@ -391,7 +391,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	opts := wasmhost.Options{
 		Workers: s.workers, PluginConfig: cfg, RootID: "sluice", Clusters: s.clusters,
 		Logger: logger, FailurePolicy: s.failure.FailurePolicy, LogLevel: hostLevel,
-		Environment: s.env.environment(os.LookupEnv), TLSClientConfig: s.cas.clientConfig(),
+		Environment: s.env.environment(os.LookupEnv), TLSClientConfig: s.cas.ClientConfig(),
 	}
 	var bridge http.Handler // the embedded bridge's API, for the admin address
 	if s.embedBridge != "" {
@@ -506,7 +506,7 @@ type reloader struct {
 	config string
 	seen   filewatch.Seen // the plugin's configuration file
 	certs  []*tlsfiles.Pair
-	cas    *trustedCAs
+	cas    *tlsfiles.CAs
 	logger *slog.Logger
 }
 
@@ -530,10 +530,10 @@ func (r *reloader) reload(ctx context.Context, always bool) {
 		}
 	}
 	if r.cas != nil {
-		if read, err := r.cas.reload(always); err != nil {
+		if read, err := r.cas.Reload(always); err != nil {
 			r.logger.Error("upstream CA reload refused; the CAs in use stay", "err", err)
 		} else if read {
-			r.logger.Info("upstream CAs reloaded", "file", r.cas.file)
+			r.logger.Info("upstream CAs reloaded", "file", r.cas.File)
 		}
 	}
 }
@@ -555,7 +555,7 @@ func newHandler(up *url.URL, host *wasmhost.Host, alog *accessLog, logger *slog.
 	transports := map[transportKey]http.RoundTripper{}
 	transport := func(k transportKey) http.RoundTripper {
 		if transports[k] == nil {
-			transports[k] = newUpstreamTransport(k.timeout, k.http2, s.cas.clientConfig())
+			transports[k] = newUpstreamTransport(k.timeout, k.http2, s.cas.ClientConfig())
 		}
 		return transports[k]
 	}

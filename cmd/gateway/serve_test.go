@@ -504,7 +504,7 @@ func TestRun_UpstreamTLSCA(t *testing.T) {
 // the CAs read last: a CA written over the file and read again (SIGHUP)
 // is trusted from the next connection on; a file that does not load
 // leaves the CAs in use; a name the certificate is not for is refused.
-func TestTrustedCAs_Reload(t *testing.T) {
+func TestUpstreamTLSCA_Reload(t *testing.T) {
 	dir := t.TempDir()
 	upCert, upKey := filepath.Join(dir, "up.pem"), filepath.Join(dir, "up.key")
 	tlsfilestest.WriteSelfSigned(t, upCert, upKey, "upstream") // for 127.0.0.1 only
@@ -518,15 +518,15 @@ func TestTrustedCAs_Reload(t *testing.T) {
 	defer up.Close()
 
 	caFile := filepath.Join(dir, "ca.pem")
-	if _, err := loadTrustedCAs(caFile); err == nil || !strings.HasPrefix(err.Error(), "--upstream-tls-ca: ") {
+	if _, err := tlsfiles.LoadCAs("--upstream-tls-ca", caFile); err == nil || !strings.HasPrefix(err.Error(), "--upstream-tls-ca: ") {
 		t.Fatalf("missing file: %v", err)
 	}
 	tlsfilestest.WriteSelfSigned(t, caFile, filepath.Join(dir, "other.key"), "another CA")
-	cas, err := loadTrustedCAs(caFile)
+	cas, err := tlsfiles.LoadCAs("--upstream-tls-ca", caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := newUpstreamTransport(0, false, cas.clientConfig())
+	tr := newUpstreamTransport(0, false, cas.ClientConfig())
 	get := func(url string) error {
 		t.Helper()
 		tr.fallback.(*http.Transport).CloseIdleConnections() // a new connection, verified anew
@@ -553,7 +553,7 @@ func TestTrustedCAs_Reload(t *testing.T) {
 	if err := os.WriteFile(caFile, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cas.reload(false); err != nil {
+	if _, err := cas.Reload(false); err != nil {
 		t.Fatal(err)
 	}
 	if err := get(up.URL); err != nil {
@@ -566,7 +566,7 @@ func TestTrustedCAs_Reload(t *testing.T) {
 	if err := os.WriteFile(caFile, []byte("not PEM"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cas.reload(false); err == nil || err.Error() != "--upstream-tls-ca: no PEM certificate in "+caFile {
+	if _, err := cas.Reload(false); err == nil || err.Error() != "--upstream-tls-ca: no PEM certificate in "+caFile {
 		t.Fatalf("reload of a file with no certificate: %v", err)
 	}
 	if err := get(up.URL); err != nil {

@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -50,4 +51,89 @@ func WriteSelfSigned(t testing.TB, certFile, keyFile, name string, dnsNames ...s
 		t.Fatal(err)
 	}
 	return cert
+}
+
+// CA is a throwaway certificate authority.
+type CA struct {
+	Cert *x509.Certificate
+	Key  *ecdsa.PrivateKey
+	PEM  []byte // Cert
+	Pool *x509.CertPool
+}
+
+// NewCA makes a CA.
+func NewCA(t testing.TB) *CA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sluice test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	ca := &CA{Cert: cert, Key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), Pool: x509.NewCertPool()}
+	ca.Pool.AddCert(cert)
+	return ca
+}
+
+// WriteCert writes the CA's certificate to file as PEM.
+func (ca *CA) WriteCert(t testing.TB, file string) {
+	t.Helper()
+	if err := os.WriteFile(file, ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Issue writes a certificate for 127.0.0.1 and localhost, for servers and
+// clients, signed by the CA, and its key, as PEM files in dir.
+func (ca *CA) Issue(t testing.TB, dir, name string) (certFile, keyFile string) {
+	t.Helper()
+	return ca.IssueFor(t, dir, name, []net.IP{net.IPv4(127, 0, 0, 1)}, "localhost")
+}
+
+// IssueFor is Issue of a certificate for ips and dnsNames only.
+func (ca *CA) IssueFor(t testing.TB, dir, name string, ips []net.IP, dnsNames ...string) (certFile, keyFile string) {
+	t.Helper()
+	return ca.IssueWith(t, dir, name, func(c *x509.Certificate) { c.IPAddresses, c.DNSNames = ips, dnsNames })
+}
+
+// IssueWith is Issue of a certificate edit changes first (its names, URIs
+// and uses, say).
+func (ca *CA) IssueWith(t testing.TB, dir, name string, edit func(*x509.Certificate)) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
+	}
+	edit(tmpl)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
 }

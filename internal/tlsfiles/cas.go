@@ -1,0 +1,126 @@
+package tlsfiles
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sluicehq/sluice/internal/filewatch"
+)
+
+// CAs are CA certificates from a PEM file, read again while the process
+// runs, as a Pair is, so a private CA can be rotated without a restart.
+// Certificates that do not load leave the ones in use in place.
+type CAs struct {
+	Flag, File string // the flag that named the file, for errors
+	cur        atomic.Pointer[x509.CertPool]
+	mu         sync.Mutex
+	seen       filewatch.Seen
+}
+
+// LoadCAs reads file, named by flag, or says why it could not use it.
+func LoadCAs(flag, file string) (*CAs, error) {
+	c := &CAs{Flag: flag, File: file}
+	if _, err := c.Reload(true); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Reload reads the file again; unless always, only when it changed since
+// it was last read (read says whether it did). On an error the CAs in use
+// stay; its text names the flag.
+func (c *CAs) Reload(always bool) (read bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	files, err := filewatch.Read(c.File)
+	if !c.seen.Note(files, err) && !always {
+		return false, nil
+	}
+	if err != nil {
+		return true, fmt.Errorf("%s: %w", c.Flag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(files[c.File]) {
+		return true, fmt.Errorf("%s: no PEM certificate in %s", c.Flag, c.File)
+	}
+	c.cur.Store(pool)
+	return true, nil
+}
+
+// ClientConfig is a client's TLS configuration that verifies each new
+// connection's certificate chain and name against the CAs read last.
+// crypto/tls keeps a config's RootCAs for the life of the transports that
+// cloned it, so the check is done here, as crypto/tls's own example of
+// custom verification does it (Config.VerifyConnection):
+// InsecureSkipVerify only turns off the built-in check this one replaces,
+// which makes the same checks (x509.Certificate.Verify: chain, validity,
+// server use, and the name the connection was made for). Connections
+// already open are kept. Nil for a nil c: the system's roots.
+func (c *CAs) ClientConfig() *tls.Config {
+	if c == nil {
+		return nil
+	}
+	return &tls.Config{
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("tls: the server sent no certificate")
+			}
+			return c.verify(cs.PeerCertificates, x509.ExtKeyUsageServerAuth, cs.ServerName)
+		},
+	}
+}
+
+// RequireClients makes a server's cfg ask every client for a certificate,
+// and refuse the handshake of one that sends none, or one whose chain does
+// not lead to the CAs read last (for client use), or, when names are
+// given, that names none of them among its DNS and URI subject
+// alternative names (a SPIFFE id, say). The CAs read last apply from the
+// next handshake on, as a Pair's certificate does; crypto/tls's own
+// verification would keep the pool cfg had when the server started.
+func (c *CAs) RequireClients(cfg *tls.Config, names []string) {
+	cfg.ClientAuth = tls.RequireAnyClientCert
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 { // RequireAnyClientCert refused it already
+			return errors.New("tls: the client sent no certificate")
+		}
+		if err := c.verify(cs.PeerCertificates, x509.ExtKeyUsageClientAuth, ""); err != nil {
+			return err
+		}
+		if len(names) > 0 && !namesOne(cs.PeerCertificates[0], names) {
+			return fmt.Errorf("tls: the client's certificate names none of %s", strings.Join(names, ", "))
+		}
+		return nil
+	}
+}
+
+// verify checks chain, the peer's certificate first, against the CAs read
+// last, for use; dnsName, unless empty, must be one the first is for.
+func (c *CAs) verify(chain []*x509.Certificate, use x509.ExtKeyUsage, dnsName string) error {
+	opts := x509.VerifyOptions{Roots: c.cur.Load(), DNSName: dnsName, Intermediates: x509.NewCertPool(),
+		KeyUsages: []x509.ExtKeyUsage{use}}
+	for _, cert := range chain[1:] {
+		opts.Intermediates.AddCert(cert)
+	}
+	_, err := chain[0].Verify(opts)
+	return err
+}
+
+// namesOne tells whether cert has one of names as a DNS name (in any case)
+// or a URI among its subject alternative names.
+func namesOne(cert *x509.Certificate, names []string) bool {
+	for _, n := range names {
+		if slices.ContainsFunc(cert.DNSNames, func(d string) bool { return strings.EqualFold(d, n) }) ||
+			slices.ContainsFunc(cert.URIs, func(u *url.URL) bool { return u.String() == n }) {
+			return true
+		}
+	}
+	return false
+}
