@@ -1185,6 +1185,7 @@ func TestSettings_CheckFiles(t *testing.T) {
 		{"no such directory", func(s *Settings) { s.RLSConfig = filepath.Join(dir, "none") }, "--rls-config: stat "},
 		{"a TLS pair that is not one", func(s *Settings) { s.TLSCert, s.TLSKey = junk, junk }, "--tls-cert, --tls-key: "},
 		{"a Redis CA that is not one", func(s *Settings) { s.RedisURL, s.RedisTLSCA = "rediss://r:6379", junk }, "--redis-tls-ca: no PEM certificate in " + junk},
+		{"client CAs that are not any", func(s *Settings) { s.TLSClientCA = junk }, "--tls-client-ca: no PEM certificate in " + junk},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			set := DefaultSettings()

@@ -247,6 +247,78 @@ func TestSecurity_TLSListener(t *testing.T) {
 	}
 }
 
+// TestSecurity_ClientCertificates: with --tls-client-ca and
+// --tls-client-san, the bridge decides only for a client whose certificate
+// its CA issued with one of the names, over h2 (Envoy's rate limit
+// service and call-outs) and HTTP/1.1; a client with none, with another
+// CA's or with other names fails its handshake and counts nothing. A CA
+// file rotated and read again (SIGHUP) verifies the next handshakes.
+func TestSecurity_ClientCertificates(t *testing.T) {
+	ca, other := tlsfilestest.NewCA(t), tlsfilestest.NewCA(t)
+	dir := t.TempDir()
+	set := testSettings()
+	set.TLSCert, set.TLSKey = ca.Issue(t, dir, "bridge")
+	set.TLSClientCA, set.TLSClientSAN = filepath.Join(dir, "clients.pem"), "spiffe://cluster.local/ns/edge/sa/envoy, envoy.internal"
+	ca.WriteCert(t, set.TLSClientCA)
+	ts := startServer(t, set)
+	url := "https://" + strings.TrimPrefix(ts.URL, "http://") + "/v1/rate-limit/check"
+	key := "rl:{u:mtls}:x"
+	check := checkBody(limit(key, rules.FixedWindow, 3))
+	client := func(name string, by *tlsfilestest.CA, dns ...string) []tls.Certificate {
+		pair, err := tls.LoadX509KeyPair(by.IssueFor(t, dir, name, nil, dns...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []tls.Certificate{pair}
+	}
+	envoy, stranger, impostor := client("envoy", ca, "envoy.internal"), client("stranger", ca, "stranger.internal"), client("impostor", other, "envoy.internal")
+	post := func(certs []tls.Certificate, h2 bool) (remaining int64, err error) {
+		t.Helper()
+		cfg := &tls.Config{RootCAs: ca.Pool, Certificates: certs}
+		tr := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}
+		if !h2 {
+			cfg.NextProtos = []string{"http/1.1"}
+			tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+		}
+		defer tr.CloseIdleConnections()
+		r, err := (&http.Client{Transport: tr}).Post(url, "application/json", strings.NewReader(check))
+		if err != nil {
+			return 0, err
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		var cr rules.CheckResponse
+		if err := rules.DecodeCheckResponse(b, 1, &cr); err != nil || r.StatusCode != 200 || (r.ProtoMajor == 2) != h2 {
+			t.Fatalf("%s %d %s (%v)", r.Proto, r.StatusCode, b, err)
+		}
+		return cr.Decisions[0].Remaining, nil
+	}
+	for name, certs := range map[string][]tls.Certificate{"no certificate": nil, "another CA's": impostor, "other names": stranger} {
+		for _, h2 := range []bool{true, false} {
+			if _, err := post(certs, h2); err == nil {
+				t.Errorf("a client with %s (h2 %t): decided", name, h2)
+			}
+		}
+	}
+	if n, err := post(envoy, true); err != nil || n != 2 {
+		t.Fatalf("the proxy's client over h2: %d remaining, %v; want 2 (nothing counted before)", n, err)
+	}
+	if n, err := post(envoy, false); err != nil || n != 1 {
+		t.Fatalf("the proxy's client over HTTP/1.1: %d remaining, %v; want 1", n, err)
+	}
+
+	other.WriteCert(t, set.TLSClientCA)
+	if err := ts.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := post(envoy, true); err == nil {
+		t.Error("the old CA's client after the rotation: decided")
+	}
+	if n, err := post(impostor, true); err != nil || n != 0 {
+		t.Fatalf("the new CA's client: %d remaining, %v; want 0", n, err)
+	}
+}
+
 // startTLSRedis starts a redis-server that listens only with TLS, with a
 // certificate from ca, and stops it when t ends.
 func startTLSRedis(t *testing.T, ca *tlsfilestest.CA) string { return startTLSRedisAuth(t, ca, false) }

@@ -38,6 +38,7 @@ type Server struct {
 	policy    *policy.Store              // nil without --policy-store
 	rls       atomic.Pointer[rls.Config] // nil without --rls-config; Reload replaces it
 	cert      *tlsfiles.Pair             // nil without --tls-cert
+	clientCAs *tlsfiles.CAs              // nil without --tls-client-ca
 	// rlsSeen is what reloadRLS last found in --rls-config.
 	rlsMu   sync.Mutex
 	rlsSeen filewatch.Seen
@@ -98,6 +99,12 @@ func New(set Settings) (*Server, error) {
 	if set.TLSCert != "" {
 		var err error
 		if s.cert, err = tlsfiles.Load(set.TLSCert, set.TLSKey); err != nil {
+			return nil, err
+		}
+	}
+	if set.TLSClientCA != "" {
+		var err error
+		if s.clientCAs, err = tlsfiles.LoadCAs("--tls-client-ca", set.TLSClientCA); err != nil {
 			return nil, err
 		}
 	}
@@ -181,6 +188,18 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /json", s.handleRLSJSON)
 	mux.HandleFunc("POST "+healthPath, s.handleHealth)
 	s.policyRoutes(mux)
+	return s.withProbes(mux)
+}
+
+// HealthHandler serves only /healthz, /readyz and /metrics, as the
+// bridge's listener does: for --health-listen, a listener of their own
+// that Kubernetes' probes and Prometheus reach without the client
+// certificate --tls-client-ca asks of everything else.
+func (s *Server) HealthHandler() http.Handler { return s.withProbes(http.NewServeMux()) }
+
+// withProbes adds the probes and metrics to mux, and a 404 for what it
+// does not serve, and gives each request an id.
+func (s *Server) withProbes(mux *http.ServeMux) http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, map[string]string{"status": "ok"})
@@ -219,6 +238,9 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.cert != nil {
 		s.mu.Unlock()
 		srv.TLSConfig = tlsfiles.Config(s.cert)
+		if s.clientCAs != nil {
+			s.clientCAs.RequireClients(srv.TLSConfig, s.set.clientSANs())
+		}
 		return serverClosed(srv.ServeTLS(ln, "", ""))
 	}
 	fast := h1fast.New(ln, checkio.HandlerFunc(s.serveCheck))
@@ -292,6 +314,16 @@ func (s *Server) reload(always bool) error {
 			s.log.Error("TLS certificate refused; the one served stays", "err", cerr)
 		case read:
 			s.log.Info("TLS certificate reloaded", "cert", s.set.TLSCert, "not_after", s.cert.NotAfter())
+		}
+		err = errors.Join(err, cerr)
+	}
+	if s.clientCAs != nil {
+		read, cerr := s.clientCAs.Reload(always)
+		switch {
+		case cerr != nil:
+			s.log.Error("client CAs refused; the ones in use stay", "err", cerr)
+		case read:
+			s.log.Info("client CAs reloaded", "file", s.set.TLSClientCA)
 		}
 		err = errors.Join(err, cerr)
 	}

@@ -691,6 +691,12 @@ func TestSettings_Validate(t *testing.T) {
 		{"two header names", func(s *Settings) { s.RLSResponseHeaderNames = "a,b" }, "--rls-response-header-names: want three names"},
 		{"a header name with a space", func(s *Settings) { s.RLSResponseHeaderNames = "a,b c,d" }, `--rls-response-header-names: "b c" is not a header name`},
 		{"a pseudo-header", func(s *Settings) { s.RLSResponseHeaderNames = "a,:status,d" }, `--rls-response-header-names: ":status" is not a header name`},
+		{"client CAs without TLS", func(s *Settings) { s.TLSClientCA = "ca.pem" }, "--tls-client-ca: only with --tls-cert"},
+		{"client names without client CAs", func(s *Settings) { s.TLSCert, s.TLSKey, s.TLSClientSAN = "c.pem", "k.pem", "envoy" },
+			"--tls-client-san: only with --tls-client-ca"},
+		{"an empty client name", func(s *Settings) {
+			s.TLSCert, s.TLSKey, s.TLSClientCA, s.TLSClientSAN = "c.pem", "k.pem", "ca.pem", "envoy,,x"
+		}, `--tls-client-san "envoy,,x": an empty name`},
 	} {
 		set := testSettings()
 		tc.set(&set)

@@ -8,14 +8,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/sluicehq/sluice/internal/tlsfiles"
 	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
@@ -46,7 +49,12 @@ type Settings struct {
 	RedisTLSCA, RedisTLSCert, RedisTLSKey string
 	TLSCert                               string // PEM certificate; with TLSKey serves HTTPS (HTTP/1.1 and h2)
 	TLSKey                                string
-	ShutdownGrace                         time.Duration // drain time on SIGTERM, default 10s
+	// TLSClientCA, PEM CA certificates, makes the TLS listener require a
+	// client certificate they issued (mutual TLS); TLSClientSAN, names
+	// separated by commas, then also requires one of them among its DNS
+	// or URI subject alternative names.
+	TLSClientCA, TLSClientSAN string
+	ShutdownGrace             time.Duration // drain time on SIGTERM, default 10s
 	// MaxConnectionAge asks a client to reconnect once its connection is
 	// about that old (a tenth more or less, at random): an HTTP/2
 	// connection gets a graceful GOAWAY, an HTTP/1.1 one Connection:
@@ -54,6 +62,10 @@ type Settings struct {
 	// their share of long-lived proxy connections. 0: never (the
 	// default). Not with TLS, whose connections net/http serves.
 	MaxConnectionAge time.Duration
+	// HealthListen serves GET /healthz, /readyz and /metrics in plain
+	// HTTP on an address of its own ("" disables it, the default), for
+	// probes that present no client certificate. cmd/redisbridge serves it.
+	HealthListen string
 	// DebugListen serves net/http/pprof on its own address ("" disables it,
 	// the default). cmd/redisbridge serves it; keep it on loopback.
 	DebugListen string
@@ -247,9 +259,12 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.RedisTLSKey, "redis-tls-key", s.RedisTLSKey, "PEM key of --redis-tls-cert")
 	fs.StringVar(&s.TLSCert, "tls-cert", s.TLSCert, "TLS certificate file")
 	fs.StringVar(&s.TLSKey, "tls-key", s.TLSKey, "TLS key file")
+	fs.StringVar(&s.TLSClientCA, "tls-client-ca", s.TLSClientCA, "PEM CA certificates: with --tls-cert, every client must present a certificate they issued (mutual TLS), as envoyproxy/ratelimit's GRPC_CLIENT_TLS_CACERT; read again on SIGHUP and when it changes (--watch)")
+	fs.StringVar(&s.TLSClientSAN, "tls-client-san", s.TLSClientSAN, "with --tls-client-ca, names separated by commas: a client's certificate must have one of them as a DNS name or a URI (a SPIFFE id) among its subject alternative names")
 	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
 	fs.DurationVar(&s.MaxConnectionAge, "max-connection-age", s.MaxConnectionAge, "ask clients to reconnect once a connection is about this old (HTTP/2: a graceful GOAWAY; HTTP/1.1: Connection: close), so bridges added later get connections (0: never)")
 	fs.Float64Var(&s.NearLimitRatio, "near-limit-ratio", s.NearLimitRatio, "count an allowed decision in sluice_bridge_near_limit_total when more than this share of its limit is used after it (at most 1, which counts none; 0: the default)")
+	fs.StringVar(&s.HealthListen, "health-listen", s.HealthListen, "address (host:port) for GET /healthz, /readyz and /metrics only, in plain HTTP, without the TLS and client certificates of --listen: for Kubernetes probes and Prometheus (empty: off)")
 	fs.StringVar(&s.DebugListen, "debug-listen", s.DebugListen, "address for /debug/pprof/ (empty: off)")
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
@@ -330,11 +345,27 @@ func (s *Settings) Validate() error {
 	if (s.TLSCert == "") != (s.TLSKey == "") {
 		return errors.New("--tls-cert, --tls-key: set both or neither")
 	}
+	if s.TLSClientCA != "" && s.TLSCert == "" {
+		return errors.New("--tls-client-ca: only with --tls-cert (clients are verified in the TLS handshake)")
+	}
+	if s.TLSClientSAN != "" {
+		if s.TLSClientCA == "" {
+			return errors.New("--tls-client-san: only with --tls-client-ca")
+		}
+		if slices.Contains(s.clientSANs(), "") {
+			return fmt.Errorf("--tls-client-san %q: an empty name", s.TLSClientSAN)
+		}
+	}
 	switch {
 	case s.MaxConnectionAge < 0:
 		return errors.New("--max-connection-age: must not be negative")
 	case s.MaxConnectionAge > 0 && s.TLSCert != "":
 		return errors.New("--max-connection-age: not with --tls-cert (net/http serves TLS connections, and cannot age them)")
+	}
+	if s.HealthListen != "" {
+		if _, _, err := net.SplitHostPort(s.HealthListen); err != nil {
+			return fmt.Errorf("--health-listen %q: want HOST:PORT", s.HealthListen)
+		}
 	}
 	if s.PolicyStore != "" && !strings.HasPrefix(s.PolicyStore, "postgres://") && !strings.HasPrefix(s.PolicyStore, "postgresql://") {
 		return errors.New("--policy-store: must be a postgres:// or postgresql:// URL")
@@ -411,6 +442,18 @@ func clientTLSFiles(flag, ca, cert, key string) (*x509.CertPool, []tls.Certifica
 	return roots, []tls.Certificate{pair}, nil
 }
 
+// clientSANs is --tls-client-san's names; none when it is empty.
+func (s *Settings) clientSANs() []string {
+	if s.TLSClientSAN == "" {
+		return nil
+	}
+	names := strings.Split(s.TLSClientSAN, ",")
+	for i := range names {
+		names[i] = strings.TrimSpace(names[i])
+	}
+	return names
+}
+
 // loadRLS reads --rls-config as the settings say, and returns the files
 // it read with the configuration; its error names the flag.
 func (s *Settings) loadRLS() (*rls.Config, map[string][]byte, error) {
@@ -452,6 +495,11 @@ func (s *Settings) CheckFiles() error {
 	if s.TLSCert != "" {
 		if _, err := tls.LoadX509KeyPair(s.TLSCert, s.TLSKey); err != nil {
 			return fmt.Errorf("--tls-cert, --tls-key: %w", err)
+		}
+	}
+	if s.TLSClientCA != "" {
+		if _, err := tlsfiles.LoadCAs("--tls-client-ca", s.TLSClientCA); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -8,13 +8,20 @@ import (
 	"github.com/sluicehq/sluice/redisbridge"
 )
 
-// notEmbedded are the bridge's settings about its own listener and
-// process (--validate is the gateway's): an embedded bridge has none (the
-// plugin's call-outs reach it in process, its API is on --admin-listen),
-// so they are refused rather than ignored; so are all of its rate limit
-// service's (SLUICE_RLS_*), which Envoy reaches on the listener over
-// HTTP/2.
-var notEmbedded = []string{"SLUICE_LISTEN", "SLUICE_LISTEN_MODE", "SLUICE_TLS_CERT", "SLUICE_TLS_KEY", "SLUICE_SHUTDOWN_GRACE", "SLUICE_MAX_CONNECTION_AGE", "SLUICE_DEBUG_LISTEN", "SLUICE_VALIDATE"}
+// notEmbedded tells whether the bridge's setting of the variable name is
+// about its own listener and process (--validate is the gateway's): an
+// embedded bridge has none (the plugin's call-outs reach it in process,
+// its API is on --admin-listen), so they are refused rather than
+// ignored; so are all of its TLS settings (SLUICE_TLS_*) and its rate
+// limit service's (SLUICE_RLS_*), which Envoy reaches on the listener
+// over HTTP/2. By prefix, so a setting added to either is refused too.
+func notEmbedded(name string) bool {
+	switch name {
+	case "SLUICE_LISTEN", "SLUICE_LISTEN_MODE", "SLUICE_SHUTDOWN_GRACE", "SLUICE_MAX_CONNECTION_AGE", "SLUICE_DEBUG_LISTEN", "SLUICE_HEALTH_LISTEN", "SLUICE_VALIDATE":
+		return true
+	}
+	return strings.HasPrefix(name, "SLUICE_TLS_") || strings.HasPrefix(name, "SLUICE_RLS_")
+}
 
 // embeddedBridge is the check service for --embed-bridge, in the
 // gateway's process, with the settings the bridge's SLUICE_* variables
@@ -23,23 +30,17 @@ func embeddedBridge(getenv func(string) string, logger *slog.Logger) (*redisbrid
 	refused := func(name string) error {
 		return fmt.Errorf("--embed-bridge: %s does not apply to an embedded bridge: it has no listener of its own (its API is on --admin-listen; Envoy's rate limit service needs a bridge process)", name)
 	}
-	for _, name := range notEmbedded {
-		if getenv(name) != "" {
-			return nil, refused(name)
-		}
-	}
-	// The rate limit service's variables are the bridge's own, whatever
-	// they are: it looks each of its settings up.
-	rls := ""
+	// Every setting the bridge has is looked up here, whatever it is.
+	refuse := ""
 	set, err := redisbridge.ParseSettings(nil, func(name string) string {
 		v := getenv(name)
-		if v != "" && rls == "" && strings.HasPrefix(name, "SLUICE_RLS_") {
-			rls = name
+		if v != "" && refuse == "" && notEmbedded(name) {
+			refuse = name
 		}
 		return v
 	})
-	if rls != "" {
-		return nil, refused(rls)
+	if refuse != "" {
+		return nil, refused(refuse)
 	}
 	if err != nil {
 		// The bridge names its settings by flag; here they are variables.

@@ -154,6 +154,7 @@ func TestRun_EmbeddedBridgeSettings(t *testing.T) {
 		{"SLUICE_REDIS_BATCH", "many", `--embed-bridge: SLUICE_REDIS_BATCH: parse error`},
 		{"SLUICE_LISTEN", ":8081", "--embed-bridge: SLUICE_LISTEN does not apply to an embedded bridge"},
 		{"SLUICE_TLS_CERT", "cert.pem", "--embed-bridge: SLUICE_TLS_CERT does not apply to an embedded bridge"},
+		{"SLUICE_TLS_CLIENT_CA", "ca.pem", "--embed-bridge: SLUICE_TLS_CLIENT_CA does not apply to an embedded bridge"},
 		{"SLUICE_RLS_CONFIG", "ratelimit.yaml", "--embed-bridge: SLUICE_RLS_CONFIG does not apply to an embedded bridge"},
 		{"SLUICE_RLS_SHADOW_MODE", "true", "--embed-bridge: SLUICE_RLS_SHADOW_MODE does not apply to an embedded bridge"},
 		{"SLUICE_MAX_CONNECTION_AGE", "1h", "--embed-bridge: SLUICE_MAX_CONNECTION_AGE does not apply to an embedded bridge"},

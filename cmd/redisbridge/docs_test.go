@@ -44,7 +44,9 @@ func TestDocs_BridgeFlags(t *testing.T) {
 	for i, f := range flags {
 		row := ""
 		for _, r := range rows {
-			if strings.Contains(r, "`--"+f+"`") {
+			// The flag's own row names it in its first cell; others may
+			// name it in their text.
+			if first := strings.SplitN(r, "|", 3)[1]; strings.Contains(first, "`--"+f+"`") {
 				row = r
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -45,13 +46,24 @@ func run() error {
 		return err
 	}
 	defer srv.Close()
+	if set.HealthListen != "" {
+		// Listened on before serving, so a port in use stops the start:
+		// without it the probes would fail with nothing saying why.
+		ln, err := net.Listen("tcp", set.HealthListen)
+		if err != nil {
+			return fmt.Errorf("--health-listen: %w", err)
+		}
+		health := &http.Server{Handler: srv.HealthHandler(), ReadHeaderTimeout: 5 * time.Second}
+		defer health.Close()
+		go health.Serve(ln)
+	}
 	if set.DebugListen != "" {
 		go serveDebug(set.DebugListen, srv.RLSConfigHandler())
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP) // reread --rls-config and the TLS pair; the server logs how that went
+	signal.Notify(hup, syscall.SIGHUP) // reread --rls-config, the TLS pair and the client CAs; the server logs how that went
 	defer signal.Stop(hup)
 	var watch <-chan time.Time // reread the files that changed
 	if (set.RLSConfig != "" || set.TLSCert != "") && set.Watch > 0 {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"io"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/nettest"
+	"github.com/sluicehq/sluice/internal/tlsfiles/tlsfilestest"
 )
 
 // runMainEnv makes this test binary run the command (main) instead of
@@ -40,20 +42,8 @@ func TestRun_WatchesRLSConfig(t *testing.T) {
 	}
 	write("1")
 	debug := nettest.FreeAddr(t)
-	cmd := exec.Command(os.Args[0], "--listen", nettest.FreeAddr(t), "--debug-listen", debug, "--rls-config", config,
+	exited, stderr := startMain(t, "--listen", nettest.FreeAddr(t), "--debug-listen", debug, "--rls-config", config,
 		"--watch", "20ms", "--audit-log", filepath.Join(dir, "audit.log"), "--log-level", "error")
-	cmd.Env = append(os.Environ(), runMainEnv+"=1")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		<-exited
-	}()
 	// awaitLimits waits until /rlconfig shows per requests an hour, or
 	// the process ends, or the test's own bound passes.
 	awaitLimits := func(per string) {
@@ -81,4 +71,96 @@ func TestRun_WatchesRLSConfig(t *testing.T) {
 	awaitLimits("1")
 	write("7")
 	awaitLimits("7")
+}
+
+// startMain runs the command with args and stops it when t ends; exited
+// gets its end.
+func startMain(t *testing.T, args ...string) (exited <-chan error, stderr *strings.Builder) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	stderr = new(strings.Builder)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- cmd.Wait()
+		close(done) // the cleanup's wait ends too when a test took the error
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		<-done
+	})
+	return done, stderr
+}
+
+// With mutual TLS on its listener, the bridge's probes and metrics are on
+// --health-listen in plain HTTP, and nothing else is: a check there is
+// not served. The listener itself refuses a client without a certificate.
+// A --health-listen port in use stops the start, naming the flag.
+func TestRun_HealthListen(t *testing.T) {
+	dir := t.TempDir()
+	ca := tlsfilestest.NewCA(t)
+	cert, key := ca.Issue(t, dir, "bridge")
+	clientCA := filepath.Join(dir, "clients.pem")
+	ca.WriteCert(t, clientCA)
+	listen, health := nettest.FreeAddr(t), nettest.FreeAddr(t)
+	exited, stderr := startMain(t, "--listen", listen, "--health-listen", health, "--tls-cert", cert, "--tls-key", key,
+		"--tls-client-ca", clientCA, "--audit-log", filepath.Join(dir, "audit.log"), "--log-level", "error")
+	get := func(method, path string) (int, string, error) {
+		req, _ := http.NewRequest(method, "http://"+health+path, strings.NewReader("{}"))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b), nil
+	}
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			t.Fatalf("the bridge exited: %v\n%s", err, stderr.String())
+		default:
+		}
+		if _, _, err := get("GET", "/healthz"); err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("--health-listen never answered")
+		}
+	}
+	for _, tt := range []struct {
+		method, path string
+		status       int
+		has          string
+	}{
+		{"GET", "/healthz", 200, `"ok"`},
+		{"GET", "/readyz", 200, `"ready"`},
+		{"GET", "/metrics", 200, "sluice_bridge_checks_total"},
+		{"POST", "/v1/rate-limit/check", 404, "no such endpoint"},
+	} {
+		status, body, err := get(tt.method, tt.path)
+		if err != nil || status != tt.status || !strings.Contains(body, tt.has) {
+			t.Errorf("%s %s on --health-listen: %d %.80q %v, want %d with %q", tt.method, tt.path, status, body, err, tt.status, tt.has)
+		}
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}
+	defer tr.CloseIdleConnections()
+	if res, err := (&http.Client{Transport: tr}).Get("https://" + listen + "/healthz"); err == nil {
+		res.Body.Close()
+		t.Errorf("--listen without a client certificate: %d, want a failed handshake", res.StatusCode)
+	}
+
+	exited, stderr = startMain(t, "--listen", nettest.FreeAddr(t), "--health-listen", health, "--audit-log", filepath.Join(dir, "audit2.log"))
+	select {
+	case err := <-exited:
+		if err == nil || !strings.Contains(stderr.String(), "redisbridge: --health-listen: listen tcp "+health) {
+			t.Errorf("a second bridge on the same --health-listen: %v, %s", err, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("a second bridge on the same --health-listen started")
+	}
 }

@@ -3,6 +3,7 @@ package envoycheck
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"reflect"
 	"strings"
@@ -454,40 +455,40 @@ func TestCheck_DeployDocVMConfig(t *testing.T) {
 	}
 }
 
-// The Unix socket example of docs/deploy.md, put in place of envoy.yaml's
-// bridge address, is a cluster Envoy accepts.
-func TestCheck_DeployDocBridgePipe(t *testing.T) {
-	var example string
-	for _, block := range strings.Split(string(readFile(t, "../../docs/deploy.md")), "```yaml\n")[1:] {
-		if body, _, _ := strings.Cut(block, "```"); strings.HasPrefix(body, "load_assignment:") && strings.Contains(body, "pipe:") {
-			example = body
-		}
-	}
-	if example == "" {
-		t.Fatal("docs/deploy.md has no ```yaml block starting with load_assignment: with a pipe address")
-	}
-	js, err := yaml.YAMLToJSON([]byte(example))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var la map[string]any
-	if err := json.Unmarshal(js, &la); err != nil {
-		t.Fatal(err)
-	}
-	doc := envoyDoc(t)
-	replaced := false
-	for _, c := range at(t, doc, "static_resources", "clusters").([]any) {
-		if c := c.(map[string]any); c["name"] == "sluice_bridge" {
-			c["load_assignment"] = la["load_assignment"]
-			replaced = true
-		}
-	}
-	if !replaced {
-		t.Fatal("envoy.yaml has no cluster sluice_bridge")
-	}
-	in, _ := json.Marshal(doc)
-	if err := Check(in); err != nil {
-		t.Errorf("docs/deploy.md's pipe address: %v", err)
+// The bridge cluster's examples of docs/deploy.md, each put in
+// envoy.yaml's cluster sluice_bridge in place of what it sets there, are a
+// cluster Envoy accepts: the Unix socket address, and TLS with a client
+// certificate (mutual TLS).
+func TestCheck_DeployDocBridgeCluster(t *testing.T) {
+	for _, tt := range []struct{ name, start, has string }{
+		{"a pipe address", "load_assignment:", "pipe:"},
+		{"mutual TLS", "transport_socket:", "tls_certificates:"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var example string
+			for _, block := range strings.Split(string(readFile(t, "../../docs/deploy.md")), "```yaml\n")[1:] {
+				if body, _, _ := strings.Cut(block, "```"); strings.HasPrefix(body, tt.start) && strings.Contains(body, tt.has) {
+					example = body
+				}
+			}
+			if example == "" {
+				t.Fatalf("docs/deploy.md has no ```yaml block starting with %s with %s", tt.start, tt.has)
+			}
+			js, err := yaml.YAMLToJSON([]byte(example))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var fields map[string]any
+			if err := json.Unmarshal(js, &fields); err != nil {
+				t.Fatal(err)
+			}
+			doc := envoyDoc(t)
+			maps.Copy(cluster(t, doc, "sluice_bridge"), fields)
+			in, _ := json.Marshal(doc)
+			if err := Check(in); err != nil {
+				t.Errorf("docs/deploy.md's %s: %v", tt.name, err)
+			}
+		})
 	}
 }
 
