@@ -70,20 +70,21 @@ func (c clusterFlag) Set(v string) error {
 
 func (clusterFlag) repeatable() {}
 
-// fileListFlag is a repeatable flag of file paths.
-type fileListFlag []string
+// valuesFlag is a repeatable flag of values that are not empty: file
+// paths, names.
+type valuesFlag []string
 
-func (l *fileListFlag) String() string { return strings.Join(*l, ",") }
+func (l *valuesFlag) String() string { return strings.Join(*l, ",") }
 
-func (l *fileListFlag) Set(v string) error {
+func (l *valuesFlag) Set(v string) error {
 	if v == "" {
-		return errors.New("a file path is empty")
+		return errors.New("a value is empty")
 	}
 	*l = append(*l, v)
 	return nil
 }
 
-func (*fileListFlag) repeatable() {}
+func (*valuesFlag) repeatable() {}
 
 // listFlag is a repeatable string flag.
 type listFlag []string
@@ -195,7 +196,9 @@ type settings struct {
 	watch                            time.Duration
 	adminListen                      string
 	maxRequestHeadersKB              int
-	tlsCert, tlsKey                  fileListFlag
+	tlsCert, tlsKey                  valuesFlag
+	clientCA                         string
+	clientSANs                       valuesFlag
 	accessLog                        string
 	accessLogFormat, accessLogJSON   string
 	upstreamProtocol                 string
@@ -204,6 +207,7 @@ type settings struct {
 	preserveRequestID                bool
 	upstreamCA                       string
 	cas                              *tlsfiles.CAs    // upstreamCA's certificates, read again on SIGHUP and --watch
+	clientCAs                        *tlsfiles.CAs    // clientCA's
 	now                              func() time.Time // tests: the clock of upstream service times; default time.Now
 }
 
@@ -237,6 +241,8 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.StringVar(&s.adminListen, "admin-listen", "", "address to serve the plugin's metrics (/stats/prometheus, as Envoy's admin does) and readiness (/ready) on; none when empty")
 	fs.Var(&s.tlsCert, "tls-cert", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key (repeatable: each connection gets the first whose names match the server name it asks for, else the first); read again on SIGHUP and when they change (--watch)")
 	fs.Var(&s.tlsKey, "tls-key", "PEM private key of --tls-cert (repeatable: the keys of the certificates, in their order)")
+	fs.StringVar(&s.clientCA, "tls-client-ca", "", "PEM CA certificates: with --tls-cert, every client must present a certificate they issued (mutual TLS), as an Envoy listener's require_client_certificate with a validation_context's trusted_ca; read again on SIGHUP and when it changes (--watch)")
+	fs.Var(&s.clientSANs, "tls-client-san", "with --tls-client-ca: a client's certificate must have this DNS name or URI (a SPIFFE id) among its subject alternative names, as a validation_context's match_typed_subject_alt_names (repeatable: any of them)")
 	fs.StringVar(&s.upstreamCA, "upstream-tls-ca", "", "PEM CA certificates that verify https upstreams and call-out clusters (a bridge with a private CA), instead of the system's roots, as an Envoy cluster's trusted_ca; read again on SIGHUP and when it changes (--watch)")
 	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
 	fs.DurationVar(&s.watch, "watch", time.Second, "how often to look at --config, --tls-cert, --tls-key and --upstream-tls-ca and read again those that changed, as SIGHUP reads them all (0: only on SIGHUP)")
@@ -328,6 +334,12 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	if len(s.tlsCert) != len(s.tlsKey) {
 		return s, fmt.Errorf("--tls-cert and --tls-key: give a key for each certificate (%d certificates, %d keys)", len(s.tlsCert), len(s.tlsKey))
 	}
+	if s.clientCA != "" && len(s.tlsCert) == 0 {
+		return s, errors.New("--tls-client-ca: only with --tls-cert (clients are verified in the TLS handshake)")
+	}
+	if len(s.clientSANs) > 0 && s.clientCA == "" {
+		return s, errors.New("--tls-client-san: only with --tls-client-ca")
+	}
 	if (s.accessLogFormat != "" || s.accessLogJSON != "") && s.accessLog == "" {
 		return s, errors.New("--access-log-format, --access-log-json: only with --access-log, the file they format")
 	}
@@ -357,6 +369,11 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	}
 	if s.upstreamCA != "" {
 		if s.cas, err = tlsfiles.LoadCAs("--upstream-tls-ca", s.upstreamCA); err != nil {
+			return err
+		}
+	}
+	if s.clientCA != "" {
+		if s.clientCAs, err = tlsfiles.LoadCAs("--tls-client-ca", s.clientCA); err != nil {
 			return err
 		}
 	}
@@ -446,6 +463,9 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	serve := srv.Serve
 	if len(certs) > 0 {
 		srv.TLSConfig = tlsfiles.Config(certs...)
+		if s.clientCAs != nil {
+			s.clientCAs.RequireClients(srv.TLSConfig, s.clientSANs)
+		}
 		serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
 		for _, c := range certs {
 			logger.Info("serving HTTPS", "cert", c.CertFile, "not_after", c.NotAfter())
@@ -456,7 +476,13 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
 	defer signal.Stop(sigs)
-	r := &reloader{host: host, config: s.config, certs: certs, cas: s.cas, logger: logger}
+	r := &reloader{host: host, config: s.config, certs: certs, logger: logger}
+	if s.cas != nil {
+		r.cas = append(r.cas, reloadedCAs{s.cas, "upstream"})
+	}
+	if s.clientCAs != nil {
+		r.cas = append(r.cas, reloadedCAs{s.clientCAs, "client"})
+	}
 	r.seen.Note(map[string][]byte{s.config: cfg}, nil)
 	var watch <-chan time.Time // reread the files that changed
 	if s.watch > 0 {
@@ -498,16 +524,23 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 }
 
 // reloader reads again what the gateway serves from: the plugin's
-// configuration, the TLS pairs (certs) and the upstream CAs (cas, when
-// not nil); on SIGHUP whatever changed, every --watch what changed. Each is kept as it runs when its new files are refused, and
+// configuration, the TLS pairs (certs), and the upstream and client CAs
+// (cas); on SIGHUP whatever changed, every --watch what changed. Each is kept as it runs when its new files are refused, and
 // the log says which, once while they stay as they are.
 type reloader struct {
 	host   *wasmhost.Host
 	config string
 	seen   filewatch.Seen // the plugin's configuration file
 	certs  []*tlsfiles.Pair
-	cas    *tlsfiles.CAs
+	cas    []reloadedCAs
 	logger *slog.Logger
+}
+
+// reloadedCAs are CAs the reloader reads again, and what they verify
+// (upstream, client), for its log.
+type reloadedCAs struct {
+	cas  *tlsfiles.CAs
+	what string
 }
 
 func (r *reloader) reload(ctx context.Context, always bool) {
@@ -529,11 +562,11 @@ func (r *reloader) reload(ctx context.Context, always bool) {
 			r.logger.Info("certificate reloaded", "cert", c.CertFile, "not_after", c.NotAfter())
 		}
 	}
-	if r.cas != nil {
-		if read, err := r.cas.Reload(always); err != nil {
-			r.logger.Error("upstream CA reload refused; the CAs in use stay", "err", err)
+	for _, c := range r.cas {
+		if read, err := c.cas.Reload(always); err != nil {
+			r.logger.Error(c.what+" CA reload refused; the CAs in use stay", "err", err)
 		} else if read {
-			r.logger.Info("upstream CAs reloaded", "file", r.cas.File)
+			r.logger.Info(c.what+" CAs reloaded", "file", c.cas.File)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -235,6 +236,74 @@ func runLogged(t *testing.T, args ...string) (await func(msg string), stop func(
 		return <-done
 	}
 	return await, stop
+}
+
+// With --tls-client-ca and --tls-client-san the gateway answers only a
+// client whose certificate that CA issued with one of the names (DNS or
+// URI): one with none, another CA's, or other names fails its handshake.
+// SIGHUP reads the CA file again, for the next handshakes.
+func TestRun_ClientCertificates(t *testing.T) {
+	dir := t.TempDir()
+	plugin, config := guestFiles(t, dir)
+	ca, other := tlsfilestest.NewCA(t), tlsfilestest.NewCA(t)
+	cert, key := ca.Issue(t, dir, "gateway")
+	clientCA := filepath.Join(dir, "clients.pem")
+	ca.WriteCert(t, clientCA)
+	listen := nettest.FreeAddr(t)
+	await, stop := runLogged(t, "--listen", listen, "--plugin", plugin, "--config", config, "--upstream", "http://127.0.0.1:1",
+		"--tls-cert", cert, "--tls-key", key, "--tls-client-ca", clientCA, "--tls-client-san", "partner.example",
+		"--tls-client-san", "spiffe://example.org/partner", "--log-level", "info", "--watch", "0")
+	await("gateway listening")
+	spiffe, _ := url.Parse("spiffe://example.org/partner")
+	client := func(name string, by *tlsfilestest.CA, dns []string, uris ...*url.URL) []tls.Certificate {
+		pair, err := tls.LoadX509KeyPair(by.IssueWith(t, dir, name, func(c *x509.Certificate) { c.IPAddresses, c.DNSNames, c.URIs = nil, dns, uris }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []tls.Certificate{pair}
+	}
+	clients := map[string][]tls.Certificate{
+		"dns":         client("dns", ca, []string{"partner.example"}),
+		"uri":         client("uri", ca, nil, spiffe),
+		"other names": client("stranger", ca, []string{"stranger.example"}),
+		"another CA":  client("impostor", other, []string{"partner.example"}),
+		"none":        nil,
+	}
+	deny := func(name string) error { // the guest answers this mode itself (a 429), so no upstream is needed
+		t.Helper()
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, Certificates: clients[name]}}
+		defer tr.CloseIdleConnections()
+		req, _ := http.NewRequest("GET", "https://"+listen+"/x", nil)
+		req.Header.Set("X-Mode", "deny")
+		res, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			return err
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("%s: %s", name, res.Status)
+		}
+		return nil
+	}
+	for name, ok := range map[string]bool{"dns": true, "uri": true, "other names": false, "another CA": false, "none": false} {
+		if err := deny(name); (err == nil) != ok {
+			t.Errorf("client with %s: %v, want answered %t", name, err, ok)
+		}
+	}
+	other.WriteCert(t, clientCA)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	await("client CAs reloaded")
+	if err := deny("dns"); err == nil {
+		t.Error("the old CA's client after the rotation: answered")
+	}
+	if err := deny("another CA"); err != nil {
+		t.Errorf("the new CA's client after the rotation: %v", err)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("run: %v", err)
+	}
 }
 
 // The gateway as started with --tls-cert, --tls-key and --access-log
