@@ -456,6 +456,9 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		up, _ = url.Parse(s.upstream)
 	}
 	srv := newServer(newHandler(up, host, alog, logger, s), s)
+	// What net/http reports (a refused handshake, a client's bad request
+	// line) goes to the gateway's log, not bare to stderr.
+	srv.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	ln, err := net.Listen("tcp", s.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
