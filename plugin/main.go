@@ -106,6 +106,10 @@ func (*abiHost) Property(path string) string {
 		return view(proxywasm.GetProperty("source", "address"))
 	case "request.id":
 		return view(proxywasm.GetProperty("request", "id"))
+	case "connection.uri_san_peer_certificate":
+		return view(proxywasm.GetProperty("connection", "uri_san_peer_certificate"))
+	case "connection.dns_san_peer_certificate":
+		return view(proxywasm.GetProperty("connection", "dns_san_peer_certificate"))
 	}
 	return ""
 }

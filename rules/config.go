@@ -190,6 +190,11 @@ const (
 	// SourceHeader takes the header value as the user id, trusted as set by
 	// an upstream authenticating filter.
 	SourceHeader
+	// SourcePeerCertificate takes a name of the client certificate the
+	// proxy verified (mutual TLS): its first URI (a SPIFFE id, as Istio's
+	// sidecars present), or with PeerDNS its first DNS name; Envoy's
+	// connection.uri_san_peer_certificate, dns_san_peer_certificate.
+	SourcePeerCertificate
 )
 
 // IdentitySource is one way to find the user id.
@@ -197,6 +202,8 @@ type IdentitySource struct {
 	Kind   SourceKind
 	Header string // lower-case header name; "authorization" for SourceJWT by default
 	Claim  string // claim holding the user id (SourceJWT, SourceJWTPayload), default "sub"
+	// PeerDNS: SourcePeerCertificate takes the DNS name, not the URI.
+	PeerDNS bool
 	// For SourceJWT only:
 	Keys      []JWTKey
 	Issuer    string   // required iss when set

@@ -245,6 +245,14 @@ func (p *parser) config(root gjson.Result) *Config {
 	if n := len(c.Rules) + len(c.Categories) + 1; n > MaxLimitsPerCheck {
 		p.fail("rules", "%d rules and categories: at most %d together, since all that match one request are checked in one call", n-1, MaxLimitsPerCheck-1)
 	}
+	peers := 0
+	for i, s := range c.Identity.Sources {
+		if s.Kind == SourcePeerCertificate {
+			if peers++; peers > 1 {
+				p.fail(index("identity.sources", i), "a second source of type peer_certificate: a request has one certificate, and one source reads it")
+			}
+		}
+	}
 	if c.Tiers.Claim != "" && !hasJWTSource(c.Identity.Sources) {
 		p.fail("tiers.claim", "needs an identity source of type jwt or jwt_payload to read the claim from")
 	}

@@ -61,10 +61,16 @@ func (p *parser) headerName(v gjson.Result, path, def string) string {
 
 func (p *parser) source(v gjson.Result, path string) IdentitySource {
 	var s IdentitySource
-	if !p.object(v, path, "type", "header", "claim", "keys", "issuer", "audiences", "leeway", "require_exp") {
+	if !p.object(v, path, "type", "header", "claim", "keys", "issuer", "audiences", "leeway", "require_exp", "san") {
 		return s
 	}
 	typ := p.str(v.Get("type"), join(path, "type"), "")
+	if typ == "peer_certificate" {
+		return p.peerSource(v, path)
+	}
+	if v.Get("san").Exists() {
+		p.fail(join(path, "san"), "only for type peer_certificate")
+	}
 	switch typ {
 	case "jwt":
 		s.Kind = SourceJWT
@@ -76,7 +82,7 @@ func (p *parser) source(v gjson.Result, path string) IdentitySource {
 		s.Kind = SourceHeader
 		s.Header = p.headerName(v.Get("header"), join(path, "header"), "")
 	default:
-		p.fail(join(path, "type"), `must be "jwt", "jwt_payload" or "header", got %q`, typ)
+		p.fail(join(path, "type"), `must be "jwt", "jwt_payload", "header" or "peer_certificate", got %q`, typ)
 		return s
 	}
 	if s.Header == "" {
@@ -110,6 +116,25 @@ func (p *parser) source(v gjson.Result, path string) IdentitySource {
 	}
 	for i, k := range keys.Array() {
 		s.Keys = append(s.Keys, p.jwtKey(k, index(kp, i)))
+	}
+	return s
+}
+
+// peerSource reads a source of type peer_certificate, which names no
+// header and verifies nothing itself: the proxy verified the certificate.
+func (p *parser) peerSource(v gjson.Result, path string) IdentitySource {
+	s := IdentitySource{Kind: SourcePeerCertificate}
+	for _, f := range []string{"header", "claim", "keys", "issuer", "audiences", "leeway", "require_exp"} {
+		if v.Get(f).Exists() {
+			p.fail(join(path, f), "not for type peer_certificate (the proxy verified the certificate; san picks its name)")
+		}
+	}
+	switch san := p.str(v.Get("san"), join(path, "san"), "uri"); san {
+	case "uri":
+	case "dns":
+		s.PeerDNS = true
+	default:
+		p.fail(join(path, "san"), `must be "uri" or "dns", got %q`, san)
 	}
 	return s
 }

@@ -6,7 +6,7 @@ package rules
 // keeps the plans its user chooses (the plugin: those of refused requests)
 // with everything Evaluate read to make them (the path; the method and the
 // host if a rule or a key looked at them; each header it asked for,
-// present or not; and the peer address if it asked),
+// present or not; and the peer address and certificate name if it asked),
 // and gives a request that reads the same the same plan without
 // evaluating. Evaluate depends on nothing else but the Config and the
 // time, so the plan is the one Evaluate would make; a plan that read the
@@ -35,6 +35,7 @@ type reads struct {
 	headers              [][2]string
 	sourceRead, timeRead bool
 	methodRead, hostRead bool
+	peerRead             bool
 }
 
 type planEntry struct {
@@ -46,6 +47,8 @@ type planEntry struct {
 	index      int
 	sourceRead bool
 	source     string
+	peerRead   bool
+	peer       string
 	// methodRead, hostRead: Evaluate looked at the method, the host; a
 	// request's other method or host gets the same plan when it did not.
 	methodRead, hostRead bool
@@ -102,9 +105,12 @@ func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 	// to the next, so that keeping a plan allocates nothing once the
 	// buffer has grown: written in one order, then cut in the same.
 	id := &plan.Identity
-	texts := [...]string{r.Method, r.Path, r.Host, plan.Endpoint, id.User, id.APIKey, id.Tenant, id.Tier, ""}
+	texts := [...]string{r.Method, r.Path, r.Host, plan.Endpoint, id.User, id.APIKey, id.Tenant, id.Tier, "", ""}
 	if rec.sourceRead {
-		texts[len(texts)-1] = r.Source
+		texts[8] = r.Source
+	}
+	if rec.peerRead {
+		texts[9] = r.Peer
 	}
 	b := e.buf[:0]
 	for _, t := range texts {
@@ -122,7 +128,8 @@ func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 	e.plan.Endpoint = e.text(&off, len(plan.Endpoint))
 	e.plan.Identity.User, e.plan.Identity.APIKey = e.text(&off, len(id.User)), e.text(&off, len(id.APIKey))
 	e.plan.Identity.Tenant, e.plan.Identity.Tier = e.text(&off, len(id.Tenant)), e.text(&off, len(id.Tier))
-	e.sourceRead, e.source = rec.sourceRead, e.text(&off, len(texts[len(texts)-1]))
+	e.sourceRead, e.source = rec.sourceRead, e.text(&off, len(texts[8]))
+	e.peerRead, e.peer = rec.peerRead, e.text(&off, len(texts[9]))
 	e.methodRead, e.hostRead = rec.methodRead, rec.hostRead
 	e.headers, e.index = e.headers[:0], -1
 	name := c.planIndexHeader()
@@ -179,7 +186,18 @@ func (e *planEntry) matches(r *Request, idx string) bool {
 			return false
 		}
 	}
-	return !e.sourceRead || r.source() == e.source
+	return (!e.sourceRead || r.source() == e.source) && (!e.peerRead || r.peer(e.cfg.peerDNS()) == e.peer)
+}
+
+// peerDNS tells whether c's peer_certificate source, if any, takes the
+// DNS name.
+func (c *Config) peerDNS() bool {
+	for i := range c.Identity.Sources {
+		if s := &c.Identity.Sources[i]; s.Kind == SourcePeerCertificate {
+			return s.PeerDNS
+		}
+	}
+	return false
 }
 
 // planIndexHeader is the header whose value, with the path, picks a plan's

@@ -120,6 +120,32 @@ func TestPlanCache_LookupSource(t *testing.T) {
 	}
 }
 
+// A plan keyed by a peer certificate read its name: another name, or
+// none, misses.
+func TestPlanCache_LookupPeer(t *testing.T) {
+	c := mustConfig(t, `{"identity":{"sources":[{"type":"peer_certificate","san":"dns"}]},
+	  "rules":[{"name":"r","match":{"paths":["/api/**"]},"limit":1,"window":"1s"}]}`)
+	var pc PlanCache
+	var plan Plan
+	r := Request{Method: "GET", Path: "/api/x", Headers: mapHeaders{}, Lazy: &countingLazy{dns: "a.shop", uri: "spiffe://a"}}
+	pc.Evaluate(c, &r, &plan)
+	pc.Keep(c, &r, &plan, 1)
+	for _, tt := range []struct {
+		dns, uri string
+		hit      bool
+	}{
+		{"a.shop", "spiffe://other", true},
+		{"b.shop", "spiffe://a", false},
+		{"", "spiffe://a", false},
+	} {
+		lazy := &countingLazy{dns: tt.dns, uri: tt.uri}
+		r := Request{Method: "GET", Path: "/api/x", Source: "192.0.2.9:1", Headers: mapHeaders{}, Lazy: lazy}
+		if _, _, ok := pc.Lookup(c, &r); ok != tt.hit || lazy.peer != 1 {
+			t.Errorf("dns %q, uri %q: hit %v, want %v (certificate asked for %d times)", tt.dns, tt.uri, ok, tt.hit, lazy.peer)
+		}
+	}
+}
+
 // What the cache does not keep: a plan that read the time (a JWT), an
 // exempt plan, one without limits, one Evaluate did not just make.
 func TestPlanCache_Keep(t *testing.T) {

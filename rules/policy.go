@@ -18,6 +18,9 @@ type Request struct {
 	Path    string // may carry a query string; matching ignores it
 	Host    string // :authority, port allowed
 	Source  string // connection peer, Envoy source.address ("1.2.3.4:5678")
+	// Peer is the name of the client certificate the config's
+	// peer_certificate source reads ("" for none, or no mutual TLS).
+	Peer string
 	Headers HeaderSource
 	NowUnix int64 // for JWT exp/nbf
 	// Lazy, when set, gives Source and NowUnix when they are left empty,
@@ -27,13 +30,28 @@ type Request struct {
 	// Tokens, when set, caches verified JWTs across requests.
 	Tokens *TokenCache
 
-	rec *reads // set while a PlanCache records what Evaluate reads
+	rec       *reads // set while a PlanCache records what Evaluate reads
+	peerAsked bool   // Lazy gave Peer, empty or not
 }
 
 // LazyFields supplies Request fields on first use.
 type LazyFields interface {
 	Source() string
 	NowUnix() int64
+	// PeerName is the first URI (dns: DNS name) of the client
+	// certificate the proxy verified, "" when there is none.
+	PeerName(dns bool) string
+}
+
+// peer is Peer, asked of Lazy once when it is empty.
+func (r *Request) peer(dns bool) string {
+	if r.rec != nil {
+		r.rec.peerRead = true
+	}
+	if r.Peer == "" && !r.peerAsked && r.Lazy != nil {
+		r.Peer, r.peerAsked = r.Lazy.PeerName(dns), true
+	}
+	return r.Peer
 }
 
 func (r *Request) source() string {
@@ -88,7 +106,7 @@ type Plan struct {
 	Exempt   bool
 	Identity Identity
 	// IdentitySource says where the user id came from: "jwt", "jwt_payload",
-	// "header", or "" when anonymous.
+	// "header", "peer_certificate", or "" when anonymous.
 	IdentitySource string
 	// JWTError is set when a bearer token was present but did not verify;
 	// the request is then anonymous.
@@ -264,7 +282,12 @@ func (c *Config) identify(r *Request, plan *Plan) {
 	var payload []byte // the verified JWT payload, for the tier claim
 	for i := range c.Identity.Sources {
 		src := &c.Identity.Sources[i]
-		v := r.header(src.Header)
+		var v string
+		if src.Kind == SourcePeerCertificate {
+			v = r.peer(src.PeerDNS)
+		} else {
+			v = r.header(src.Header)
+		}
 		if v == "" {
 			continue
 		}
@@ -295,6 +318,10 @@ func (c *Config) identify(r *Request, plan *Plan) {
 		case SourceHeader:
 			if len(v) <= maxUserIDLen {
 				id.User, plan.IdentitySource = v, "header"
+			}
+		case SourcePeerCertificate:
+			if len(v) <= maxUserIDLen {
+				id.User, plan.IdentitySource = v, "peer_certificate"
 			}
 		}
 		if id.User != "" {

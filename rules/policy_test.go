@@ -261,11 +261,67 @@ func FuzzConfig_Evaluate(f *testing.F) {
 	})
 }
 
-// countingLazy counts how often Evaluate asks for the lazy fields.
-type countingLazy struct{ source, now int }
+// countingLazy counts how often Evaluate asks for the lazy fields; its
+// peer certificate names uri and dns.
+type countingLazy struct {
+	source, now, peer int
+	uri, dns          string
+}
 
 func (l *countingLazy) Source() string { l.source++; return "192.0.2.9:1" }
 func (l *countingLazy) NowUnix() int64 { l.now++; return 1_700_000_000 }
+func (l *countingLazy) PeerName(dns bool) string {
+	l.peer++
+	if dns {
+		return l.dns
+	}
+	return l.uri
+}
+
+// A peer_certificate source identifies a client by the name of the
+// certificate the proxy verified: its URI, or with san dns its DNS name,
+// asked for once and only for a request a limit applies to. Without one,
+// the next source or the address identifies the client.
+func TestConfig_EvaluatePeerCertificate(t *testing.T) {
+	const spiffe = "spiffe://cluster.local/ns/shop/sa/checkout"
+	for _, tt := range []struct {
+		name, sources, path string
+		lazy                countingLazy
+		headers             mapHeaders
+		key, source         string // key: the first limit's key, or its start
+		asked               int
+	}{
+		{"its URI", `[{"type":"peer_certificate"}]`, "/api/x", countingLazy{uri: spiffe, dns: "checkout.shop"}, mapHeaders{},
+			"rl:{u:~", "peer_certificate", 1}, // a user with "/" and ":" is hashed into the key
+		{"its DNS name", `[{"type":"peer_certificate","san":"dns"}]`, "/api/x", countingLazy{uri: spiffe, dns: "checkout.shop"}, mapHeaders{},
+			"rl:{u:checkout.shop}:r", "peer_certificate", 1},
+		{"no certificate: the next source", `[{"type":"peer_certificate"},{"type":"header","header":"x-user-id"}]`, "/api/x",
+			countingLazy{}, mapHeaders{"x-user-id": "alice"}, "rl:{u:alice}:r", "header", 1},
+		{"no certificate: the address", `[{"type":"peer_certificate"}]`, "/api/x", countingLazy{dns: "checkout.shop"}, mapHeaders{},
+			"rl:{a:192.0.2.9}:r", "", 1},
+		{"a header first", `[{"type":"header","header":"x-user-id"},{"type":"peer_certificate"}]`, "/api/x",
+			countingLazy{uri: spiffe}, mapHeaders{"x-user-id": "alice"}, "rl:{u:alice}:r", "header", 0},
+		{"no limit applies", `[{"type":"peer_certificate"}]`, "/health", countingLazy{uri: spiffe}, mapHeaders{}, "", "", 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustConfig(t, `{"identity":{"sources":`+tt.sources+`,"client_ip":{"trusted_proxy_depth":0}},
+			  "rules":[{"name":"r","match":{"paths":["/api/**"]},"limit":1,"window":"1s"}]}`)
+			var plan Plan
+			lazy := tt.lazy
+			c.Evaluate(&Request{Method: "GET", Path: tt.path, Headers: tt.headers, Lazy: &lazy}, &plan)
+			key := ""
+			if len(plan.Limits) > 0 {
+				key = string(plan.Limits[0].Key)
+			}
+			if !strings.HasPrefix(key, tt.key) || (tt.key == "") != (key == "") || plan.IdentitySource != tt.source || lazy.peer != tt.asked {
+				t.Errorf("key %q from %q, certificate asked for %d times; want %q from %q, %d", key, plan.IdentitySource, lazy.peer, tt.key, tt.source, tt.asked)
+			}
+			if tt.source == "peer_certificate" && plan.Identity.User != lazy.uri && plan.Identity.User != lazy.dns {
+				t.Errorf("user %q, not a name of the certificate", plan.Identity.User)
+			}
+		})
+	}
+}
 
 // A request no limit applies to costs no identity work: the lazy fields
 // are not asked for. One that matches asks for the source once.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -93,6 +94,9 @@ func TestHost_RequestHeadersAndProperties(t *testing.T) {
 		"x-prop-request.scheme": "http", "x-prop-request.protocol": "HTTP/1.1", "x-prop-request.id": "req-1",
 		"x-prop-plugin_root_id": "root-x", "x-prop-plugin_name": "sluice", "x-prop-plugin_vm_id": "vm-x",
 		"x-prop-connection.id": "77", "x-metric-requests": "1", "x-user": "alice",
+		// No client certificate: no names of one, as Envoy.
+		"x-prop-connection.uri_san_peer_certificate": "error: proxywasm: not found",
+		"x-prop-connection.dns_san_peer_certificate": "error: proxywasm: not found",
 		// :authority :path :method :scheme x-mode x-remove-me x-user x-request-id
 		"x-num-headers": "8", ":path": "/api/items?x=1", "x-request-id": "req-1",
 	}
@@ -118,6 +122,34 @@ func TestHost_RequestHeadersAndProperties(t *testing.T) {
 	now, _ := strconv.ParseInt(mustGet(t, r, "x-now"), 10, 64)
 	if d := time.Since(time.Unix(0, now)); d < 0 || d > time.Minute {
 		t.Errorf("x-now is %v away from now", d)
+	}
+}
+
+// The names of a client certificate the listener verified are the
+// connection's properties, as Envoy gives them: the first URI, the first
+// DNS name, and none of a kind the certificate does not have.
+func TestHost_PeerCertificateProperties(t *testing.T) {
+	h := newHost(t, Options{})
+	spiffe, _ := url.Parse("spiffe://cluster.local/ns/shop/sa/checkout")
+	other, _ := url.Parse("spiffe://cluster.local/ns/shop/sa/other")
+	for _, tt := range []struct {
+		name      string
+		cert      *x509.Certificate
+		uri, dnsN string
+	}{
+		{"both", &x509.Certificate{URIs: []*url.URL{spiffe, other}, DNSNames: []string{"checkout.shop", "x.shop"}}, spiffe.String(), "checkout.shop"},
+		{"a DNS name only", &x509.Certificate{DNSNames: []string{"checkout.shop"}}, "error: proxywasm: not found", "checkout.shop"},
+	} {
+		s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", Host: "example.com", Headers: [][2]string{{"x-mode", "echo"}},
+			EndOfStream: true, PeerCertificate: tt.cert})
+		r, err := s.RequestHeaders(context.Background())
+		s.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u, d := mustGet(t, r, "x-prop-connection.uri_san_peer_certificate"), mustGet(t, r, "x-prop-connection.dns_san_peer_certificate"); u != tt.uri || d != tt.dnsN {
+			t.Errorf("%s: uri %q, dns %q; want %q, %q", tt.name, u, d, tt.uri, tt.dnsN)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package wasmhost
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -31,12 +32,19 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 		if r.TLS != nil {
 			scheme = "https"
 		}
+		// Only a certificate the listener verified names the client
+		// (tls.RequireAndVerifyClientCert, tlsfiles.CAs.RequireClients).
+		var peer *x509.Certificate
+		if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+			peer = r.TLS.VerifiedChains[0][0]
+		}
 		path := RequestPath(r)
 		s := pooledStream()
 		s.start(h, RequestInfo{
 			Method: r.Method, Path: path, Host: r.Host, Scheme: scheme,
 			SourceAddress: r.RemoteAddr, RequestID: id, Protocol: ProtocolName(r),
-			EndOfStream: r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0,
+			EndOfStream:     r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0,
+			PeerCertificate: peer,
 		}, len(r.Header)+1)
 		for k, vs := range r.Header {
 			name := lowerName(k)

@@ -2,6 +2,7 @@ package wasmhost
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"net"
 	"slices"
@@ -25,6 +26,10 @@ type RequestInfo struct {
 	ConnectionID  uint64 // property connection.id; 0 picks a fresh one
 	Protocol      string // property request.protocol, default "HTTP/1.1"
 	EndOfStream   bool   // the request has no body
+	// PeerCertificate is the client's certificate the listener verified
+	// (mutual TLS), for the connection.*_peer_certificate properties;
+	// nil for none.
+	PeerCertificate *x509.Certificate
 }
 
 // LocalResponse is an answer the plugin sent instead of the upstream's.
@@ -503,6 +508,16 @@ func (s *Stream) property(path string) ([]byte, bool) {
 		return []byte(i.Protocol), true
 	case "connection.id":
 		return le64(s.connID), true
+	case "connection.uri_san_peer_certificate":
+		// The first URI, and none without one, as Envoy's
+		// SslExtractorsValues (source/extensions/filters/common/expr/context.cc).
+		if c := i.PeerCertificate; c != nil && len(c.URIs) > 0 {
+			return []byte(c.URIs[0].String()), true
+		}
+	case "connection.dns_san_peer_certificate":
+		if c := i.PeerCertificate; c != nil && len(c.DNSNames) > 0 {
+			return []byte(c.DNSNames[0]), true
+		}
 	case "response.code":
 		if st, ok := s.resp.Get(":status"); ok {
 			n, _ := strconv.ParseUint(st, 10, 32)

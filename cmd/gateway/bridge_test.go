@@ -1,10 +1,13 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/internal/nettest"
+	"github.com/sluicehq/sluice/internal/tlsfiles/tlsfilestest"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 )
 
@@ -174,5 +178,66 @@ func TestRun_EmbeddedBridgeSettings(t *testing.T) {
 				t.Errorf("err = %v, want %q", err, tt.err)
 			}
 		})
+	}
+}
+
+// Through the gateway with --tls-client-ca, the plugin's peer_certificate
+// source identifies each calling service by its certificate's SPIFFE id:
+// each gets its own quota whatever X-User-Id it sends, and a client
+// without a URI in its certificate falls back to its header.
+func TestRun_PeerCertificateIdentity(t *testing.T) {
+	dir := t.TempDir()
+	plugin, config, upstream := limitFiles(t, dir, 1)
+	if err := os.WriteFile(config, []byte(`{"bridge": {"cluster": "sluice_bridge", "timeout": "1s"}, "failure_mode": "fail_closed",
+	  "identity": {"sources": [{"type": "peer_certificate"}, {"type": "header", "header": "x-user-id"}]},
+	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": 1, "window": "1h", "algorithm": "fixed_window"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SLUICE_AUDIT_LOG", filepath.Join(dir, "audit.log"))
+	ca := tlsfilestest.NewCA(t)
+	cert, key := ca.Issue(t, dir, "gateway")
+	clientCA := filepath.Join(dir, "clients.pem")
+	ca.WriteCert(t, clientCA)
+	listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
+	stop := startRun(t, admin, "--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
+		"--upstream", upstream, "--embed-bridge", "sluice_bridge", "--tls-cert", cert, "--tls-key", key,
+		"--tls-client-ca", clientCA, "--log-level", "error")
+	defer stop()
+	client := func(name string, uris ...string) *http.Client {
+		pair, err := tls.LoadX509KeyPair(ca.IssueWith(t, dir, name, func(c *x509.Certificate) {
+			c.IPAddresses, c.DNSNames = nil, []string{name + ".shop"}
+			for _, u := range uris {
+				parsed, _ := url.Parse(u)
+				c.URIs = append(c.URIs, parsed)
+			}
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, Certificates: []tls.Certificate{pair}}}
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr}
+	}
+	checkout := client("checkout", "spiffe://cluster.local/ns/shop/sa/checkout")
+	cart := client("cart", "spiffe://cluster.local/ns/shop/sa/cart")
+	noURI := client("legacy")
+	send := func(c *http.Client, user string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "https://"+listen+"/api/items", nil)
+		req.Header.Set("X-User-Id", user)
+		res, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	got := []int{
+		send(checkout, "alice"), send(checkout, "bob"), // one quota, whatever the header says
+		send(cart, "alice"),                        // its own
+		send(noURI, "alice"), send(noURI, "carol"), // by the header: alice's and carol's
+	}
+	if want := []int{200, 429, 200, 200, 200}; !reflect.DeepEqual(got, want) {
+		t.Errorf("statuses %v, want %v", got, want)
 	}
 }

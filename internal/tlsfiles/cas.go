@@ -82,22 +82,31 @@ func (c *CAs) ClientConfig() *tls.Config {
 // and refuse the handshake of one that sends none, or one whose chain does
 // not lead to the CAs read last (for client use), or, when names are
 // given, that names none of them among its DNS and URI subject
-// alternative names (a SPIFFE id, say). The CAs read last apply from the
-// next handshake on, as a Pair's certificate does; crypto/tls's own
-// verification would keep the pool cfg had when the server started.
+// alternative names (a SPIFFE id, say). crypto/tls verifies the chain, so
+// a connection's VerifiedChains hold the client's certificate, which
+// Middleware gives the plugin. The CAs read last apply from the next
+// handshake on, as a Pair's certificate does: each handshake gets a copy
+// of cfg with them. The copy offers cfg's NextProtos, by default h2 and
+// http/1.1, what net/http's server offers (it adds them to its own copy
+// of cfg, which handshakes then no longer use).
 func (c *CAs) RequireClients(cfg *tls.Config, names []string) {
-	cfg.ClientAuth = tls.RequireAnyClientCert
-	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-		if len(cs.PeerCertificates) == 0 { // RequireAnyClientCert refused it already
-			return errors.New("tls: the client sent no certificate")
+	base := cfg.Clone()
+	if len(base.NextProtos) == 0 {
+		base.NextProtos = []string{"h2", "http/1.1"}
+	}
+	base.ClientAuth = tls.RequireAndVerifyClientCert
+	if len(names) > 0 {
+		base.VerifyConnection = func(cs tls.ConnectionState) error {
+			if !namesOne(cs.VerifiedChains[0][0], names) {
+				return fmt.Errorf("tls: the client's certificate names none of %s", strings.Join(names, ", "))
+			}
+			return nil
 		}
-		if err := c.verify(cs.PeerCertificates, x509.ExtKeyUsageClientAuth, ""); err != nil {
-			return err
-		}
-		if len(names) > 0 && !namesOne(cs.PeerCertificates[0], names) {
-			return fmt.Errorf("tls: the client's certificate names none of %s", strings.Join(names, ", "))
-		}
-		return nil
+	}
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		hs := base.Clone()
+		hs.ClientCAs = c.cur.Load()
+		return hs, nil
 	}
 }
 

@@ -178,10 +178,17 @@ func (p *Plugin) notePathFirst(none bool) {
 	p.unmatched += (x - p.unmatched) / 32
 }
 
-// Source and NowUnix give rules.Evaluate the peer address and the time
-// when it needs them (rules.LazyFields).
+// Source, NowUnix and PeerName give rules.Evaluate the peer address, the
+// time and the client certificate's name when it needs them
+// (rules.LazyFields).
 func (s *Stream) Source() string { return s.p.host.Property("source.address") }
 func (s *Stream) NowUnix() int64 { return s.now() / 1000 }
+func (s *Stream) PeerName(dns bool) string {
+	if dns {
+		return s.p.host.Property("connection.dns_san_peer_certificate")
+	}
+	return s.p.host.Property("connection.uri_san_peer_certificate")
+}
 
 // now returns the request's time in Unix ms, asking the host once.
 func (s *Stream) now() int64 {

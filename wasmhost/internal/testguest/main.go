@@ -272,7 +272,8 @@ func (s *stream) echo(numHeaders int, endOfStream bool) proxywasm.Action {
 	_ = proxywasm.AddRequestHeader("x-added", "b")
 	_ = proxywasm.RemoveRequestHeader("x-remove-me")
 	for _, p := range []string{"source.address", "request.path", "request.url_path", "request.method",
-		"request.host", "request.scheme", "request.protocol", "request.id", "plugin_root_id", "plugin_name", "plugin_vm_id"} {
+		"request.host", "request.scheme", "request.protocol", "request.id", "plugin_root_id", "plugin_name", "plugin_vm_id",
+		"connection.uri_san_peer_certificate", "connection.dns_san_peer_certificate"} {
 		v, err := proxywasm.GetProperty(splitDots(p)...)
 		if err != nil {
 			set("x-prop-"+p, "error: "+err.Error())
