@@ -307,25 +307,23 @@ func (s *Server) ReloadChanged() error { return s.reload(false) }
 
 func (s *Server) reload(always bool) error {
 	err := s.reloadRLS(always)
-	if s.cert != nil {
-		read, cerr := s.cert.Reload(always)
+	// logged says how a file's reload went, and keeps its error.
+	logged := func(read bool, ferr error, refused, reloaded string, attrs ...any) {
 		switch {
-		case cerr != nil:
-			s.log.Error("TLS certificate refused; the one served stays", "err", cerr)
+		case ferr != nil:
+			s.log.Error(refused, "err", ferr)
 		case read:
-			s.log.Info("TLS certificate reloaded", "cert", s.set.TLSCert, "not_after", s.cert.NotAfter())
+			s.log.Info(reloaded, attrs...)
 		}
-		err = errors.Join(err, cerr)
+		err = errors.Join(err, ferr)
+	}
+	if s.cert != nil {
+		read, ferr := s.cert.Reload(always)
+		logged(read, ferr, "TLS certificate refused; the one served stays", "TLS certificate reloaded", "cert", s.set.TLSCert, "not_after", s.cert.NotAfter())
 	}
 	if s.clientCAs != nil {
-		read, cerr := s.clientCAs.Reload(always)
-		switch {
-		case cerr != nil:
-			s.log.Error("client CAs refused; the ones in use stay", "err", cerr)
-		case read:
-			s.log.Info("client CAs reloaded", "file", s.set.TLSClientCA)
-		}
-		err = errors.Join(err, cerr)
+		read, ferr := s.clientCAs.Reload(always)
+		logged(read, ferr, "client CAs refused; the ones in use stay", "client CAs reloaded", "file", s.set.TLSClientCA)
 	}
 	return err
 }
