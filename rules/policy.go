@@ -14,13 +14,13 @@ type HeaderSource interface {
 
 // Request is what the policy sees of an HTTP request.
 type Request struct {
-	Method  string
-	Path    string // may carry a query string; matching ignores it
-	Host    string // :authority, port allowed
-	Source  string // connection peer, Envoy source.address ("1.2.3.4:5678")
+	Method string
+	Path   string // may carry a query string; matching ignores it
+	Host   string // :authority, port allowed
+	Source string // connection peer, Envoy source.address ("1.2.3.4:5678")
 	// Peer is the name of the client certificate the config's
 	// peer_certificate source reads ("" for none, or no mutual TLS).
-	Peer string
+	Peer    string
 	Headers HeaderSource
 	NowUnix int64 // for JWT exp/nbf
 	// Lazy, when set, gives Source and NowUnix when they are left empty,
