@@ -191,7 +191,7 @@ func (s *Server) routes() http.Handler {
 	return s.withProbes(mux)
 }
 
-// HealthHandler serves only /healthz, /readyz and /metrics, as the
+// HealthHandler serves only /healthz, /readyz (and /healthcheck) and /metrics, as the
 // bridge's listener does: for --health-listen, a listener of their own
 // that Kubernetes' probes and Prometheus reach without the client
 // certificate --tls-client-ca asks of everything else.
@@ -205,6 +205,9 @@ func (s *Server) withProbes(mux *http.ServeMux) http.Handler {
 		writeJSON(w, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
+	// envoyproxy/ratelimit's probe path, so that its deployments' probes
+	// (Envoy Gateway's, say) keep working with the bridge in its place.
+	mux.HandleFunc("GET /healthcheck", s.handleReady)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, &apiError{http.StatusNotFound, codeNotFound, "path", "no such endpoint: " + r.Method + " " + r.URL.Path})
 	})

@@ -139,6 +139,7 @@ func TestRun_HealthListen(t *testing.T) {
 	}{
 		{"GET", "/healthz", 200, `"ok"`},
 		{"GET", "/readyz", 200, `"ready"`},
+		{"GET", "/healthcheck", 200, `"ready"`},
 		{"GET", "/metrics", 200, "sluice_bridge_checks_total"},
 		{"POST", "/v1/rate-limit/check", 404, "no such endpoint"},
 	} {
