@@ -97,12 +97,35 @@ func TestCAs_RequireClients(t *testing.T) {
 		}
 	}
 
+	// A client that keeps its sessions, as Envoy does: one resumed after
+	// the rotation below must be refused too.
+	sessions := &tls.Config{RootCAs: ca.Pool, Certificates: clients["dns"], ClientSessionCache: tls.NewLRUClientSessionCache(4)}
+	resumed := func() (bool, error) {
+		tr := &http.Transport{TLSClientConfig: sessions}
+		defer tr.CloseIdleConnections()
+		res, err := (&http.Client{Transport: tr}).Get(serverURL)
+		if err != nil {
+			return false, err
+		}
+		defer res.Body.Close()
+		io.ReadAll(res.Body)
+		return res.TLS.DidResume, nil
+	}
+	for i := range 2 {
+		if did, err := resumed(); err != nil || did != (i == 1) {
+			t.Fatalf("connection %d of a client keeping sessions: resumed %t, %v", i, did, err)
+		}
+	}
+
 	other.WriteCert(t, caFile)
 	if read, err := cas.Reload(false); !read || err != nil {
 		t.Fatalf("a changed file: read %t, %v", read, err)
 	}
 	if err := get("dns"); err == nil {
 		t.Error("the first CA's client after its CA was replaced: accepted")
+	}
+	if did, err := resumed(); err == nil {
+		t.Errorf("the first CA's client resuming a session after its CA was replaced: accepted (resumed %t)", did)
 	}
 	if err := get("other-ca"); err != nil {
 		t.Errorf("the new CA's client: %v", err)
