@@ -45,7 +45,7 @@ func StartCluster(t testing.TB, masters, replicasPerMaster int) *Cluster {
 			// in tests we want the failover, not the freshness check.
 			"--cluster-replica-validity-factor", "0",
 		})
-		s.start()
+		s.startFirst()
 		t.Cleanup(s.Stop)
 		c.Nodes = append(c.Nodes, s)
 		addrs = append(addrs, s.Addr)

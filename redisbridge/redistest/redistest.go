@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,7 +43,7 @@ func Start(t testing.TB, args ...string) *Server {
 		t.Fatalf("redistest: %s not found (apt-get install redis-server): %v", Binary, err)
 	}
 	s := newServer(t, args)
-	s.start()
+	s.startFirst()
 	t.Cleanup(s.Stop)
 	return s
 }
@@ -50,19 +51,70 @@ func Start(t testing.TB, args ...string) *Server {
 // newServer picks a free port and a directory for a server not yet started.
 func newServer(t testing.TB, args []string) *Server {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("redistest: no free port: %v", err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	s := &Server{t: t, dir: t.TempDir(), port: port, args: args}
-	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	s.URL = "redis://" + s.Addr + "/0"
+	s := &Server{t: t, dir: t.TempDir(), args: args}
+	s.pickPort()
 	return s
 }
 
+// pickPort gives s a port that is free now; a cluster node also needs its
+// bus port, 10000 above, free. Another process may take either before the
+// server binds it: startFirst then picks again.
+func (s *Server) pickPort() {
+	s.t.Helper()
+	cluster := slices.Contains(s.args, "--cluster-enabled")
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			s.t.Fatalf("redistest: no free port: %v", err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		free := true
+		if cluster {
+			bus, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000)))
+			if free = err == nil; free {
+				bus.Close()
+			}
+		}
+		ln.Close()
+		if free {
+			s.port = port
+			s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			s.URL = "redis://" + s.Addr + "/0"
+			return
+		}
+	}
+	s.t.Fatal("redistest: no free port with a free cluster bus port")
+}
+
+// startFirst starts a server that was never started: on a port taken
+// between pickPort and the server's bind, it picks another and tries
+// again (a sentinel's port is in its file, written for the first).
+func (s *Server) startFirst() {
+	s.t.Helper()
+	for try := 0; ; try++ {
+		out, taken := s.tryStart()
+		if !taken {
+			return
+		}
+		if try == 4 || s.conf != "" {
+			s.t.Fatalf("redistest: redis-server on %s: its port was taken: %s", s.Addr, out)
+		}
+		s.pickPort()
+	}
+}
+
+// start starts the server on its port (again, for Restart).
 func (s *Server) start() {
+	s.t.Helper()
+	if out, taken := s.tryStart(); taken {
+		s.t.Fatalf("redistest: redis-server on %s exited before it was ready: its port was taken: %s", s.Addr, out)
+	}
+}
+
+// tryStart starts the server and waits until it answers; taken reports
+// that it exited because its port (or bus port) was in use, with its
+// output. Any other failure fails the test.
+func (s *Server) tryStart() (out string, taken bool) {
 	s.t.Helper()
 	var args []string
 	if s.conf != "" {
@@ -93,13 +145,16 @@ func (s *Server) start() {
 	for {
 		err := ping(s.Addr)
 		if err == nil {
-			return
+			return "", false
 		}
 		select {
 		case werr := <-exited:
 			s.mu.Lock()
 			s.cmd = nil
 			s.mu.Unlock()
+			if strings.Contains(stderr.String(), "Address already in use") {
+				return stderr.String(), true
+			}
 			s.t.Fatalf("redistest: redis-server on %s exited before it was ready (%v): %s", s.Addr, werr, stderr.String())
 		default:
 		}

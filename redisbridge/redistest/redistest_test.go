@@ -1,6 +1,8 @@
 package redistest
 
 import (
+	"net"
+	"strconv"
 	"testing"
 )
 
@@ -25,5 +27,25 @@ func TestDo_Replies(t *testing.T) {
 	}
 	if v, err := Do(s.Addr, opTimeout, "KEYS", "*"); err != nil || len(v.([]any)) != 2 {
 		t.Errorf("KEYS: %v %v", v, err)
+	}
+}
+
+// A cluster node whose bus port is taken between the pick and its start
+// (by another process, in a busy test run) starts on another port.
+func TestServer_StartFirstPortTaken(t *testing.T) {
+	s := newServer(t, []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"})
+	taken := s.Addr
+	bus, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port+10000)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bus.Close()
+	s.startFirst()
+	t.Cleanup(s.Stop)
+	if s.Addr == taken {
+		t.Fatalf("started on %s, whose bus port is taken", taken)
+	}
+	if err := ping(s.Addr); err != nil {
+		t.Fatalf("on %s: %v", s.Addr, err)
 	}
 }

@@ -48,7 +48,7 @@ sentinel parallel-syncs %[3]s 1
 		if err := os.WriteFile(s.conf, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		s.start()
+		s.startFirst()
 		t.Cleanup(s.Stop)
 		st.Sentinels = append(st.Sentinels, s)
 		addrs = append(addrs, s.Addr)
