@@ -184,7 +184,8 @@ func TestRun_EmbeddedBridgeSettings(t *testing.T) {
 // Through the gateway with --tls-client-ca, the plugin's peer_certificate
 // source identifies each calling service by its certificate's SPIFFE id:
 // each gets its own quota whatever X-User-Id it sends, and a client
-// without a URI in its certificate falls back to its header.
+// without a URI in its certificate falls back to its header, as does one
+// without a certificate, which --tls-client-optional lets in.
 func TestRun_PeerCertificateIdentity(t *testing.T) {
 	dir := t.TempDir()
 	plugin, config, upstream := limitFiles(t, dir, 1)
@@ -201,7 +202,7 @@ func TestRun_PeerCertificateIdentity(t *testing.T) {
 	listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
 	stop := startRun(t, admin, "--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
 		"--upstream", upstream, "--embed-bridge", "sluice_bridge", "--tls-cert", cert, "--tls-key", key,
-		"--tls-client-ca", clientCA, "--log-level", "error")
+		"--tls-client-ca", clientCA, "--tls-client-optional", "--log-level", "error")
 	defer stop()
 	client := func(name string, uris ...string) *http.Client {
 		pair, err := tls.LoadX509KeyPair(ca.IssueWith(t, dir, name, func(c *x509.Certificate) {
@@ -221,6 +222,8 @@ func TestRun_PeerCertificateIdentity(t *testing.T) {
 	checkout := client("checkout", "spiffe://cluster.local/ns/shop/sa/checkout")
 	cart := client("cart", "spiffe://cluster.local/ns/shop/sa/cart")
 	noURI := client("legacy")
+	noCert := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}
+	t.Cleanup(noCert.CloseIdleConnections)
 	send := func(c *http.Client, user string) int {
 		t.Helper()
 		req, _ := http.NewRequest("GET", "https://"+listen+"/api/items", nil)
@@ -236,8 +239,9 @@ func TestRun_PeerCertificateIdentity(t *testing.T) {
 		send(checkout, "alice"), send(checkout, "bob"), // one quota, whatever the header says
 		send(cart, "alice"),                        // its own
 		send(noURI, "alice"), send(noURI, "carol"), // by the header: alice's and carol's
+		send(noCert, "dave"), send(noCert, "dave"), // by the header too
 	}
-	if want := []int{200, 429, 200, 200, 200}; !reflect.DeepEqual(got, want) {
+	if want := []int{200, 429, 200, 200, 200, 200, 429}; !reflect.DeepEqual(got, want) {
 		t.Errorf("statuses %v, want %v", got, want)
 	}
 }

@@ -199,6 +199,7 @@ type settings struct {
 	tlsCert, tlsKey                  valuesFlag
 	clientCA                         string
 	clientSANs                       valuesFlag
+	clientOptional                   bool
 	accessLog                        string
 	accessLogFormat, accessLogJSON   string
 	upstreamProtocol                 string
@@ -242,6 +243,7 @@ func flagSet(s *settings) *flag.FlagSet {
 	fs.Var(&s.tlsCert, "tls-cert", "PEM certificate chain to serve HTTPS (HTTP/2 and HTTP/1.1) with, with --tls-key (repeatable: each connection gets the first whose names match the server name it asks for, else the first); read again on SIGHUP and when they change (--watch)")
 	fs.Var(&s.tlsKey, "tls-key", "PEM private key of --tls-cert (repeatable: the keys of the certificates, in their order)")
 	fs.StringVar(&s.clientCA, "tls-client-ca", "", "PEM CA certificates: with --tls-cert, every client must present a certificate they issued (mutual TLS), as an Envoy listener's require_client_certificate with a validation_context's trusted_ca; read again on SIGHUP and when it changes (--watch)")
+	fs.BoolVar(&s.clientOptional, "tls-client-optional", false, "with --tls-client-ca: also take clients that present no certificate, as an Envoy listener without require_client_certificate; a certificate presented is verified all the same, and names its client to the plugin (peer_certificate identity)")
 	fs.Var(&s.clientSANs, "tls-client-san", "with --tls-client-ca: a client's certificate must have this DNS name or URI (a SPIFFE id) among its subject alternative names, as a validation_context's match_typed_subject_alt_names (repeatable: any of them)")
 	fs.StringVar(&s.upstreamCA, "upstream-tls-ca", "", "PEM CA certificates that verify https upstreams and call-out clusters (a bridge with a private CA), instead of the system's roots, as an Envoy cluster's trusted_ca; read again on SIGHUP and when it changes (--watch)")
 	fs.StringVar(&s.upstreamProtocol, "upstream-protocol", upstreamHTTP1, "how to speak to the upstream: http1, http2 (h2c for http://, ALPN h2 for https://; what gRPC upstreams need) or downstream (the client's protocol)")
@@ -336,6 +338,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), stderr io.
 	}
 	if s.clientCA != "" && len(s.tlsCert) == 0 {
 		return s, errors.New("--tls-client-ca: only with --tls-cert (clients are verified in the TLS handshake)")
+	}
+	if s.clientOptional && s.clientCA == "" {
+		return s, errors.New("--tls-client-optional: only with --tls-client-ca")
 	}
 	if len(s.clientSANs) > 0 && s.clientCA == "" {
 		return s, errors.New("--tls-client-san: only with --tls-client-ca")
@@ -466,7 +471,10 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	serve := srv.Serve
 	if len(certs) > 0 {
 		srv.TLSConfig = tlsfiles.Config(certs...)
-		if s.clientCAs != nil {
+		switch {
+		case s.clientCAs != nil && s.clientOptional:
+			s.clientCAs.VerifyClients(srv.TLSConfig, s.clientSANs)
+		case s.clientCAs != nil:
 			s.clientCAs.RequireClients(srv.TLSConfig, s.clientSANs)
 		}
 		serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }

@@ -80,6 +80,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--upstream", "http://x", "--tls-client-ca", "ca.pem"}, "--tls-client-ca: only with --tls-cert"},
 		{[]string{"--upstream", "http://x", "--tls-cert", "a.pem", "--tls-key", "a.key", "--tls-client-san", "partner.example"}, "--tls-client-san: only with --tls-client-ca"},
 		{[]string{"--upstream", "http://x", "--tls-client-san", ""}, "a value is empty"},
+		{[]string{"--upstream", "http://x", "--tls-client-optional"}, "--tls-client-optional: only with --tls-client-ca"},
 		{[]string{"--upstream", "http://x", "--cluster", "b=http://127.0.0.1:8081", "--embed-bridge", "b"}, "--embed-bridge b: also a --cluster"},
 		{[]string{"--upstream", "http://x", "--access-log-json", `{"s":"%RESPONSE_CODE%"}`}, "--access-log-format, --access-log-json: only with --access-log"},
 	}
@@ -110,7 +111,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		"SLUICE_GATEWAY_MAX_REQUEST_HEADERS_KB": "96", "SLUICE_GATEWAY_TLS_CERT": "/etc/gw/cert.pem, /etc/gw/other.pem", "SLUICE_GATEWAY_TLS_KEY": "/etc/gw/key.pem,/etc/gw/other.key",
 		"SLUICE_GATEWAY_ACCESS_LOG": "/dev/stdout", "SLUICE_GATEWAY_UPSTREAM_PROTOCOL": "downstream", "SLUICE_GATEWAY_VALIDATE": "true",
 		"SLUICE_GATEWAY_SHUTDOWN_GRACE": "35s", "SLUICE_GATEWAY_WATCH": "5s", "SLUICE_GATEWAY_EMBED_BRIDGE": "sluice_bridge",
-		"SLUICE_GATEWAY_PRESERVE_EXTERNAL_REQUEST_ID": "true", "SLUICE_GATEWAY_UPSTREAM_TLS_CA": "/etc/gw/ca.pem", "SLUICE_GATEWAY_TLS_CLIENT_CA": "/etc/gw/clients.pem",
+		"SLUICE_GATEWAY_PRESERVE_EXTERNAL_REQUEST_ID": "true", "SLUICE_GATEWAY_UPSTREAM_TLS_CA": "/etc/gw/ca.pem", "SLUICE_GATEWAY_TLS_CLIENT_CA": "/etc/gw/clients.pem", "SLUICE_GATEWAY_TLS_CLIENT_OPTIONAL": "true",
 		"SLUICE_GATEWAY_TLS_CLIENT_SAN": "partner.example, spiffe://example.org/partner", "SLUICE_GATEWAY_ACCESS_LOG_FORMAT": "%RESPONSE_CODE%", "SLUICE_GATEWAY_ACCESS_LOG_JSON": `{"s":"%RESPONSE_CODE%"}`,
 		"SLUICE_GATEWAY_ROUTE": "/api/**=http://127.0.0.1:9001, Admin.example.com/**=http://127.0.0.1:9002 timeout=2m",
 	}
@@ -124,7 +125,7 @@ func TestParseFlags_Environment(t *testing.T) {
 		clusters: clusterFlag{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:2", "c": "unix:///run/sluice/bridge.sock"}, workers: 3, failure: policyFlag{wasmhost.FailOpen},
 		strip: listFlag{"x-user-id", "x-tier"}, appendXFF: false, logLevel: "debug", cacheDir: "/tmp/cc", idleTimeout: 45 * time.Second,
 		adminListen: "127.0.0.1:9901", maxRequestHeadersKB: 96, tlsCert: valuesFlag{"/etc/gw/cert.pem", "/etc/gw/other.pem"}, tlsKey: valuesFlag{"/etc/gw/key.pem", "/etc/gw/other.key"}, accessLog: "/dev/stdout", upstreamProtocol: "downstream", validate: true, shutdownGrace: 35 * time.Second, watch: 5 * time.Second,
-		embedBridge: "sluice_bridge", preserveRequestID: true, upstreamCA: "/etc/gw/ca.pem", clientCA: "/etc/gw/clients.pem", clientSANs: valuesFlag{"partner.example", "spiffe://example.org/partner"}, accessLogFormat: "%RESPONSE_CODE%", accessLogJSON: `{"s":"%RESPONSE_CODE%"}`,
+		embedBridge: "sluice_bridge", preserveRequestID: true, upstreamCA: "/etc/gw/ca.pem", clientCA: "/etc/gw/clients.pem", clientOptional: true, clientSANs: valuesFlag{"partner.example", "spiffe://example.org/partner"}, accessLogFormat: "%RESPONSE_CODE%", accessLogJSON: `{"s":"%RESPONSE_CODE%"}`,
 		env: envFlag{{name: "RATE_LIMIT_CHAT_REQUESTS", fromHost: true}, {name: "RATE_LIMIT_CHAT_WINDOW", value: "90"}},
 	}
 	for _, r := range []string{"/api/**=http://127.0.0.1:9001", "Admin.example.com/**=http://127.0.0.1:9002 timeout=2m"} {

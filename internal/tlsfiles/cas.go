@@ -89,14 +89,28 @@ func (c *CAs) ClientConfig() *tls.Config {
 // of cfg with them. The copy offers cfg's NextProtos, by default h2 and
 // http/1.1, what net/http's server offers (it adds them to its own copy
 // of cfg, which handshakes then no longer use).
-func (c *CAs) RequireClients(cfg *tls.Config, names []string) {
+func (c *CAs) RequireClients(cfg *tls.Config, names []string) { c.verifyClients(cfg, names, true) }
+
+// VerifyClients is RequireClients for a listener that also takes clients
+// without a certificate, as an Envoy listener with a validation context
+// but no require_client_certificate: a certificate presented must pass
+// the same checks, and one not presented names no one.
+func (c *CAs) VerifyClients(cfg *tls.Config, names []string) { c.verifyClients(cfg, names, false) }
+
+func (c *CAs) verifyClients(cfg *tls.Config, names []string, require bool) {
 	base := cfg.Clone()
 	if len(base.NextProtos) == 0 {
 		base.NextProtos = []string{"h2", "http/1.1"}
 	}
-	base.ClientAuth = tls.RequireAndVerifyClientCert
+	base.ClientAuth = tls.VerifyClientCertIfGiven
+	if require {
+		base.ClientAuth = tls.RequireAndVerifyClientCert
+	}
 	if len(names) > 0 {
 		base.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.VerifiedChains) == 0 {
+				return nil // none presented, and none required
+			}
 			if !namesOne(cs.VerifiedChains[0][0], names) {
 				return fmt.Errorf("tls: the client's certificate names none of %s", strings.Join(names, ", "))
 			}

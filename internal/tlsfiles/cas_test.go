@@ -21,6 +21,8 @@ import (
 // for, DNS (in any case) or URI; it refuses one with no certificate, one
 // another CA issued, one for servers only, and one with other names. A CA
 // written over the file is the one that counts from the next handshake on.
+// One that only verifies clients (VerifyClients) takes a client with no
+// certificate, and refuses the others the same.
 func TestCAs_RequireClients(t *testing.T) {
 	dir := t.TempDir()
 	ca, other := tlsfilestest.NewCA(t), tlsfilestest.NewCA(t)
@@ -37,15 +39,18 @@ func TestCAs_RequireClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	cfg := Config(serverPair)
-	cas.RequireClients(cfg, []string{"spiffe://cluster.local/ns/edge/sa/envoy", "envoy.internal"})
-	// Not StartTLS, which would serve httptest's own certificate.
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
-	srv.Listener = tls.NewListener(srv.Listener, cfg)
-	srv.Start()
-	defer srv.Close()
-	serverURL := "https://" + srv.Listener.Addr().String()
+	serve := func(verify func(*tls.Config, []string)) string {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+		cfg := Config(serverPair)
+		verify(cfg, []string{"spiffe://cluster.local/ns/edge/sa/envoy", "envoy.internal"})
+		// Not StartTLS, which would serve httptest's own certificate.
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
+		srv.Listener = tls.NewListener(srv.Listener, cfg)
+		srv.Start()
+		t.Cleanup(srv.Close)
+		return "https://" + srv.Listener.Addr().String()
+	}
+	serverURL, optionalURL := serve(cas.RequireClients), serve(cas.VerifyClients)
 
 	spiffe, _ := url.Parse("spiffe://cluster.local/ns/edge/sa/envoy")
 	otherID, _ := url.Parse("spiffe://cluster.local/ns/edge/sa/other")
@@ -67,11 +72,11 @@ func TestCAs_RequireClients(t *testing.T) {
 	issue("server-only", ca, func(c *x509.Certificate) {
 		c.DNSNames, c.ExtKeyUsage = []string{"envoy.internal"}, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	})
-	get := func(client string) error {
+	getFrom := func(server, client string) error {
 		t.Helper()
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool, Certificates: clients[client]}}
 		defer tr.CloseIdleConnections()
-		res, err := (&http.Client{Transport: tr}).Get(serverURL)
+		res, err := (&http.Client{Transport: tr}).Get(server)
 		if err != nil {
 			return err
 		}
@@ -81,19 +86,23 @@ func TestCAs_RequireClients(t *testing.T) {
 		}
 		return nil
 	}
+	get := func(client string) error { t.Helper(); return getFrom(serverURL, client) }
 	for _, tc := range []struct {
-		client string
-		ok     bool
+		client       string
+		ok, optional bool // accepted when required, when verified only
 	}{
-		{"dns", true},
-		{"uri", true},
-		{"none", false},
-		{"other-names", false},
-		{"other-ca", false},
-		{"server-only", false},
+		{"dns", true, true},
+		{"uri", true, true},
+		{"none", false, true},
+		{"other-names", false, false},
+		{"other-ca", false, false},
+		{"server-only", false, false},
 	} {
 		if err := get(tc.client); (err == nil) != tc.ok {
 			t.Errorf("client %s: %v, want accepted %t", tc.client, err, tc.ok)
+		}
+		if err := getFrom(optionalURL, tc.client); (err == nil) != tc.optional {
+			t.Errorf("client %s, certificates verified but not required: %v, want accepted %t", tc.client, err, tc.optional)
 		}
 	}
 
