@@ -191,10 +191,10 @@ func (s *Server) routes() http.Handler {
 	return s.withProbes(mux)
 }
 
-// HealthHandler serves only /healthz, /readyz (and /healthcheck) and /metrics, as the
-// bridge's listener does: for --health-listen, a listener of their own
-// that Kubernetes' probes and Prometheus reach without the client
-// certificate --tls-client-ca asks of everything else.
+// HealthHandler serves only /healthz, /readyz (and /healthcheck) and
+// /metrics, as the bridge's listener does: for --health-listen, a
+// listener of their own that Kubernetes' probes and Prometheus reach
+// without the client certificate --tls-client-ca asks of everything else.
 func (s *Server) HealthHandler() http.Handler { return s.withProbes(http.NewServeMux()) }
 
 // withProbes adds the probes and metrics to mux, and a 404 for what it
