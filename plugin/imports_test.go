@@ -73,10 +73,11 @@ func TestDocs_NameTheReleasesThatLoadThePlugin(t *testing.T) {
 	oldest := envoyhosts.Hosts()[0]
 	envoy, istio := "Envoy "+oldest.Envoy+" or later", "Istio "+oldest.Istio+" or later"
 	files := map[string][]string{
-		"README.md":                    {envoy, istio},
-		"docs/deploy.md":               {envoy, istio},
-		"envoy.yaml":                   {envoy},
-		"deploy/istio/wasmplugin.yaml": {istio},
+		"README.md":                         {envoy, istio},
+		"docs/deploy.md":                    {envoy, istio},
+		"envoy.yaml":                        {envoy},
+		"deploy/istio/wasmplugin.yaml":      {istio},
+		"deploy/istio/mesh/wasmplugin.yaml": {istio},
 	}
 	for file, phrases := range files {
 		b, err := os.ReadFile(filepath.Join("..", file))

@@ -116,27 +116,9 @@ func TestIstio_WasmPlugin(t *testing.T) {
 		t.Fatalf("pluginConfig refused by the plugin: %v", err)
 	}
 
-	svc := only(t, objs, "Service")
-	var svcSpec struct {
-		Ports []struct {
-			Name        string `json:"name"`
-			AppProtocol string `json:"appProtocol"`
-			Port        int    `json:"port"`
-		} `json:"ports"`
-	}
-	if err := json.Unmarshal(svc.Spec, &svcSpec); err != nil {
-		t.Fatal(err)
-	}
-	if len(svcSpec.Ports) != 1 {
-		t.Fatalf("bridge Service: want one port, got %d", len(svcSpec.Ports))
-	}
-	port := svcSpec.Ports[0]
-	if port.AppProtocol != "http2" && port.AppProtocol != "grpc" {
-		t.Errorf("bridge Service port appProtocol %q: want http2 so Istio speaks HTTP/2 to the bridge", port.AppProtocol)
-	}
-	host := fmt.Sprintf("%s.%s.svc.cluster.local", svc.Metadata.Name, svc.Metadata.Namespace)
-	if want := fmt.Sprintf("outbound|%d||%s", port.Port, host); cfg.Bridge.Cluster != want {
-		t.Errorf("bridge.cluster %q: Istio names the bridge Service's cluster %q", cfg.Bridge.Cluster, want)
+	host, cluster := bridgeCluster(t, objs)
+	if cfg.Bridge.Cluster != cluster {
+		t.Errorf("bridge.cluster %q: Istio names the bridge Service's cluster %q", cfg.Bridge.Cluster, cluster)
 	}
 
 	dr := only(t, objs, "DestinationRule")
@@ -187,6 +169,72 @@ func TestIstio_WasmPlugin(t *testing.T) {
 	}
 	if cfg.Tiers.Header != "" {
 		t.Errorf("tiers.header %q is client-settable at an Istio gateway; use tiers.claim", cfg.Tiers.Header)
+	}
+}
+
+// bridgeCluster is the host of the bridge Service in objs (deploy/istio),
+// and the outbound cluster Istio builds for it, which the plugin calls.
+func bridgeCluster(t *testing.T, objs map[string][]k8sObject) (host, cluster string) {
+	t.Helper()
+	svc := only(t, objs, "Service")
+	var svcSpec struct {
+		Ports []struct {
+			Name        string `json:"name"`
+			AppProtocol string `json:"appProtocol"`
+			Port        int    `json:"port"`
+		} `json:"ports"`
+	}
+	if err := json.Unmarshal(svc.Spec, &svcSpec); err != nil {
+		t.Fatal(err)
+	}
+	if len(svcSpec.Ports) != 1 {
+		t.Fatalf("bridge Service: want one port, got %d", len(svcSpec.Ports))
+	}
+	port := svcSpec.Ports[0]
+	if port.AppProtocol != "http2" && port.AppProtocol != "grpc" {
+		t.Errorf("bridge Service port appProtocol %q: want http2 so Istio speaks HTTP/2 to the bridge", port.AppProtocol)
+	}
+	host = fmt.Sprintf("%s.%s.svc.cluster.local", svc.Metadata.Name, svc.Metadata.Namespace)
+	return host, fmt.Sprintf("outbound|%d||%s", port.Port, host)
+}
+
+// The mesh example puts the plugin on one workload's sidecars, inbound:
+// the plugin accepts its configuration, which calls the bridge Service's
+// cluster and identifies each calling service by its certificate first.
+func TestIstio_MeshWasmPlugin(t *testing.T) {
+	wp := only(t, manifestsIn(t, "../../deploy/istio/mesh"), "WasmPlugin")
+	var spec struct {
+		wasmPluginSpec
+		Match []struct {
+			Mode string `json:"mode"`
+		} `json:"match"`
+	}
+	if err := json.Unmarshal(wp.Spec, &spec); err != nil {
+		t.Fatal(err)
+	}
+	if wp.APIVersion != "extensions.istio.io/v1alpha1" || spec.Phase != "AUTHZ" || spec.FailStrategy == "" {
+		t.Errorf("WasmPlugin %s, phase %q, failStrategy %q: want extensions.istio.io/v1alpha1, AUTHZ, one said", wp.APIVersion, spec.Phase, spec.FailStrategy)
+	}
+	if len(spec.Selector.MatchLabels) == 0 {
+		t.Error("no selector: the plugin would apply to every proxy in the namespace")
+	}
+	if len(spec.Match) != 1 || spec.Match[0].Mode != "SERVER" {
+		t.Errorf("match %+v: want the inbound side only (mode SERVER)", spec.Match)
+	}
+	cfg, err := rules.ParseConfig(spec.PluginConfig)
+	if err != nil {
+		t.Fatalf("pluginConfig refused by the plugin: %v", err)
+	}
+	if _, cluster := bridgeCluster(t, istioObjects(t)); cfg.Bridge.Cluster != cluster {
+		t.Errorf("bridge.cluster %q: Istio names the bridge Service's cluster %q", cfg.Bridge.Cluster, cluster)
+	}
+	if len(cfg.Identity.Sources) == 0 || cfg.Identity.Sources[0].Kind != rules.SourcePeerCertificate {
+		t.Errorf("identity.sources %+v: want the calling workload's certificate first", cfg.Identity.Sources)
+	}
+	for i, s := range cfg.Identity.Sources {
+		if s.Kind == rules.SourceHeader {
+			t.Errorf("identity.sources[%d]: a plain header source is the caller's to set", i)
+		}
 	}
 }
 
