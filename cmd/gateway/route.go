@@ -17,7 +17,7 @@ import (
 // plugin's own syntax (docs/config.md, "Value syntax"), matched by the
 // same code.
 type route struct {
-	raw  string // as given: [HOST]PATH=URL[ timeout=DURATION]
+	raw  string // as given: [HOST]PATH=URL[ timeout=DURATION][ rewrite=PATH]
 	host string // a host pattern; "" for every host
 	path rules.PathPattern
 	to   *url.URL
@@ -26,6 +26,10 @@ type route struct {
 	// has --upstream-timeout.
 	timeout    time.Duration
 	hasTimeout bool
+	// rewrite replaces the part of the path the route's path matched (all
+	// of an exact path, the prefix of prefix:, the base of /base/**), as
+	// an Envoy route's prefix_rewrite; "" keeps the path.
+	rewrite string
 }
 
 // routeFlag is --route, repeatable: the routes in the order given.
@@ -42,20 +46,27 @@ func (f *routeFlag) String() string {
 func (f *routeFlag) Set(v string) error {
 	match, target, ok := strings.Cut(v, "=")
 	if !ok || match == "" {
-		return fmt.Errorf("%q: want [HOST]PATH=URL[ timeout=DURATION]", v)
+		return fmt.Errorf("%q: want [HOST]PATH=URL[ timeout=DURATION][ rewrite=PATH]", v)
 	}
 	r := route{raw: v}
 	target, opts, _ := strings.Cut(target, " ")
 	for _, o := range strings.Fields(opts) {
 		name, val, _ := strings.Cut(o, "=")
-		if name != "timeout" {
-			return fmt.Errorf("%q: unknown option %q (a route takes timeout=DURATION)", v, o)
+		switch name {
+		case "timeout":
+			d, err := time.ParseDuration(val)
+			if err != nil || d < 0 {
+				return fmt.Errorf("%q: timeout %q: want a duration, 0 for none (60s, 1m30s)", v, val)
+			}
+			r.timeout, r.hasTimeout = d, true
+		case "rewrite":
+			if err := validRewrite(val); err != nil {
+				return fmt.Errorf("%q: rewrite %q: %w", v, val, err)
+			}
+			r.rewrite = val
+		default:
+			return fmt.Errorf("%q: unknown option %q (a route takes timeout=DURATION and rewrite=PATH)", v, o)
 		}
-		d, err := time.ParseDuration(val)
-		if err != nil || d < 0 {
-			return fmt.Errorf("%q: timeout %q: want a duration, 0 for none (60s, 1m30s)", v, val)
-		}
-		r.timeout, r.hasTimeout = d, true
 	}
 	host, path := splitRouteMatch(match)
 	host = strings.ToLower(host) // as the plugin's match.hosts
@@ -72,9 +83,60 @@ func (f *routeFlag) Set(v string) error {
 	if err != nil {
 		return fmt.Errorf("%q: %w", v, err)
 	}
+	if r.rewrite != "" && p.Kind != rules.PatternExact && p.Kind != rules.PatternPrefix && p.Kind != rules.PatternSubtree {
+		return fmt.Errorf("%q: rewrite: the route's path must say which part is replaced: an exact path, prefix:/PATH or /PATH/**", v)
+	}
 	r.host, r.path, r.to = host, p, to
 	*f = append(*f, r)
 	return nil
+}
+
+// validRewrite checks a route's rewrite: a path, as it goes on the
+// request line (percent-encoded), without a query.
+func validRewrite(s string) error {
+	if !strings.HasPrefix(s, "/") {
+		return errors.New(`want a path starting with "/"`)
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c == 0x7f || c == '?' || c == '#' {
+			return errors.New("want a path without spaces, control bytes, a query or a fragment")
+		}
+	}
+	if _, err := url.PathUnescape(s); err != nil {
+		return err
+	}
+	return nil
+}
+
+// rewritten is r, whose request target is target, with the part of its
+// path the route matched replaced by its rewrite and the query kept, as
+// Envoy's prefix_rewrite; Envoy puts the original target in
+// x-envoy-original-path, and so does the gateway. A rewrite ending in "/"
+// before a rest starting with one joins them with one slash.
+func (rr *route) rewritten(r *http.Request, target string) *http.Request {
+	path, query, hasQuery := strings.Cut(target, "?")
+	rest := ""
+	if rr.path.Kind != rules.PatternExact {
+		rest = path[len(rr.path.Text):]
+	}
+	if strings.HasSuffix(rr.rewrite, "/") && strings.HasPrefix(rest, "/") {
+		rest = rest[1:]
+	}
+	path = rr.rewrite + rest
+	out := new(http.Request)
+	*out = *r
+	u := *r.URL
+	u.RawPath = path
+	if u.Path, _ = url.PathUnescape(path); u.Path == path {
+		u.RawPath = ""
+	}
+	out.URL, out.RequestURI = &u, path
+	if hasQuery {
+		out.RequestURI += "?" + query
+	}
+	out.Header = r.Header.Clone()
+	out.Header.Set("X-Envoy-Original-Path", target)
+	return out
 }
 
 func (*routeFlag) repeatable() {}
@@ -124,6 +186,9 @@ func (rt *router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for i := range rt.routes {
 		rr := &rt.routes[i]
 		if (rr.host == "" || rules.MatchHost(rr.host, r.Host)) && rr.path.Match(path) {
+			if rr.rewrite != "" {
+				r = rr.rewritten(r, path)
+			}
 			rt.handlers[i].ServeHTTP(w, r)
 			return
 		}

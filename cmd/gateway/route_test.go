@@ -155,6 +155,7 @@ func TestRouteFlag_Set(t *testing.T) {
 		{"/a/**=http://x timeout=90s", 90 * time.Second, true},
 		{"/a/**=http://x  timeout=1m30s ", 90 * time.Second, true},
 		{"/a/**=http://x timeout=0", 0, true},
+		{"/a/**=http://x rewrite=/b timeout=5s", 5 * time.Second, true},
 	} {
 		var f routeFlag
 		if err := f.Set(tc.in); err != nil {
@@ -163,6 +164,46 @@ func TestRouteFlag_Set(t *testing.T) {
 		}
 		if r := f[0]; r.timeout != tc.timeout || r.hasTimeout != tc.hasTimeout || r.to.String() != "http://x" || r.raw != tc.in {
 			t.Errorf("%q: timeout %v (given %v), to %s, raw %q; want %v (%v)", tc.in, r.timeout, r.hasTimeout, r.to, r.raw, tc.timeout, tc.hasTimeout)
+		}
+	}
+}
+
+// A route's rewrite= replaces the part of the path its path matched, and
+// keeps the rest and the query, as Envoy's prefix_rewrite; the upstream
+// gets the original target in X-Envoy-Original-Path. A route without one
+// passes the path as it came.
+func TestNewHandler_RouteRewrite(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s from %q", r.RequestURI, r.Header.Get("X-Envoy-Original-Path"))
+	}))
+	t.Cleanup(srv.Close)
+	var f routeFlag
+	for _, r := range []string{"prefix:/api/v1=URL rewrite=/v1", "/old/**=URL rewrite=/new", "/root/**=URL rewrite=/",
+		"/exact=URL rewrite=/other", "/keep/**=URL"} {
+		if err := f.Set(strings.Replace(r, "URL", srv.URL, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gw := serveGateway(t, newHandler(nil, nil, nil, discardLogger(), settings{routes: f}))
+	for _, tc := range []struct{ path, want string }{
+		{"/api/v1/items?x=1", `/v1/items?x=1 from "/api/v1/items?x=1"`},
+		{"/api/v1x", `/v1x from "/api/v1x"`}, // a raw prefix, as Envoy's
+		{"/old", `/new from "/old"`},
+		{"/old/a/b", `/new/a/b from "/old/a/b"`},
+		{"/old/a%2Fb%20c", `/new/a%2Fb%20c from "/old/a%2Fb%20c"`},
+		{"/root/a?q", `/a?q from "/root/a?q"`},
+		{"/root", `/ from "/root"`},
+		{"/exact?q=2", `/other?q=2 from "/exact?q=2"`},
+		{"/keep/x", `/keep/x from ""`},
+	} {
+		res, err := http.Get("http://" + gw + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if string(b) != tc.want {
+			t.Errorf("%s: upstream got %s, want %s", tc.path, b, tc.want)
 		}
 	}
 }
