@@ -277,8 +277,11 @@ func (s *Server) reloadRLS(always bool) error {
 // --rls-config does; a response refused leaves the running one in place,
 // and the server is told why (a NACK) as well as the log.
 func (s *Server) watchXDS(ctx context.Context, tlsConfig *tls.Config) {
-	u, _ := url.Parse(s.set.RLSXDS) // checked by Validate
-	ads := &rls.ADS{URL: u, TLS: tlsConfig, NodeID: s.set.RLSXDSNodeID, TypeURL: rls.XDSTypeURL, Logger: s.log,
+	u, _ := url.Parse(s.set.RLSXDS) // checked by Validate, as are the two below
+	md, _ := s.set.xdsNodeMetadata()
+	headers, _ := s.set.xdsHeaders()
+	ads := &rls.ADS{URL: u, TLS: tlsConfig, NodeID: s.set.RLSXDSNodeID, NodeMetadata: md, Headers: headers,
+		TypeURL: rls.XDSTypeURL, Logger: s.log,
 		Apply: func(version string, resources [][]byte) error {
 			s.rlsMu.Lock()
 			defer s.rlsMu.Unlock()

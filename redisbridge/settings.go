@@ -86,6 +86,12 @@ type Settings struct {
 	// RLSXDSNodeID is the node the bridge says it is to that server
 	// (CONFIG_GRPC_XDS_NODE_ID); default "default", as there.
 	RLSXDSNodeID string
+	// RLSXDSNodeMetadata is the node's metadata, KEY=VALUE pairs separated
+	// by commas (string values), and RLSXDSHeaders the stream's extra
+	// headers, NAME=VALUE pairs, as envoyproxy/ratelimit's
+	// CONFIG_GRPC_XDS_NODE_METADATA and
+	// CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS.
+	RLSXDSNodeMetadata, RLSXDSHeaders string
 	// RLSXDSCA verifies an https:// server's certificate (default: the
 	// system roots); RLSXDSCert and RLSXDSKey are the bridge's own, for a
 	// server that asks for one (CONFIG_GRPC_XDS_SERVER_TLS_CACERT,
@@ -271,6 +277,8 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
 	fs.StringVar(&s.RLSXDS, "rls-xds", s.RLSXDS, "URL of an xDS management server (http:// in the clear, https:// over TLS) that gives the rate limit service its configuration, in RateLimitConfig resources over ADS, as envoyproxy/ratelimit's CONFIG_TYPE=GRPC_XDS_SOTW; in place of a configuration file")
 	fs.StringVar(&s.RLSXDSNodeID, "rls-xds-node-id", s.RLSXDSNodeID, "the node id the bridge gives that xDS server, which picks the node's resources by it")
+	fs.StringVar(&s.RLSXDSNodeMetadata, "rls-xds-node-metadata", s.RLSXDSNodeMetadata, "the node's metadata the bridge gives that xDS server, KEY=VALUE pairs separated by commas (string values), which a server may pick resources by")
+	fs.StringVar(&s.RLSXDSHeaders, "rls-xds-headers", s.RLSXDSHeaders, "headers (gRPC metadata) the bridge sends that xDS server with each stream, NAME=VALUE pairs separated by commas: a token it asks for, say")
 	fs.StringVar(&s.RLSXDSCA, "rls-xds-ca", s.RLSXDSCA, "PEM CA certificates that verify an https:// xDS server (default: the system roots)")
 	fs.StringVar(&s.RLSXDSCert, "rls-xds-cert", s.RLSXDSCert, "PEM client certificate for the xDS server (mutual TLS)")
 	fs.StringVar(&s.RLSXDSKey, "rls-xds-key", s.RLSXDSKey, "PEM key of the xDS client certificate")
@@ -385,10 +393,16 @@ func (s *Settings) Validate() error {
 // validateXDS checks the --rls-xds settings.
 func (s *Settings) validateXDS() error {
 	if s.RLSXDS == "" {
-		if s.RLSXDSCA != "" || s.RLSXDSCert != "" || s.RLSXDSKey != "" || s.RLSXDSServerName != "" {
-			return errors.New("--rls-xds-ca, --rls-xds-cert, --rls-xds-key, --rls-xds-server-name: only with --rls-xds")
+		if s.RLSXDSCA != "" || s.RLSXDSCert != "" || s.RLSXDSKey != "" || s.RLSXDSServerName != "" || s.RLSXDSNodeMetadata != "" || s.RLSXDSHeaders != "" {
+			return errors.New("--rls-xds-ca, --rls-xds-cert, --rls-xds-key, --rls-xds-server-name, --rls-xds-node-metadata, --rls-xds-headers: only with --rls-xds")
 		}
 		return nil
+	}
+	if _, err := s.xdsNodeMetadata(); err != nil {
+		return err
+	}
+	if _, err := s.xdsHeaders(); err != nil {
+		return err
 	}
 	if s.RLSConfig != "" {
 		return errors.New("--rls-xds: not with --rls-config; the configuration comes from one or the other")
@@ -407,6 +421,63 @@ func (s *Settings) validateXDS() error {
 		return errors.New("--rls-xds-node-id: empty")
 	}
 	return nil
+}
+
+// xdsNodeMetadata is --rls-xds-node-metadata: KEY=VALUE pairs, each key
+// once and none empty.
+func (s *Settings) xdsNodeMetadata() (map[string]string, error) {
+	pairs, err := keyValues("--rls-xds-node-metadata", s.RLSXDSNodeMetadata)
+	if err != nil {
+		return nil, err
+	}
+	md := map[string]string{}
+	for _, p := range pairs {
+		if _, dup := md[p[0]]; dup {
+			return nil, fmt.Errorf("--rls-xds-node-metadata: key %q given twice", p[0])
+		}
+		md[p[0]] = p[1]
+	}
+	return md, nil
+}
+
+// xdsHeaders is --rls-xds-headers: NAME=VALUE pairs of valid header names
+// and values, lower-cased names, none of those gRPC or HTTP/2 set
+// themselves.
+func (s *Settings) xdsHeaders() ([][2]string, error) {
+	pairs, err := keyValues("--rls-xds-headers", s.RLSXDSHeaders)
+	if err != nil {
+		return nil, err
+	}
+	for i, p := range pairs {
+		name := strings.ToLower(p[0])
+		switch {
+		case !httpguts.ValidHeaderFieldName(name):
+			return nil, fmt.Errorf("--rls-xds-headers: %q is not a header name", p[0])
+		case !httpguts.ValidHeaderFieldValue(p[1]):
+			return nil, fmt.Errorf("--rls-xds-headers: the value of %s is not a header value", p[0])
+		case name == "content-type" || name == "te" || name == "host" || name == "connection" || strings.HasPrefix(name, "grpc-"):
+			return nil, fmt.Errorf("--rls-xds-headers: %s is gRPC's own header", p[0])
+		}
+		pairs[i][0] = name
+	}
+	return pairs, nil
+}
+
+// keyValues splits s, the value of flag, into KEY=VALUE pairs separated
+// by commas, keys not empty; none for "".
+func keyValues(flag, s string) ([][2]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var pairs [][2]string
+	for _, item := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(item), "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%s %q: want KEY=VALUE pairs separated by commas", flag, s)
+		}
+		pairs = append(pairs, [2]string{k, v})
+	}
+	return pairs, nil
 }
 
 // xdsTLS is the TLS configuration of an https:// --rls-xds.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"maps"
 	"net"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -35,10 +38,16 @@ type fakeADS struct {
 	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
 	responses chan *discoveryv3.DiscoveryResponse
 	requests  chan *discoveryv3.DiscoveryRequest
+	headers   chan metadata.MD // each stream's
 	end       chan struct{}
 }
 
 func (f *fakeADS) StreamAggregatedResources(st discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	md, _ := metadata.FromIncomingContext(st.Context())
+	select {
+	case f.headers <- md:
+	default: // a test that does not look
+	}
 	go func() {
 		for {
 			req, err := st.Recv()
@@ -65,7 +74,8 @@ func (f *fakeADS) StreamAggregatedResources(st discoveryv3.AggregatedDiscoverySe
 // startADS serves a fakeADS (serveADS) and returns it and its address.
 func startADS(t *testing.T, creds credentials.TransportCredentials) (*fakeADS, string) {
 	t.Helper()
-	f := &fakeADS{responses: make(chan *discoveryv3.DiscoveryResponse), requests: make(chan *discoveryv3.DiscoveryRequest, 16), end: make(chan struct{})}
+	f := &fakeADS{responses: make(chan *discoveryv3.DiscoveryResponse), requests: make(chan *discoveryv3.DiscoveryRequest, 16),
+		headers: make(chan metadata.MD, 1), end: make(chan struct{})}
 	return f, serveADS(t, f, creds)
 }
 
@@ -295,6 +305,34 @@ func TestServer_RLSFromXDSServerName(t *testing.T) {
 }
 
 // The --rls-xds settings refused, with the flag at fault.
+// The node's metadata and the extra headers reach the xDS server: the
+// metadata as the Node's Struct of strings, the headers as the stream's
+// gRPC metadata, names lower-cased.
+func TestServer_RLSFromXDSNodeMetadata(t *testing.T) {
+	ads, addr := startADS(t, nil)
+	set := testSettings()
+	set.RLSXDS, set.RLSXDSNodeID = "http://"+addr, "node-1"
+	set.RLSXDSNodeMetadata, set.RLSXDSHeaders = "cluster=edge, zone=eu-west-1,empty=", "X-XDS-Token=secret,x-tenant=a=b"
+	startServer(t, set)
+	req := nextRequest(t, ads)
+	wantRequest(t, req, "", "", "")
+	got := map[string]string{}
+	for k, v := range req.GetNode().GetMetadata().GetFields() {
+		got[k] = v.GetStringValue()
+	}
+	if want := map[string]string{"cluster": "edge", "zone": "eu-west-1", "empty": ""}; !maps.Equal(got, want) {
+		t.Errorf("node metadata %v, want %v", got, want)
+	}
+	select {
+	case md := <-ads.headers:
+		if tok, tenant := md.Get("x-xds-token"), md.Get("x-tenant"); !slices.Equal(tok, []string{"secret"}) || !slices.Equal(tenant, []string{"a=b"}) {
+			t.Errorf("stream headers %v: want x-xds-token secret, x-tenant a=b", md)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no stream's headers in 10 s")
+	}
+}
+
 func TestSettings_ValidateXDS(t *testing.T) {
 	for _, tc := range []struct {
 		change func(*Settings)
@@ -308,6 +346,12 @@ func TestSettings_ValidateXDS(t *testing.T) {
 		{func(s *Settings) { s.RLSXDSCert = "c.pem" }, "only with --rls-xds"},
 		{func(s *Settings) { s.RLSXDS, s.RLSXDSCert = "https://xds:1", "c.pem" }, "--rls-xds-cert, --rls-xds-key: set both or neither"},
 		{func(s *Settings) { s.RLSXDS, s.RLSXDSNodeID = "https://xds:1", "" }, "--rls-xds-node-id: empty"},
+		{func(s *Settings) { s.RLSXDSHeaders = "a=b" }, "--rls-xds-node-metadata, --rls-xds-headers: only with --rls-xds"},
+		{func(s *Settings) { s.RLSXDS, s.RLSXDSNodeMetadata = "http://xds:1", "zone" }, `--rls-xds-node-metadata "zone": want KEY=VALUE pairs`},
+		{func(s *Settings) { s.RLSXDS, s.RLSXDSNodeMetadata = "http://xds:1", "a=1,a=2" }, `--rls-xds-node-metadata: key "a" given twice`},
+		{func(s *Settings) { s.RLSXDS, s.RLSXDSHeaders = "http://xds:1", "bad name=1" }, `--rls-xds-headers: "bad name" is not a header name`},
+		{func(s *Settings) { s.RLSXDS, s.RLSXDSHeaders = "http://xds:1", "Grpc-Timeout=1S" }, "--rls-xds-headers: Grpc-Timeout is gRPC's own header"},
+		{func(s *Settings) { s.RLSXDS, s.RLSXDSHeaders = "http://xds:1", "=v" }, "want KEY=VALUE pairs"},
 	} {
 		set := DefaultSettings()
 		tc.change(&set)

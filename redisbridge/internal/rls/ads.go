@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -34,7 +36,13 @@ type ADS struct {
 	TLS *tls.Config
 	// NodeID is the node the client says it is (Node.id): the server
 	// picks the resources of a node by it.
-	NodeID  string
+	NodeID string
+	// NodeMetadata is the node's metadata (Node.metadata, string values),
+	// which a server may pick resources by too.
+	NodeMetadata map[string]string
+	// Headers are sent with each stream (gRPC metadata): a token the
+	// server asks for, say.
+	Headers [][2]string
 	TypeURL string
 	// Apply takes the version of a response and the values of its
 	// resources (protobuf); an error refuses them.
@@ -125,6 +133,9 @@ func (a *ADS) stream(ctx context.Context, tr *http2.Transport, accepted *string)
 	if err != nil {
 		return false, err
 	}
+	for _, h := range a.Headers {
+		req.Header.Add(h[0], h[1])
+	}
 	req.Header.Set("Content-Type", "application/grpc")
 	req.Header.Set("Te", "trailers")
 	res, err := tr.RoundTrip(req)
@@ -199,6 +210,10 @@ func (a *ADS) request(version, nonce, nack string) []byte {
 	b = protowire.AppendTag(b, 2, protowire.BytesType) // node
 	b = appendMessage(b, func(b []byte) []byte {
 		b = appendString(b, 1, a.NodeID)
+		if len(a.NodeMetadata) > 0 {
+			b = protowire.AppendTag(b, 3, protowire.BytesType) // metadata, a google.protobuf.Struct
+			b = appendMessage(b, a.appendMetadata)
+		}
 		return appendString(b, 6, "sluice-bridge") // user_agent_name
 	})
 	b = appendString(b, 4, a.TypeURL)
@@ -212,6 +227,25 @@ func (a *ADS) request(version, nonce, nack string) []byte {
 		})
 	}
 	binary.BigEndian.PutUint32(b[1:5], uint32(len(b)-5))
+	return b
+}
+
+// appendMetadata appends NodeMetadata as a Struct's fields, in key order:
+// each a map entry of the key and a Value with string_value.
+func (a *ADS) appendMetadata(b []byte) []byte {
+	keys := slices.Sorted(maps.Keys(a.NodeMetadata))
+	for _, k := range keys {
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = appendMessage(b, func(b []byte) []byte {
+			b = protowire.AppendTag(b, 1, protowire.BytesType)
+			b = protowire.AppendString(b, k)
+			b = protowire.AppendTag(b, 2, protowire.BytesType)
+			return appendMessage(b, func(b []byte) []byte {
+				b = protowire.AppendTag(b, 3, protowire.BytesType) // string_value
+				return protowire.AppendString(b, a.NodeMetadata[k])
+			})
+		})
+	}
 	return b
 }
 
