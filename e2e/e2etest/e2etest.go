@@ -2,9 +2,9 @@
 package e2etest
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 
@@ -33,8 +33,11 @@ func Plugin(t testing.TB) []byte {
 // run in parallel and must not write one file.
 func BuildPlugin() ([]byte, error) {
 	once.Do(func() {
-		_, self, _, _ := runtime.Caller(0)
-		pkg := filepath.Join(filepath.Dir(self), "..", "..", "plugin")
+		var root string
+		if root, err = moduleRoot(); err != nil {
+			return
+		}
+		pkg := filepath.Join(root, "plugin")
 		var dir string
 		if dir, err = os.MkdirTemp("", "sluice-plugin-"); err != nil {
 			return
@@ -46,4 +49,24 @@ func BuildPlugin() ([]byte, error) {
 		}
 	})
 	return wasm, err
+}
+
+// moduleRoot is the directory of the go.mod above the working directory,
+// where a test runs: its package's. Not the source file's own path, which
+// -trimpath (make test) leaves without a directory.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("e2etest: no go.mod above the working directory")
+		}
+		dir = parent
+	}
 }
