@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/wasmhost"
 )
@@ -17,7 +19,7 @@ import (
 // plugin's own syntax (docs/config.md, "Value syntax"), matched by the
 // same code.
 type route struct {
-	raw  string // as given: [HOST]PATH=URL[ timeout=DURATION][ rewrite=PATH]
+	raw  string // as given: [HOST]PATH=URL[ timeout=DURATION][ rewrite=PATH][ host=HOST]
 	host string // a host pattern; "" for every host
 	path rules.PathPattern
 	to   *url.URL
@@ -30,6 +32,10 @@ type route struct {
 	// of an exact path, the prefix of prefix:, the base of /base/**), as
 	// an Envoy route's prefix_rewrite; "" keeps the path.
 	rewrite string
+	// hostRewrite is the Host the upstream gets, as an Envoy route's
+	// host_rewrite_literal (an API served by name behind a shared
+	// address); "" passes the client's.
+	hostRewrite string
 }
 
 // routeFlag is --route, repeatable: the routes in the order given.
@@ -46,7 +52,7 @@ func (f *routeFlag) String() string {
 func (f *routeFlag) Set(v string) error {
 	match, target, ok := strings.Cut(v, "=")
 	if !ok || match == "" {
-		return fmt.Errorf("%q: want [HOST]PATH=URL[ timeout=DURATION][ rewrite=PATH]", v)
+		return fmt.Errorf("%q: want [HOST]PATH=URL[ timeout=DURATION][ rewrite=PATH][ host=HOST]", v)
 	}
 	r := route{raw: v}
 	target, opts, _ := strings.Cut(target, " ")
@@ -64,8 +70,13 @@ func (f *routeFlag) Set(v string) error {
 				return fmt.Errorf("%q: rewrite %q: %w", v, val, err)
 			}
 			r.rewrite = val
+		case "host":
+			if val == "" || !httpguts.ValidHostHeader(val) {
+				return fmt.Errorf("%q: host %q: want a host name, with a port or not", v, val)
+			}
+			r.hostRewrite = val
 		default:
-			return fmt.Errorf("%q: unknown option %q (a route takes timeout=DURATION and rewrite=PATH)", v, o)
+			return fmt.Errorf("%q: unknown option %q (a route takes timeout=DURATION, rewrite=PATH and host=HOST)", v, o)
 		}
 	}
 	host, path := splitRouteMatch(match)
@@ -108,12 +119,22 @@ func validRewrite(s string) error {
 	return nil
 }
 
-// rewritten is r, whose request target is target, with the part of its
+// rewritten is r, whose request target is target, as the route sends it
+// upstream: with the route's Host (hostRewrite), and with the part of its
 // path the route matched replaced by its rewrite and the query kept, as
 // Envoy's prefix_rewrite; Envoy puts the original target in
 // x-envoy-original-path, and so does the gateway. A rewrite ending in "/"
-// before a rest starting with one joins them with one slash.
+// before a rest starting with one joins them with one slash. r itself,
+// which the access log reads, is left as it came.
 func (rr *route) rewritten(r *http.Request, target string) *http.Request {
+	out := new(http.Request)
+	*out = *r
+	if rr.hostRewrite != "" {
+		out.Host = rr.hostRewrite
+	}
+	if rr.rewrite == "" {
+		return out
+	}
 	path, query, hasQuery := strings.Cut(target, "?")
 	rest := ""
 	if rr.path.Kind != rules.PatternExact {
@@ -123,8 +144,6 @@ func (rr *route) rewritten(r *http.Request, target string) *http.Request {
 		rest = rest[1:]
 	}
 	path = rr.rewrite + rest
-	out := new(http.Request)
-	*out = *r
 	u := *r.URL
 	u.RawPath = path
 	if u.Path, _ = url.PathUnescape(path); u.Path == path {
@@ -186,7 +205,7 @@ func (rt *router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for i := range rt.routes {
 		rr := &rt.routes[i]
 		if (rr.host == "" || rules.MatchHost(rr.host, r.Host)) && rr.path.Match(path) {
-			if rr.rewrite != "" {
+			if rr.rewrite != "" || rr.hostRewrite != "" {
 				r = rr.rewritten(r, path)
 			}
 			rt.handlers[i].ServeHTTP(w, r)

@@ -208,6 +208,39 @@ func TestNewHandler_RouteRewrite(t *testing.T) {
 	}
 }
 
+// A route's host= is the Host its upstream gets, with its path rewritten
+// or not; a route without one passes the client's.
+func TestNewHandler_RouteHost(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s", r.Host, r.RequestURI)
+	}))
+	t.Cleanup(srv.Close)
+	var f routeFlag
+	for _, r := range []string{"/ext/**=URL host=api.example.com", "/both/**=URL rewrite=/v2 host=b.example:8443", "/plain/**=URL"} {
+		if err := f.Set(strings.Replace(r, "URL", srv.URL, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gw := serveGateway(t, newHandler(nil, nil, nil, discardLogger(), settings{routes: f}))
+	for _, tc := range []struct{ path, want string }{
+		{"/ext/a?q", "api.example.com /ext/a?q"},
+		{"/both/a", "b.example:8443 /v2/a"},
+		{"/plain/a", "client.example /plain/a"},
+	} {
+		req, _ := http.NewRequest("GET", "http://"+gw+tc.path, nil)
+		req.Host = "client.example"
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if string(b) != tc.want {
+			t.Errorf("%s: upstream got %s, want %s", tc.path, b, tc.want)
+		}
+	}
+}
+
 // A route's timeout= replaces --upstream-timeout for the requests it
 // routes, the others keep it: a route's shorter one answers 504 while
 // --upstream-timeout (a minute) is far off, and a route's longer one, or
