@@ -170,62 +170,34 @@ func TestRouteFlag_Set(t *testing.T) {
 
 // A route's rewrite= replaces the part of the path its path matched, and
 // keeps the rest and the query, as Envoy's prefix_rewrite; the upstream
-// gets the original target in X-Envoy-Original-Path. A route without one
-// passes the path as it came.
+// gets the original target in X-Envoy-Original-Path. Its host= is the Host
+// the upstream gets, as Envoy's host_rewrite_literal. A route without
+// either passes the path and the client's Host as they came.
 func TestNewHandler_RouteRewrite(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "%s from %q", r.RequestURI, r.Header.Get("X-Envoy-Original-Path"))
+		fmt.Fprintf(w, "%s %s from %q", r.Host, r.RequestURI, r.Header.Get("X-Envoy-Original-Path"))
 	}))
 	t.Cleanup(srv.Close)
 	var f routeFlag
 	for _, r := range []string{"prefix:/api/v1=URL rewrite=/v1", "/old/**=URL rewrite=/new", "/root/**=URL rewrite=/",
-		"/exact=URL rewrite=/other", "/keep/**=URL"} {
+		"/exact=URL rewrite=/other", "/keep/**=URL", "/ext/**=URL host=api.example.com", "/both/**=URL rewrite=/v2 host=b.example:8443"} {
 		if err := f.Set(strings.Replace(r, "URL", srv.URL, 1)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	gw := serveGateway(t, newHandler(nil, nil, nil, discardLogger(), settings{routes: f}))
 	for _, tc := range []struct{ path, want string }{
-		{"/api/v1/items?x=1", `/v1/items?x=1 from "/api/v1/items?x=1"`},
-		{"/api/v1x", `/v1x from "/api/v1x"`}, // a raw prefix, as Envoy's
-		{"/old", `/new from "/old"`},
-		{"/old/a/b", `/new/a/b from "/old/a/b"`},
-		{"/old/a%2Fb%20c", `/new/a%2Fb%20c from "/old/a%2Fb%20c"`},
-		{"/root/a?q", `/a?q from "/root/a?q"`},
-		{"/root", `/ from "/root"`},
-		{"/exact?q=2", `/other?q=2 from "/exact?q=2"`},
-		{"/keep/x", `/keep/x from ""`},
-	} {
-		res, err := http.Get("http://" + gw + tc.path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if string(b) != tc.want {
-			t.Errorf("%s: upstream got %s, want %s", tc.path, b, tc.want)
-		}
-	}
-}
-
-// A route's host= is the Host its upstream gets, with its path rewritten
-// or not; a route without one passes the client's.
-func TestNewHandler_RouteHost(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "%s %s", r.Host, r.RequestURI)
-	}))
-	t.Cleanup(srv.Close)
-	var f routeFlag
-	for _, r := range []string{"/ext/**=URL host=api.example.com", "/both/**=URL rewrite=/v2 host=b.example:8443", "/plain/**=URL"} {
-		if err := f.Set(strings.Replace(r, "URL", srv.URL, 1)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	gw := serveGateway(t, newHandler(nil, nil, nil, discardLogger(), settings{routes: f}))
-	for _, tc := range []struct{ path, want string }{
-		{"/ext/a?q", "api.example.com /ext/a?q"},
-		{"/both/a", "b.example:8443 /v2/a"},
-		{"/plain/a", "client.example /plain/a"},
+		{"/api/v1/items?x=1", `client.example /v1/items?x=1 from "/api/v1/items?x=1"`},
+		{"/api/v1x", `client.example /v1x from "/api/v1x"`}, // a raw prefix, as Envoy's
+		{"/old", `client.example /new from "/old"`},
+		{"/old/a/b", `client.example /new/a/b from "/old/a/b"`},
+		{"/old/a%2Fb%20c", `client.example /new/a%2Fb%20c from "/old/a%2Fb%20c"`},
+		{"/root/a?q", `client.example /a?q from "/root/a?q"`},
+		{"/root", `client.example / from "/root"`},
+		{"/exact?q=2", `client.example /other?q=2 from "/exact?q=2"`},
+		{"/keep/x", `client.example /keep/x from ""`},
+		{"/ext/a?q", `api.example.com /ext/a?q from ""`},
+		{"/both/a", `b.example:8443 /v2/a from "/both/a"`},
 	} {
 		req, _ := http.NewRequest("GET", "http://"+gw+tc.path, nil)
 		req.Host = "client.example"
