@@ -8,10 +8,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
-
-	"github.com/sluicehq/sluice/internal/filewatch"
 )
 
 // CAs are CA certificates from a PEM file, read again while the process
@@ -19,9 +15,7 @@ import (
 // Certificates that do not load leave the ones in use in place.
 type CAs struct {
 	Flag, File string // the flag that named the file, for errors
-	cur        atomic.Pointer[x509.CertPool]
-	mu         sync.Mutex
-	seen       filewatch.Seen
+	cur        watched[x509.CertPool]
 }
 
 // LoadCAs reads file, named by flag, or says why it could not use it.
@@ -37,21 +31,17 @@ func LoadCAs(flag, file string) (*CAs, error) {
 // it was last read (read says whether it did). On an error the CAs in use
 // stay; its text names the flag.
 func (c *CAs) Reload(always bool) (read bool, err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	files, err := filewatch.Read(c.File)
-	if !c.seen.Note(files, err) && !always {
-		return false, nil
-	}
+	read, err = c.cur.reload(always, []string{c.File}, func(files map[string][]byte) (*x509.CertPool, error) {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(files[c.File]) {
+			return nil, fmt.Errorf("no PEM certificate in %s", c.File)
+		}
+		return pool, nil
+	})
 	if err != nil {
-		return true, fmt.Errorf("%s: %w", c.Flag, err)
+		return read, fmt.Errorf("%s: %w", c.Flag, err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(files[c.File]) {
-		return true, fmt.Errorf("%s: no PEM certificate in %s", c.Flag, c.File)
-	}
-	c.cur.Store(pool)
-	return true, nil
+	return read, nil
 }
 
 // ClientConfig is a client's TLS configuration that verifies each new

@@ -18,9 +18,7 @@ import (
 // Pair is a certificate chain and its key, from files.
 type Pair struct {
 	CertFile, KeyFile string
-	cur               atomic.Pointer[tls.Certificate]
-	mu                sync.Mutex
-	seen              filewatch.Seen
+	cur               watched[tls.Certificate]
 }
 
 // Load reads the pair, or says which files it could not use.
@@ -36,20 +34,42 @@ func Load(certFile, keyFile string) (*Pair, error) {
 // since they were last read (read says whether it did). On an error the
 // pair served stays; its text names the flags --tls-cert and --tls-key.
 func (p *Pair) Reload(always bool) (read bool, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	files, err := filewatch.Read(p.CertFile, p.KeyFile)
-	if !p.seen.Note(files, err) && !always {
+	read, err = p.cur.reload(always, []string{p.CertFile, p.KeyFile}, func(files map[string][]byte) (*tls.Certificate, error) {
+		pair, err := tls.X509KeyPair(files[p.CertFile], files[p.KeyFile])
+		return &pair, err
+	})
+	if err != nil {
+		return read, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", p.CertFile, p.KeyFile, err)
+	}
+	return read, nil
+}
+
+// watched is a value made from files, made again when they change; what
+// does not load leaves the value in use in place.
+type watched[T any] struct {
+	atomic.Pointer[T]
+	mu   sync.Mutex
+	seen filewatch.Seen
+}
+
+// reload reads files and makes the value of them with parse; unless
+// always, only when they changed since they were last read (read says
+// whether it did).
+func (w *watched[T]) reload(always bool, files []string, parse func(map[string][]byte) (*T, error)) (read bool, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	contents, err := filewatch.Read(files...)
+	if !w.seen.Note(contents, err) && !always {
 		return false, nil
 	}
-	var pair tls.Certificate
+	var v *T
 	if err == nil {
-		pair, err = tls.X509KeyPair(files[p.CertFile], files[p.KeyFile])
+		v, err = parse(contents)
 	}
 	if err != nil {
-		return true, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", p.CertFile, p.KeyFile, err)
+		return true, err
 	}
-	p.cur.Store(&pair)
+	w.Store(v)
 	return true, nil
 }
 
