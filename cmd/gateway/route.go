@@ -124,8 +124,9 @@ func validRewrite(s string) error {
 // path the route matched replaced by its rewrite and the query kept, as
 // Envoy's prefix_rewrite; Envoy puts the original target in
 // x-envoy-original-path, and so does the gateway. A rewrite ending in "/"
-// before a rest starting with one joins them with one slash. r itself,
-// which the access log reads, is left as it came.
+// before a rest starting with one joins them with one slash. r's URL,
+// which the access log reads, is left as it came; its headers get
+// x-envoy-original-path, as Envoy's access log sees it.
 func (rr *route) rewritten(r *http.Request, target string) *http.Request {
 	out := new(http.Request)
 	*out = *r
@@ -153,8 +154,7 @@ func (rr *route) rewritten(r *http.Request, target string) *http.Request {
 	if hasQuery {
 		out.RequestURI += "?" + query
 	}
-	out.Header = r.Header.Clone()
-	out.Header.Set("X-Envoy-Original-Path", target)
+	r.Header.Set("X-Envoy-Original-Path", target) // out shares r's headers
 	return out
 }
 
