@@ -2,7 +2,6 @@
 package e2etest
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"sync"
@@ -33,11 +32,9 @@ func Plugin(t testing.TB) []byte {
 // run in parallel and must not write one file.
 func BuildPlugin() ([]byte, error) {
 	once.Do(func() {
-		var root string
-		if root, err = moduleRoot(); err != nil {
-			return
-		}
-		pkg := filepath.Join(root, "plugin")
+		// By import path: go resolves it from the test's directory, in
+		// the module, whatever -trimpath (make test) does to source paths.
+		const pkg = "github.com/sluicehq/sluice/plugin"
 		var dir string
 		if dir, err = os.MkdirTemp("", "sluice-plugin-"); err != nil {
 			return
@@ -49,24 +46,4 @@ func BuildPlugin() ([]byte, error) {
 		}
 	})
 	return wasm, err
-}
-
-// moduleRoot is the directory of the go.mod above the working directory,
-// where a test runs: its package's. Not the source file's own path, which
-// -trimpath (make test) leaves without a directory.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("e2etest: no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
