@@ -62,7 +62,7 @@ type Settings struct {
 	// their share of long-lived proxy connections. 0: never (the
 	// default). Not with TLS, whose connections net/http serves.
 	MaxConnectionAge time.Duration
-	// HealthListen serves GET /healthz, /readyz and /metrics in plain
+	// HealthListen serves GET /healthz, /readyz (/healthcheck) and /metrics in plain
 	// HTTP on an address of its own ("" disables it, the default), for
 	// probes that present no client certificate. cmd/redisbridge serves it.
 	HealthListen string
@@ -270,7 +270,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
 	fs.DurationVar(&s.MaxConnectionAge, "max-connection-age", s.MaxConnectionAge, "ask clients to reconnect once a connection is about this old (HTTP/2: a graceful GOAWAY; HTTP/1.1: Connection: close), so bridges added later get connections (0: never)")
 	fs.Float64Var(&s.NearLimitRatio, "near-limit-ratio", s.NearLimitRatio, "count an allowed decision in sluice_bridge_near_limit_total when more than this share of its limit is used after it (at most 1, which counts none; 0: the default)")
-	fs.StringVar(&s.HealthListen, "health-listen", s.HealthListen, "address (host:port) for GET /healthz, /readyz and /metrics only, in plain HTTP, without the TLS and client certificates of --listen: for Kubernetes probes and Prometheus (empty: off)")
+	fs.StringVar(&s.HealthListen, "health-listen", s.HealthListen, "address (host:port) for GET /healthz, /readyz (and /healthcheck) and /metrics only, in plain HTTP, without the TLS and client certificates of --listen: for Kubernetes probes and Prometheus (empty: off)")
 	fs.StringVar(&s.DebugListen, "debug-listen", s.DebugListen, "address for /debug/pprof/ (empty: off)")
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
