@@ -3,12 +3,15 @@ package store
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/rules"
@@ -575,6 +578,24 @@ func TestRedis_URLs(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("%s: error %v, want one containing %q", tc.url, err, tc.wantErr)
 		}
+	}
+}
+
+// A sentinel URL's parts: the master's name and credentials, and the
+// sentinels' own from the query.
+func TestFailoverOptions(t *testing.T) {
+	u, err := splitMultiHostURL("app:pw@s1:26379,s2:26379/mymaster?db=2&sentinel_username=watch&sentinel_password=spw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := failoverOptions(u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &redis.FailoverOptions{MasterName: "mymaster", SentinelAddrs: []string{"s1:26379", "s2:26379"}, Username: "app", Password: "pw",
+		SentinelUsername: "watch", SentinelPassword: "spw", DB: 2}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("options\n got %+v\nwant %+v", got, want)
 	}
 }
 

@@ -65,21 +65,33 @@ func newClient(o RedisOptions) (redis.UniversalClient, bool, *redis.Options, err
 		opt.WriteTimeout = opt.ReadTimeout
 		return redis.NewClusterClient(opt), true, nil, nil
 	}
-	if u.path == "" {
-		return nil, false, nil, errors.New("redis url: a sentinel URL needs the master name as its path: redis+sentinel://host:26379/mymaster")
-	}
-	opt := &redis.FailoverOptions{
-		MasterName: u.path, SentinelAddrs: u.hosts, Username: u.user, Password: u.pass, TLSConfig: tlsConf,
-		SentinelPassword: u.query.Get("sentinel_password"),
-	}
-	if db := u.query.Get("db"); db != "" {
-		if opt.DB, err = strconv.Atoi(db); err != nil || opt.DB < 0 {
-			return nil, false, nil, fmt.Errorf("redis url: db: %q is not a database number", db)
-		}
+	opt, err := failoverOptions(u, tlsConf)
+	if err != nil {
+		return nil, false, nil, err
 	}
 	setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
 	opt.WriteTimeout = opt.ReadTimeout
 	return redis.NewFailoverClient(opt), false, nil, nil
+}
+
+// failoverOptions are a sentinel URL's: the sentinels, the master's name
+// (the path), its credentials, and the sentinels' own
+// (sentinel_username=, sentinel_password=).
+func failoverOptions(u multiHostURL, tlsConf *tls.Config) (*redis.FailoverOptions, error) {
+	if u.path == "" {
+		return nil, errors.New("redis url: a sentinel URL needs the master name as its path: redis+sentinel://host:26379/mymaster")
+	}
+	opt := &redis.FailoverOptions{
+		MasterName: u.path, SentinelAddrs: u.hosts, Username: u.user, Password: u.pass, TLSConfig: tlsConf,
+		SentinelUsername: u.query.Get("sentinel_username"), SentinelPassword: u.query.Get("sentinel_password"),
+	}
+	if db := u.query.Get("db"); db != "" {
+		var err error
+		if opt.DB, err = strconv.Atoi(db); err != nil || opt.DB < 0 {
+			return nil, fmt.Errorf("redis url: db: %q is not a database number", db)
+		}
+	}
+	return opt, nil
 }
 
 // applyTLS adds the configured CA and client certificates to c (nil for
