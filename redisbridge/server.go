@@ -113,6 +113,9 @@ func New(set Settings) (*Server, error) {
 		lvl, _ := parseLevel(set.LogLevel)
 		s.log = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
+	if len(set.notes) > 0 {
+		s.log.Warn("envoyproxy/ratelimit settings that change nothing here", "settings", set.notes)
+	}
 	var auditW io.Writer = os.Stderr
 	if set.AuditLog != "" && set.AuditLog != "-" {
 		f, err := os.OpenFile(set.AuditLog, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)

@@ -63,8 +63,9 @@ type Settings struct {
 	// default). Not with TLS, whose connections net/http serves.
 	MaxConnectionAge time.Duration
 	// HealthListen serves GET /healthz, /readyz (/healthcheck) and /metrics in plain
-	// HTTP on an address of its own ("" disables it, the default), for
-	// probes that present no client certificate. cmd/redisbridge serves it.
+	// HTTP on addresses of their own, separated by commas ("" disables it,
+	// the default), for probes that present no client certificate.
+	// cmd/redisbridge serves it.
 	HealthListen string
 	// DebugListen serves net/http/pprof on its own address ("" disables it,
 	// the default). cmd/redisbridge serves it; keep it on loopback.
@@ -147,6 +148,15 @@ type Settings struct {
 	// ValidateOnly: cmd/redisbridge checks the settings and the files
 	// they name (CheckFiles), says whether they are accepted, and exits.
 	ValidateOnly bool
+	// EnvoyRatelimitEnv reads envoyproxy/ratelimit's environment
+	// variables too, as the flags that do what they ask, so that the
+	// bridge runs where that service's deployment runs it (Envoy
+	// Gateway's, say): see envoyratelimit.go. cmd/redisbridge sets it
+	// when run by the name ratelimit (the image's /bin/ratelimit).
+	EnvoyRatelimitEnv bool
+	// notes are that service's variables that were set and change
+	// nothing here; New logs them.
+	notes []string
 
 	// Not settable from flags: tests and embedders.
 	Logger *slog.Logger // default: JSON to stderr at LogLevel
@@ -202,9 +212,63 @@ func (s *Settings) rlsHeaderNames() ([3]string, error) {
 // ParseSettings reads settings from command-line args and the environment
 // (getenv, usually os.Getenv). An error names the setting at fault.
 func ParseSettings(args []string, getenv func(string) string) (Settings, error) {
+	s, err := parseSettings(args, getenv, nil)
+	if err != nil || !s.EnvoyRatelimitEnv {
+		return s, validated(&s, err, nil)
+	}
+	from, notes, err := envoyRatelimitFlags(getenv)
+	if err != nil {
+		return s, fmt.Errorf("--envoy-ratelimit-env: %w", err)
+	}
+	s, err = parseSettings(args, getenv, from)
+	s.notes = notes
+	return s, validated(&s, err, from)
+}
+
+// validated is err, or else what Validate says of s, naming the variable
+// of from that set a flag it names.
+func validated(s *Settings, err error, from []envFlag) error {
+	if err != nil {
+		return err
+	}
+	if err = s.Validate(); err == nil {
+		return nil
+	}
+	for _, f := range from {
+		if mentionsFlag(err.Error(), f.flag) {
+			return fmt.Errorf("%w (--%s set from %s)", err, f.flag, f.env)
+		}
+	}
+	return err
+}
+
+// mentionsFlag tells whether msg names --name, not a longer flag that
+// starts with it.
+func mentionsFlag(msg, name string) bool {
+	for {
+		i := strings.Index(msg, "--"+name)
+		if i < 0 {
+			return false
+		}
+		msg = msg[i+2+len(name):]
+		if msg == "" || (msg[0] != '-' && (msg[0] < 'a' || msg[0] > 'z')) {
+			return true
+		}
+	}
+}
+
+// parseSettings reads settings as ParseSettings does, without checking
+// them: from the flags from sets (envoyproxy/ratelimit's variables), then
+// the SLUICE_* variables, then args, the last of each setting winning.
+func parseSettings(args []string, getenv func(string) string, from []envFlag) (Settings, error) {
 	s := DefaultSettings()
 	fs := flagSet(&s)
 	fs.SetOutput(io.Discard)
+	for _, f := range from {
+		if err := fs.Set(f.flag, f.value); err != nil {
+			return s, fmt.Errorf("--envoy-ratelimit-env: %s: %v", f.env, err)
+		}
+	}
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		env := envName(f.Name)
@@ -226,7 +290,7 @@ func ParseSettings(args []string, getenv func(string) string) (Settings, error) 
 	if fs.NArg() > 0 {
 		return s, fmt.Errorf("flags: unexpected argument %q", fs.Arg(0))
 	}
-	return s, s.Validate()
+	return s, nil
 }
 
 // Usage writes the flag list to w.
@@ -270,9 +334,10 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.DurationVar(&s.ShutdownGrace, "shutdown-grace", s.ShutdownGrace, "drain time on shutdown")
 	fs.DurationVar(&s.MaxConnectionAge, "max-connection-age", s.MaxConnectionAge, "ask clients to reconnect once a connection is about this old (HTTP/2: a graceful GOAWAY; HTTP/1.1: Connection: close), so bridges added later get connections (0: never)")
 	fs.Float64Var(&s.NearLimitRatio, "near-limit-ratio", s.NearLimitRatio, "count an allowed decision in sluice_bridge_near_limit_total when more than this share of its limit is used after it (at most 1, which counts none; 0: the default)")
-	fs.StringVar(&s.HealthListen, "health-listen", s.HealthListen, "address (host:port) for GET /healthz, /readyz (and /healthcheck) and /metrics only, in plain HTTP, without the TLS and client certificates of --listen: for Kubernetes probes and Prometheus (empty: off)")
+	fs.StringVar(&s.HealthListen, "health-listen", s.HealthListen, "addresses (host:port, several separated by commas) for GET /healthz, /readyz (and /healthcheck) and /metrics only, in plain HTTP, without the TLS and client certificates of --listen: for Kubernetes probes and Prometheus (empty: off)")
 	fs.StringVar(&s.DebugListen, "debug-listen", s.DebugListen, "address for /debug/pprof/ (empty: off)")
 	fs.StringVar(&s.PolicyStore, "policy-store", s.PolicyStore, "PostgreSQL URL (postgres://) for rules, overrides and the audit trail")
+	fs.BoolVar(&s.EnvoyRatelimitEnv, "envoy-ratelimit-env", s.EnvoyRatelimitEnv, "also read envoyproxy/ratelimit's environment variables (REDIS_URL, GRPC_PORT, CONFIG_TYPE, ...) as the flags that do what they ask, so the bridge runs where that service's deployment runs it; set when run as ratelimit (the image's /bin/ratelimit). SLUICE_* variables and flags win")
 	fs.BoolVar(&s.ValidateOnly, "validate", s.ValidateOnly, "check the settings and the files they name (--rls-config, the TLS pairs) as a start would, say whether they are accepted, and exit")
 	fs.StringVar(&s.RLSConfig, "rls-config", s.RLSConfig, "envoyproxy/ratelimit's YAML configuration (a file or a directory of them): serve Envoy's rate limit service (gRPC) with its descriptors")
 	fs.StringVar(&s.RLSXDS, "rls-xds", s.RLSXDS, "URL of an xDS management server (http:// in the clear, https:// over TLS) that gives the rate limit service its configuration, in RateLimitConfig resources over ADS, as envoyproxy/ratelimit's CONFIG_TYPE=GRPC_XDS_SOTW; in place of a configuration file")
@@ -370,9 +435,9 @@ func (s *Settings) Validate() error {
 	case s.MaxConnectionAge > 0 && s.TLSCert != "":
 		return errors.New("--max-connection-age: not with --tls-cert (net/http serves TLS connections, and cannot age them)")
 	}
-	if s.HealthListen != "" {
-		if _, _, err := net.SplitHostPort(s.HealthListen); err != nil {
-			return fmt.Errorf("--health-listen %q: want HOST:PORT", s.HealthListen)
+	for _, a := range s.HealthAddrs() {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("--health-listen %q: want HOST:PORT, or several separated by commas", s.HealthListen)
 		}
 	}
 	if s.PolicyStore != "" && !strings.HasPrefix(s.PolicyStore, "postgres://") && !strings.HasPrefix(s.PolicyStore, "postgresql://") {
@@ -388,6 +453,14 @@ func (s *Settings) Validate() error {
 		return errors.New("--shutdown-grace: must not be negative")
 	}
 	return nil
+}
+
+// HealthAddrs are the addresses of HealthListen.
+func (s *Settings) HealthAddrs() []string {
+	if s.HealthListen == "" {
+		return nil
+	}
+	return strings.Split(s.HealthListen, ",")
 }
 
 // validateXDS checks the --rls-xds settings.

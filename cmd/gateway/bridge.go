@@ -17,7 +17,8 @@ import (
 // over HTTP/2. By prefix, so a setting added to either is refused too.
 func notEmbedded(name string) bool {
 	switch name {
-	case "SLUICE_LISTEN", "SLUICE_LISTEN_MODE", "SLUICE_SHUTDOWN_GRACE", "SLUICE_MAX_CONNECTION_AGE", "SLUICE_DEBUG_LISTEN", "SLUICE_HEALTH_LISTEN", "SLUICE_VALIDATE":
+	case "SLUICE_LISTEN", "SLUICE_LISTEN_MODE", "SLUICE_SHUTDOWN_GRACE", "SLUICE_MAX_CONNECTION_AGE", "SLUICE_DEBUG_LISTEN", "SLUICE_HEALTH_LISTEN", "SLUICE_VALIDATE",
+		"SLUICE_ENVOY_RATELIMIT_ENV":
 		return true
 	}
 	return strings.HasPrefix(name, "SLUICE_TLS_") || strings.HasPrefix(name, "SLUICE_RLS_")

@@ -12,6 +12,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -26,7 +27,14 @@ func main() {
 }
 
 func run() error {
-	set, err := redisbridge.ParseSettings(os.Args[1:], os.Getenv)
+	args := os.Args[1:]
+	if filepath.Base(os.Args[0]) == "ratelimit" {
+		// Run as envoyproxy/ratelimit's binary (the image's
+		// /bin/ratelimit), by a deployment that gives it that service's
+		// variables and no flags: Envoy Gateway's.
+		args = append([]string{"--envoy-ratelimit-env"}, args...)
+	}
+	set, err := redisbridge.ParseSettings(args, os.Getenv)
 	if errors.Is(err, flag.ErrHelp) {
 		redisbridge.Usage(os.Stderr)
 		return nil
@@ -46,10 +54,10 @@ func run() error {
 		return err
 	}
 	defer srv.Close()
-	if set.HealthListen != "" {
+	for _, addr := range set.HealthAddrs() {
 		// Listened on before serving, so a port in use stops the start:
 		// without it the probes would fail with nothing saying why.
-		ln, err := net.Listen("tcp", set.HealthListen)
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("--health-listen: %w", err)
 		}
