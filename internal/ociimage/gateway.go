@@ -22,6 +22,6 @@ func Gateway(binary, wasm []byte) (v1.Image, error) {
 	if len(wasm) < 8 || string(wasm[:4]) != "\x00asm" {
 		return nil, errors.New("ociimage: the plugin is not a WebAssembly module (no \\0asm header)")
 	}
-	return staticImage("the gateway", []file{{GatewayPath, 0o555, binary}, {GatewayPluginPath, 0o444, wasm}},
+	return staticImage("the gateway", []file{{path: GatewayPath, mode: 0o555, data: binary}, {path: GatewayPluginPath, mode: 0o444, data: wasm}},
 		[]string{"SLUICE_GATEWAY_PLUGIN=" + GatewayPluginPath}, GatewayPort, GatewayAdminPort)
 }

@@ -18,11 +18,14 @@ import (
 // elfArch maps an executable's machine to the image's architecture.
 var elfArch = map[elf.Machine]string{elf.EM_X86_64: "amd64", elf.EM_AARCH64: "arm64"}
 
-// file is one file of a static image's layer.
+// file is one file of a static image's layer: data, or with link a
+// symbolic link to that path, or with dir a directory.
 type file struct {
 	path string
 	mode int64
 	data []byte
+	link string
+	dir  bool
 }
 
 // staticImage returns files as a one-layer image on an empty base, for the
@@ -51,6 +54,12 @@ func staticImage(what string, files []file, env []string, ports ...string) (v1.I
 		// the same for the same files.
 		hdr := &tar.Header{Name: fl.path[1:], Mode: fl.mode, Size: int64(len(fl.data)),
 			Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0), Format: tar.FormatPAX}
+		switch {
+		case fl.dir:
+			hdr.Name, hdr.Typeflag = hdr.Name+"/", tar.TypeDir
+		case fl.link != "":
+			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, fl.link
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, fmt.Errorf("ociimage: %w", err)
 		}

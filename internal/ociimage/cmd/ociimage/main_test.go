@@ -165,13 +165,16 @@ func TestRun_StaticImages(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		dir   string
-		files map[string][]byte // by path in the image; the first in the layer is the entrypoint
+		files map[string]string // by path in the image: data, "dir", or "-> " and a link's target; the first in the layer is the entrypoint
 		entry string
 		env   []string
 		ports []string
 	}{
-		{"redisbridge", map[string][]byte{ociimage.BridgePath: exe}, ociimage.BridgePath, nil, []string{ociimage.BridgePort}},
-		{"gateway", map[string][]byte{ociimage.GatewayPath: exe, ociimage.GatewayPluginPath: wasm}, ociimage.GatewayPath,
+		// /bin/ratelimit: the bridge where envoyproxy/ratelimit's
+		// deployments (Envoy Gateway's) run that service's binary.
+		{"redisbridge", map[string]string{ociimage.BridgePath: string(exe), "/bin/": "dir", ociimage.BridgeRatelimitPath: "-> " + ociimage.BridgePath},
+			ociimage.BridgePath, nil, []string{ociimage.BridgePort}},
+		{"gateway", map[string]string{ociimage.GatewayPath: string(exe), ociimage.GatewayPluginPath: string(wasm)}, ociimage.GatewayPath,
 			[]string{"SLUICE_GATEWAY_PLUGIN=" + ociimage.GatewayPluginPath}, []string{ociimage.GatewayPort, ociimage.GatewayAdminPort}},
 	} {
 		t.Run(tc.dir, func(t *testing.T) {
@@ -208,7 +211,7 @@ func TestRun_StaticImages(t *testing.T) {
 			}
 			defer r.Close()
 			tr := tar.NewReader(r)
-			got := map[string][]byte{}
+			got := map[string]string{}
 			for first := true; ; first = false {
 				h, err := tr.Next()
 				if err == io.EOF {
@@ -220,7 +223,15 @@ func TestRun_StaticImages(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got["/"+h.Name] = b
+				switch h.Typeflag {
+				case tar.TypeDir:
+					got["/"+h.Name] = "dir"
+					continue
+				case tar.TypeSymlink:
+					got["/"+h.Name] = "-> " + h.Linkname
+					continue
+				}
+				got["/"+h.Name] = string(b)
 				if exec := h.Mode&0o111 != 0; exec != first || first && "/"+h.Name != tc.entry {
 					t.Errorf("%s mode %o: want the entrypoint first and alone executable", h.Name, h.Mode)
 				}
