@@ -100,12 +100,12 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 	one := map[string]string{"config.yaml": matchConfig}
 	t.Run("single", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, one, nil, "REDIS_URL="+rs.Addr)
+		compareWithEnvoyRatelimit(t, bin, []string{rs.Addr}, false, one, "REDIS_URL="+rs.Addr)
 	})
 	// The calls in JSON, on both services' POST /json.
 	t.Run("json", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, true, one, nil, "REDIS_URL="+rs.Addr)
+		compareWithEnvoyRatelimit(t, bin, []string{rs.Addr}, true, one, "REDIS_URL="+rs.Addr)
 	})
 	// The configuration in two files of its domain, merged
 	// (--rls-merge-domain-config, MERGE_DOMAIN_CONFIG).
@@ -113,16 +113,13 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 		rs := redistest.Start(t)
 		at := strings.Index(matchConfig, "  - key: file\n")
 		two := map[string]string{"config.yaml": matchConfig[:at], "more.yaml": "domain: m\ndescriptors:\n" + matchConfig[at:]}
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, two, func(s *Settings) { s.RLSMergeDomainConfig = true },
-			"REDIS_URL="+rs.Addr, "MERGE_DOMAIN_CONFIG=true")
+		compareWithEnvoyRatelimit(t, bin, []string{rs.Addr}, false, two, "REDIS_URL="+rs.Addr, "MERGE_DOMAIN_CONFIG=true")
 	})
 	// Every limit in shadow mode (--rls-shadow-mode, SHADOW_MODE), and
 	// the RateLimit headers renamed.
 	t.Run("shadow", func(t *testing.T) {
 		rs := redistest.Start(t)
-		compareWithEnvoyRatelimit(t, bin, rs.URL, []string{rs.Addr}, false, one, func(s *Settings) {
-			s.RLSShadowMode, s.RLSResponseHeaderNames = true, "X-RL-Limit,X-RL-Remaining,X-RL-Reset"
-		}, "REDIS_URL="+rs.Addr, "SHADOW_MODE=true",
+		compareWithEnvoyRatelimit(t, bin, []string{rs.Addr}, false, one, "REDIS_URL="+rs.Addr, "SHADOW_MODE=true",
 			"LIMIT_LIMIT_HEADER=X-RL-Limit", "LIMIT_REMAINING_HEADER=X-RL-Remaining", "LIMIT_RESET_HEADER=X-RL-Reset")
 	})
 	// On a Cluster the bridge decides a call's descriptors in their slots
@@ -133,28 +130,31 @@ func TestLong_RLS_MatchesEnvoyRatelimit(t *testing.T) {
 		for _, n := range c.Nodes {
 			addrs = append(addrs, n.Addr)
 		}
-		compareWithEnvoyRatelimit(t, bin, c.URL, addrs, false, one, nil, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
+		compareWithEnvoyRatelimit(t, bin, addrs, false, one, "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(addrs, ","),
 			"REDIS_PIPELINE_WINDOW=150us") // which its cluster client requires
 	})
 }
 
 // compareWithEnvoyRatelimit runs the scenarios of
-// TestLong_RLS_MatchesEnvoyRatelimit against a bridge on Redis at url
-// (its settings changed by configure, when not nil) and
-// envoyproxy/ratelimit (bin) with the variables env, on the same Redis,
-// whose nodes (emptied between scenarios) are at addrs, both with the
-// configuration files (matchConfig, or its parts); over gRPC, or in
-// JSON on POST /json.
-func compareWithEnvoyRatelimit(t *testing.T, bin, url string, addrs []string, inJSON bool, files map[string]string, configure func(*Settings), env ...string) {
+// TestLong_RLS_MatchesEnvoyRatelimit against envoyproxy/ratelimit (bin)
+// with the variables env and a bridge that reads the same variables in
+// its place (--envoy-ratelimit-env), on its own port: the same Redis,
+// whose nodes (emptied between scenarios) are at addrs, and the same
+// directory of configuration files (matchConfig, or its parts); over
+// gRPC, or in JSON on POST /json.
+func compareWithEnvoyRatelimit(t *testing.T, bin string, addrs []string, inJSON bool, files map[string]string, env ...string) {
 	them := startEnvoyRatelimit(t, bin, "", files, append([]string{
 		"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "RESPONSE_DYNAMIC_METADATA=true"}, env...)...)
 	theirs := rlsClient(t, them.grpc)
-	set := DefaultSettings()
-	set.Listen, set.LogLevel, set.Store, set.RedisURL, set.RLSConfig = "127.0.0.1:0", "error", "redis", url, t.TempDir()
-	writeFiles(t, set.RLSConfig, files)
-	set.RLSResponseHeaders, set.RLSResponseMetadata = true, true
-	if configure != nil {
-		configure(&set)
+	vars := map[string]string{}
+	for _, kv := range them.env {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
+	}
+	vars["GRPC_PORT"] = "0"
+	set, err := ParseSettings([]string{"--envoy-ratelimit-env"}, func(k string) string { return vars[k] })
+	if err != nil {
+		t.Fatal(err)
 	}
 	ourAddr := startBridge(t, set)
 	ours := rlsClient(t, ourAddr)

@@ -39,6 +39,7 @@ type envoyRatelimitProcess struct {
 	grpc, http string // addresses: the rate limit service, and its HTTP port (POST /json)
 	debug      string // its debug port (/rlconfig)
 	pid        int
+	env        []string // its variables, NAME=VALUE
 }
 
 // startEnvoyRatelimit starts envoyproxy/ratelimit's service (bin) on
@@ -74,7 +75,7 @@ func startEnvoyRatelimit(tb testing.TB, bin, redisAddr string, files map[string]
 		r, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
 		if err == nil && r.Status == healthpb.HealthCheckResponse_SERVING {
-			return envoyRatelimitProcess{grpc: grpcAddr, http: httpAddr, debug: debugAddr, pid: cmd.Process.Pid}
+			return envoyRatelimitProcess{grpc: grpcAddr, http: httpAddr, debug: debugAddr, pid: cmd.Process.Pid, env: cmd.Env}
 		}
 		select {
 		case <-exited:
