@@ -168,6 +168,7 @@ func TestRun_EmbeddedBridgeSettings(t *testing.T) {
 		{"SLUICE_RLS_RESPONSE_HEADER_NAMES", "a,b,c", "--embed-bridge: SLUICE_RLS_RESPONSE_HEADER_NAMES does not apply to an embedded bridge"},
 		{"SLUICE_RLS_RESPONSE_HEADERS", "true", "--embed-bridge: SLUICE_RLS_RESPONSE_HEADERS does not apply to an embedded bridge"},
 		{"SLUICE_VALIDATE", "true", "--embed-bridge: SLUICE_VALIDATE does not apply to an embedded bridge"},
+		{"SLUICE_ENVOY_RATELIMIT_ENV", "true", "--embed-bridge: SLUICE_ENVOY_RATELIMIT_ENV does not apply to an embedded bridge"},
 		{"SLUICE_RLS_XDS", "http://xds:18001", "--embed-bridge: SLUICE_RLS_XDS does not apply to an embedded bridge"},
 		{"SLUICE_RLS_MERGE_DOMAIN_CONFIG", "true", "--embed-bridge: SLUICE_RLS_MERGE_DOMAIN_CONFIG does not apply to an embedded bridge"},
 	} {
