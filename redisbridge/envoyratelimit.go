@@ -134,18 +134,18 @@ func (t *envTranslation) listeners() {
 		t.setIf("GRPC_CLIENT_TLS_SAN", "tls-client-san")
 	}
 	t.setIf("GRPC_MAX_CONNECTION_AGE", "max-connection-age")
-	switch lvl := strings.ToLower(t.getenv("LOG_LEVEL")); lvl {
-	case "":
-	case "trace", "debug":
-		t.set("LOG_LEVEL", "log-level", "debug")
-	case "info", "error":
+	// Its levels the bridge lacks become the nearest it has; --log-level
+	// checks the rest.
+	if lvl := strings.ToLower(t.getenv("LOG_LEVEL")); lvl != "" {
+		switch lvl {
+		case "trace":
+			lvl = "debug"
+		case "warning":
+			lvl = "warn"
+		case "fatal", "panic":
+			lvl = "error"
+		}
 		t.set("LOG_LEVEL", "log-level", lvl)
-	case "warn", "warning":
-		t.set("LOG_LEVEL", "log-level", "warn")
-	case "fatal", "panic":
-		t.set("LOG_LEVEL", "log-level", "error")
-	default:
-		t.fail("LOG_LEVEL", "%q is not a log level", t.getenv("LOG_LEVEL"))
 	}
 }
 
@@ -213,17 +213,9 @@ func (t *envTranslation) redis() {
 	t.set("BACKEND_TYPE", "store", "redis")
 	useTLS := t.boolean("REDIS_TLS", false)
 	raw := t.get("REDIS_URL", "/var/run/nutcracker/ratelimit.sock")
-	var user *url.Userinfo
-	if auth := t.getenv("REDIS_AUTH"); auth != "" {
-		if u, p, ok := strings.Cut(auth, ":"); ok {
-			user = url.UserPassword(u, p)
-		} else {
-			user = url.UserPassword("", auth)
-		}
-	}
 	userinfo := ""
-	if user != nil {
-		userinfo = user.String() + "@"
+	if auth := t.getenv("REDIS_AUTH"); auth != "" {
+		userinfo = url.UserPassword(splitAuth(auth)).String() + "@"
 	}
 	scheme := "redis"
 	if useTLS {
@@ -256,12 +248,11 @@ func (t *envTranslation) redis() {
 		}
 		q := url.Values{}
 		if auth := t.getenv("REDIS_SENTINEL_AUTH"); auth != "" {
-			if u, p, ok := strings.Cut(auth, ":"); ok {
-				q.Set("sentinel_username", u)
-				q.Set("sentinel_password", p)
-			} else {
-				q.Set("sentinel_password", auth)
+			user, pass := splitAuth(auth)
+			if user != "" {
+				q.Set("sentinel_username", user)
 			}
+			q.Set("sentinel_password", pass)
 		}
 		redisURL = scheme + "+sentinel://" + userinfo + sentinels + "/" + url.PathEscape(master)
 		if len(q) > 0 {
@@ -281,6 +272,15 @@ func (t *envTranslation) redis() {
 	}
 	t.setIf("REDIS_POOL_SIZE", "redis-pool-size")
 	t.setIf("REDIS_TIMEOUT", "redis-timeout")
+}
+
+// splitAuth reads REDIS_AUTH and REDIS_SENTINEL_AUTH as that service
+// does: "user:password", or a password alone.
+func splitAuth(auth string) (user, pass string) {
+	if u, p, ok := strings.Cut(auth, ":"); ok {
+		return u, p
+	}
+	return "", auth
 }
 
 // service: how the rate limit service answers.

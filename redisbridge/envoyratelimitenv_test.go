@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -46,10 +47,7 @@ var envoyGatewayEnv = map[string]string{
 
 // with is env with more variables (or others' values).
 func with(env map[string]string, kv ...string) map[string]string {
-	out := map[string]string{}
-	for k, v := range env {
-		out[k] = v
-	}
+	out := maps.Clone(env)
 	for i := 0; i+1 < len(kv); i += 2 {
 		out[kv[i]] = kv[i+1]
 	}
@@ -178,7 +176,7 @@ func TestParseSettings_EnvoyRatelimitEnvRefused(t *testing.T) {
 		{map[string]string{"REDIS_TLS": "true"}, "REDIS_TLS: not with REDIS_SOCKET_TYPE unix"},
 		{map[string]string{"GRPC_PORT": "grpc"}, `GRPC_PORT: "grpc" is not a port`},
 		{map[string]string{"SHADOW_MODE": "maybe"}, `SHADOW_MODE: "maybe" is not a boolean`},
-		{map[string]string{"LOG_LEVEL": "loud"}, `LOG_LEVEL: "loud" is not a log level`},
+		{map[string]string{"LOG_LEVEL": "loud"}, `"loud" is not debug, info, warn or error (--log-level set from LOG_LEVEL)`},
 		{map[string]string{"USE_PROMETHEUS": "true", "PROMETHEUS_PATH": "/stats"}, "PROMETHEUS_PATH: \"/stats\": the bridge serves its metrics at /metrics only"},
 		{map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_KEY": "/k"}, "GRPC_SERVER_TLS_CERT: required with GRPC_SERVER_USE_TLS"},
 		{map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_NODE_METADATA": "zone"}, `CONFIG_GRPC_XDS_NODE_METADATA: "zone" is not KEY:VALUE`},
