@@ -213,10 +213,7 @@ func (t *envTranslation) redis() {
 	t.set("BACKEND_TYPE", "store", "redis")
 	useTLS := t.boolean("REDIS_TLS", false)
 	raw := t.get("REDIS_URL", "/var/run/nutcracker/ratelimit.sock")
-	userinfo := ""
-	if auth := t.getenv("REDIS_AUTH"); auth != "" {
-		userinfo = url.UserPassword(splitAuth(auth)).String() + "@"
-	}
+	authUser, authPass := splitAuth(t.getenv("REDIS_AUTH"))
 	scheme := "redis"
 	if useTLS {
 		scheme = "rediss"
@@ -226,35 +223,50 @@ func (t *envTranslation) redis() {
 	case "single":
 		switch sock := t.get("REDIS_SOCKET_TYPE", "unix"); sock {
 		case "tcp":
-			if strings.Contains(raw, "://") { // a URL of its own, credentials and all
-				redisURL = raw
-			} else {
-				redisURL = scheme + "://" + userinfo + raw
+			a := t.parseRedisAddrs(raw)
+			if len(a.hosts) != 1 {
+				t.fail("REDIS_URL", "%q: with REDIS_TYPE single, one address", raw)
+				return
+			}
+			redisURL = scheme + "://" + userinfo(a.credentials(authUser, authPass)) + a.hosts[0]
+			if a.db != "" {
+				redisURL += "/" + url.PathEscape(a.db)
 			}
 		case "unix":
 			if useTLS {
 				t.fail("REDIS_TLS", "not with REDIS_SOCKET_TYPE unix")
 			}
-			redisURL = "unix://" + userinfo + raw
+			redisURL = "unix://" + userinfo(authUser, authPass) + raw
 		default:
 			t.fail("REDIS_SOCKET_TYPE", "%q is neither tcp nor unix", sock)
 		}
 	case "cluster":
-		redisURL = scheme + "+cluster://" + userinfo + raw
+		a := t.parseRedisAddrs(raw)
+		if a.db != "" && a.db != "0" {
+			t.fail("REDIS_URL", "%q: a cluster has only db 0", raw)
+		}
+		redisURL = scheme + "+cluster://" + userinfo(a.credentials(authUser, authPass)) + strings.Join(a.hosts, ",")
 	case "sentinel":
 		master, sentinels, ok := strings.Cut(raw, ",")
 		if !ok {
 			t.fail("REDIS_URL", "%q: with REDIS_TYPE sentinel, want the master's name, then the sentinels: name,host:port,...", raw)
+			return
+		}
+		// A sentinel's URL authenticates to the sentinels, where
+		// REDIS_SENTINEL_AUTH does not.
+		a := t.parseRedisAddrs(sentinels)
+		if a.db != "" {
+			t.fail("REDIS_URL", "%q: a sentinel has no db", raw)
 		}
 		q := url.Values{}
-		if auth := t.getenv("REDIS_SENTINEL_AUTH"); auth != "" {
-			user, pass := splitAuth(auth)
-			if user != "" {
-				q.Set("sentinel_username", user)
-			}
+		user, pass := a.credentials(splitAuth(t.getenv("REDIS_SENTINEL_AUTH")))
+		if user != "" {
+			q.Set("sentinel_username", user)
+		}
+		if pass != "" {
 			q.Set("sentinel_password", pass)
 		}
-		redisURL = scheme + "+sentinel://" + userinfo + sentinels + "/" + url.PathEscape(master)
+		redisURL = scheme + "+sentinel://" + userinfo(authUser, authPass) + strings.Join(a.hosts, ",") + "/" + url.PathEscape(master)
 		if len(q) > 0 {
 			redisURL += "?" + q.Encode()
 		}
@@ -281,6 +293,84 @@ func splitAuth(auth string) (user, pass string) {
 		return u, p
 	}
 	return "", auth
+}
+
+// redisAddrs are REDIS_URL's addresses, host:port each, and what their
+// redis:// URLs say (redisAddrs).
+type redisAddrs struct {
+	hosts          []string
+	user, pass, db string
+}
+
+// parseRedisAddrs reads a comma-separated list of addresses as that service's
+// Redis client (radix) dials them: each is host:port, or a redis:// URL
+// whose user and password (in it, or as ?username= and ?password=) are
+// used where REDIS_AUTH gives none, and whose db (its path, or ?db=) is
+// selected on connecting. The bridge has one set of credentials and one
+// db for every node, so the URLs must agree on them; a host:port takes
+// theirs.
+func (t *envTranslation) parseRedisAddrs(list string) redisAddrs {
+	var out redisAddrs
+	urls := 0
+	for _, addr := range strings.Split(list, ",") {
+		if strings.Contains(addr, "://") && !strings.HasPrefix(addr, "redis://") {
+			t.fail("REDIS_URL", "%q: an address is host:port or a redis:// URL (REDIS_TLS asks for TLS)", addr)
+			return out
+		}
+		if strings.HasPrefix(addr, "redis://") {
+			var a redisAddrs
+			u, err := url.Parse(addr)
+			if err != nil {
+				t.fail("REDIS_URL", "%q does not parse: %v", addr, err)
+				return out
+			}
+			q := u.Query()
+			a.user, a.pass, a.db = q.Get("username"), q.Get("password"), q.Get("db")
+			if n := u.User.Username(); n != "" {
+				a.user = n
+			}
+			if p, ok := u.User.Password(); ok {
+				a.pass = p
+			}
+			if u.Path != "" && u.Path != "/" {
+				a.db = u.Path[1:]
+			}
+			if urls++; urls > 1 && (a.user != out.user || a.pass != out.pass || a.db != out.db) {
+				t.fail("REDIS_URL", "%q: its URLs give different credentials or dbs; the bridge has one set for every node", list)
+				return out
+			}
+			out.user, out.pass, out.db = a.user, a.pass, a.db
+			addr = u.Host
+		}
+		if addr == "" {
+			t.fail("REDIS_URL", "%q: an address is empty", list)
+			return out
+		}
+		out.hosts = append(out.hosts, addr)
+	}
+	return out
+}
+
+// credentials are user and pass (REDIS_AUTH's or REDIS_SENTINEL_AUTH's),
+// each taken from a's URLs where empty, as that service's client takes
+// them.
+func (a redisAddrs) credentials(user, pass string) (string, string) {
+	if user == "" {
+		user = a.user
+	}
+	if pass == "" {
+		pass = a.pass
+	}
+	return user, pass
+}
+
+// userinfo is a Redis URL's user information and "@", or "" for no user
+// and no password.
+func userinfo(user, pass string) string {
+	if user == "" && pass == "" {
+		return ""
+	}
+	return url.UserPassword(user, pass).String() + "@"
 }
 
 // service: how the rate limit service answers.

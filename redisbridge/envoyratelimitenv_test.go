@@ -127,6 +127,27 @@ func TestParseSettings_EnvoyRatelimitEnv(t *testing.T) {
 				`REDIS_PIPELINE_WINDOW: the bridge's own (docs/bridge.md, "Moving from envoyproxy/ratelimit")`,
 			}
 		})},
+		// Its Redis client takes an address as a redis:// URL too, with
+		// credentials REDIS_AUTH (or REDIS_SENTINEL_AUTH) does not give,
+		// and a db; REDIS_TLS says whether it is TLS.
+		{"a URL with a user, REDIS_AUTH's password, a db, TLS", map[string]string{
+			"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis://app:ignored@r:6380/2?password=ignored&pool_size=3", "REDIS_AUTH": "pw", "REDIS_TLS": "true",
+		}, nil, base(func(s *Settings) {
+			s.RedisURL = "rediss://app:pw@r:6380/2"
+			s.RLSConfig = "/srv/runtime_data/current/config"
+		})},
+		{"URLs' credentials as query parameters, a host:port beside them", map[string]string{
+			"REDIS_TYPE": "cluster", "REDIS_URL": "redis://n1:7000?username=app&password=pw&db=0,n2:7000,redis://app:pw@n3:7000/0",
+		}, nil, base(func(s *Settings) {
+			s.RedisURL = "redis+cluster://app:pw@n1:7000,n2:7000,n3:7000"
+			s.RLSConfig = "/srv/runtime_data/current/config"
+		})},
+		{"sentinels' URLs authenticate to the sentinels", map[string]string{
+			"REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,redis://:spw@s1:26379,s2:26379", "REDIS_AUTH": "pw",
+		}, nil, base(func(s *Settings) {
+			s.RedisURL = "redis+sentinel://:pw@s1:26379,s2:26379/mymaster?sentinel_password=spw"
+			s.RLSConfig = "/srv/runtime_data/current/config"
+		})},
 		{"the bridge's own variables and flags win", with(envoyGatewayEnv, "SLUICE_REDIS_URL", "redis://elsewhere:6379", "SLUICE_LOG_LEVEL", "error"),
 			[]string{"--health-listen", "127.0.0.1:8080"}, base(func(s *Settings) {
 				s.HealthListen = "127.0.0.1:8080"
@@ -174,6 +195,13 @@ func TestParseSettings_EnvoyRatelimitEnvRefused(t *testing.T) {
 		{map[string]string{"REDIS_TLS": "true", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
 			"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: not supported"},
 		{map[string]string{"REDIS_TLS": "true"}, "REDIS_TLS: not with REDIS_SOCKET_TYPE unix"},
+		{map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r1:6379,r2:6379"}, `REDIS_URL: "r1:6379,r2:6379": with REDIS_TYPE single, one address`},
+		{map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "rediss://r:6379"}, `REDIS_URL: "rediss://r:6379": an address is host:port or a redis:// URL`},
+		{map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis://r:6379/%zz"}, `REDIS_URL: "redis://r:6379/%zz" does not parse`},
+		{map[string]string{"REDIS_TYPE": "cluster", "REDIS_URL": "n1:7000,,n2:7000"}, `REDIS_URL: "n1:7000,,n2:7000": an address is empty`},
+		{map[string]string{"REDIS_TYPE": "cluster", "REDIS_URL": "redis://:a@n1:7000,redis://:b@n2:7000"}, "its URLs give different credentials or dbs"},
+		{map[string]string{"REDIS_TYPE": "cluster", "REDIS_URL": "redis://n1:7000/1"}, `REDIS_URL: "redis://n1:7000/1": a cluster has only db 0`},
+		{map[string]string{"REDIS_TYPE": "sentinel", "REDIS_URL": "m,redis://s1:26379?db=1"}, "a sentinel has no db"},
 		{map[string]string{"GRPC_PORT": "grpc"}, `GRPC_PORT: "grpc" is not a port`},
 		{map[string]string{"SHADOW_MODE": "maybe"}, `SHADOW_MODE: "maybe" is not a boolean`},
 		{map[string]string{"LOG_LEVEL": "loud"}, `"loud" is not debug, info, warn or error (--log-level set from LOG_LEVEL)`},
