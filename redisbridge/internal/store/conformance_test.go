@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"reflect"
 	"strconv"
@@ -582,18 +583,20 @@ func TestRedis_URLs(t *testing.T) {
 }
 
 // A sentinel URL's parts: the master's name and credentials, and the
-// sentinels' own from the query.
+// sentinels' own from the query; a rediss+sentinel URL's TLS, which
+// go-redis uses to the sentinels and the master alike.
 func TestFailoverOptions(t *testing.T) {
 	u, err := splitMultiHostURL("app:pw@s1:26379,s2:26379/mymaster?db=2&sentinel_username=watch&sentinel_password=spw")
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := failoverOptions(u, nil)
+	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
+	got, err := failoverOptions(u, tlsConf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := &redis.FailoverOptions{MasterName: "mymaster", SentinelAddrs: []string{"s1:26379", "s2:26379"}, Username: "app", Password: "pw",
-		SentinelUsername: "watch", SentinelPassword: "spw", DB: 2}
+		SentinelUsername: "watch", SentinelPassword: "spw", DB: 2, TLSConfig: tlsConf}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("options\n got %+v\nwant %+v", got, want)
 	}
