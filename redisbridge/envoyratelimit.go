@@ -152,7 +152,8 @@ func (t *envTranslation) listeners() {
 // config: the limits come from its configuration directory, or from an
 // xDS server.
 func (t *envTranslation) config() {
-	switch ct := t.get("CONFIG_TYPE", "FILE"); ct {
+	ct := t.get("CONFIG_TYPE", "FILE")
+	switch ct {
 	case "FILE":
 		// Its files are those under the root's subdirectory's app
 		// directory, whether or not it watches the root.
@@ -176,6 +177,16 @@ func (t *envTranslation) config() {
 		}
 	default:
 		t.fail("CONFIG_TYPE", "%q is neither FILE nor GRPC_XDS_SOTW", ct)
+	}
+	// That service is unhealthy until it has a domain configured with
+	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, and unless forced to, does
+	// not listen before an xDS server's first configuration. The bridge
+	// starts at once, not ready until then.
+	switch {
+	case t.boolean("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false):
+		t.set("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "rls-ready-needs-config", "true")
+	case ct == "GRPC_XDS_SOTW" && !t.boolean("FORCE_START_WITHOUT_INITIAL_CONFIG", false):
+		t.set("FORCE_START_WITHOUT_INITIAL_CONFIG", "rls-ready-needs-config", "true")
 	}
 }
 
@@ -420,9 +431,6 @@ func (t *envTranslation) ignored() {
 	}
 	if t.getenv("CACHE_KEY_PREFIX") != "" {
 		note("CACHE_KEY_PREFIX", "the bridge's keys are its own (rls: and the domain)")
-	}
-	if t.boolean("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false) {
-		note("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "/healthcheck follows the store; gRPC health says NOT_SERVING until the first configuration")
 	}
 	if f := t.getenv("LOG_FORMAT"); f != "" && f != "json" {
 		note("LOG_FORMAT", "the bridge logs JSON lines")

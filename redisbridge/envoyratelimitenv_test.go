@@ -89,8 +89,9 @@ func TestParseSettings_EnvoyRatelimitEnv(t *testing.T) {
 		{"a file configuration, as envoyproxy/ratelimit's examples deploy it", map[string]string{
 			"RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_WATCH_ROOT": "false",
 			"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis:6379", "REDIS_AUTH": "s3cret", "LOG_LEVEL": "debug",
-			"USE_STATSD": "false", "PORT": "9080", "GRPC_PORT": "9081", "DEBUG_PORT": "6070",
+			"USE_STATSD": "false", "PORT": "9080", "GRPC_PORT": "9081", "DEBUG_PORT": "6070", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "true",
 		}, nil, base(func(s *Settings) {
+			s.RLSReadyNeedsConfig = true
 			s.Listen, s.HealthListen, s.DebugListen = "0.0.0.0:9081", "0.0.0.0:9080", "0.0.0.0:6070"
 			s.RedisURL, s.LogLevel = "redis://:s3cret@redis:6379", "debug"
 			s.RLSConfig = "/data/ratelimit/config"
@@ -119,6 +120,7 @@ func TestParseSettings_EnvoyRatelimitEnv(t *testing.T) {
 			s.RLSShadowMode, s.RLSQuotaMode, s.RLSMergeDomainConfig, s.RLSResponseHeaders, s.RLSResponseMetadata = true, true, true, true, true
 			s.RLSResponseHeaderNames = "RateLimit-Limit,X-Left,RateLimit-Reset"
 			s.NearLimitRatio, s.RLSOverLimitCache = 0.9, 1048576/overLimitCacheEntryBytes
+			s.RLSReadyNeedsConfig = true // not FORCE_START_WITHOUT_INITIAL_CONFIG
 			s.notes = []string{
 				"USE_STATSD: no StatsD; the metrics are Prometheus's, at /metrics on 0.0.0.0:8080",
 				"TRACING_ENABLED: no tracing",

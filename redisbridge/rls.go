@@ -184,7 +184,8 @@ const healthPath = "/grpc.health.v1.Health/Check"
 const rlsService = "envoy.service.ratelimit.v3.RateLimitService"
 
 // handleHealth answers grpc.health.v1.Health/Check: SERVING while the
-// store answers, as /readyz, else NOT_SERVING; for the server ("") and,
+// store answers and the rate limit service has a configuration to decide
+// by (rlsWaiting), else NOT_SERVING; for the server ("") and,
 // with --rls-config, for the rate limit service; NOT_FOUND for any other
 // service, as the health protocol says. So an Envoy cluster that checks
 // the bridge with grpc_health_check, as clusters of envoyproxy/ratelimit
@@ -225,8 +226,8 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		s.storeFailed("ping", err)
 		health = rls.NotServing
 	}
-	if s.servesRLS() && s.rls.Load() == nil {
-		health = rls.NotServing // no configuration from --rls-xds yet: every call fails
+	if s.rlsWaiting() {
+		health = rls.NotServing
 	}
 	grpcAnswer(out, func(b []byte) []byte { return rls.AppendHealthResponse(b, health) })
 }
@@ -579,6 +580,17 @@ func (s *Server) noRLSConfig() *rlsError {
 		return errRLSConfigPending
 	}
 	return errNoRLSConfig
+}
+
+// rlsWaiting tells that the rate limit service has no configuration to
+// decide calls by: none yet from --rls-xds, when every call fails, or
+// with --rls-ready-needs-config, one without a domain.
+func (s *Server) rlsWaiting() bool {
+	if !s.servesRLS() {
+		return false
+	}
+	cfg := s.rls.Load()
+	return cfg == nil || (s.set.RLSReadyNeedsConfig && !cfg.HasDomains())
 }
 
 // servesRLS tells whether the bridge serves the rate limit service:

@@ -404,10 +404,18 @@ func (s *Server) closeAudit() {
 	}
 }
 
+// handleReady answers /readyz and /healthcheck: ready while the store
+// answers and, with --rls-ready-needs-config, the rate limit service has
+// a domain configured; else 503.
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if err := s.store.Ping(r.Context()); err != nil {
 		s.storeFailed("ping", err)
 		writeError(w, r, storeError(err))
+		return
+	}
+	if s.set.RLSReadyNeedsConfig && s.rlsWaiting() {
+		writeError(w, r, &apiError{http.StatusServiceUnavailable, codeServiceUnavailable, "",
+			"the rate limit service has no configuration with a domain yet (--rls-ready-needs-config)"})
 		return
 	}
 	ready := map[string]any{"status": "ready", "store": s.set.Store}

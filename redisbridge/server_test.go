@@ -685,6 +685,7 @@ func TestSettings_Validate(t *testing.T) {
 			"--max-connection-age: not with --tls-cert"},
 		{"a negative over-limit cache", func(s *Settings) { s.RLSOverLimitCache = -1 }, "--rls-over-limit-cache: must not be negative"},
 		{"a negative watch", func(s *Settings) { s.Watch = -time.Second }, "--watch: must not be negative"},
+		{"readiness on a configuration never given", func(s *Settings) { s.RLSReadyNeedsConfig = true }, "--rls-ready-needs-config: only with --rls-config or --rls-xds"},
 		{"a negative near-limit ratio", func(s *Settings) { s.NearLimitRatio = -0.5 }, "--near-limit-ratio: -0.5 is not from 0 to 1"},
 		{"a near-limit ratio above 1", func(s *Settings) { s.NearLimitRatio = 1.5 }, "--near-limit-ratio: 1.5 is not"},
 		{"a near-limit ratio NaN", func(s *Settings) { s.NearLimitRatio = math.NaN() }, "--near-limit-ratio: NaN is not"},

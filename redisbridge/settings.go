@@ -139,6 +139,13 @@ type Settings struct {
 	// the request's domain, descriptors and hits_addend, and the metadata
 	// of the limits that were not over.
 	RLSResponseMetadata bool
+	// RLSReadyNeedsConfig holds the bridge not ready (/readyz,
+	// /healthcheck and the gRPC health check) while the rate limit
+	// service has no configuration with a domain: none yet from
+	// RLSXDS, or one without a domain, as envoyproxy/ratelimit's
+	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED; so a replica is sent
+	// calls only once it has limits to decide them by.
+	RLSReadyNeedsConfig bool
 	// NearLimitRatio: an allowed decision that leaves more than this
 	// share of its limit used (more than floor(limit × ratio) units, as
 	// envoyproxy/ratelimit's NEAR_LIMIT_RATIO) is counted in
@@ -353,6 +360,7 @@ func flagSet(s *Settings) *flag.FlagSet {
 	fs.BoolVar(&s.RLSResponseHeaders, "rls-response-headers", s.RLSResponseHeaders, "rate limit service: add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every answer, of the descriptor closest to its limit")
 	fs.IntVar(&s.RLSOverLimitCache, "rls-over-limit-cache", s.RLSOverLimitCache, "rate limit service: counters remembered as spent until their window ends, whose calls are refused without a store call (0: none)")
 	fs.BoolVar(&s.RLSResponseMetadata, "rls-response-metadata", s.RLSResponseMetadata, "rate limit service: add dynamic metadata to every answer: the request's domain, descriptors and hits_addend, and the configured metadata of the limits not over")
+	fs.BoolVar(&s.RLSReadyNeedsConfig, "rls-ready-needs-config", s.RLSReadyNeedsConfig, "rate limit service: not ready (/readyz, /healthcheck, gRPC health) while it has no configuration with a domain, none yet from --rls-xds or one without a domain, as envoyproxy/ratelimit's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")
 	fs.BoolVar(&s.RLSMergeDomainConfig, "rls-merge-domain-config", s.RLSMergeDomainConfig, "rate limit service: let several files of --rls-config configure one domain, their descriptors joined (one configured in two files is refused), as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG")
 	fs.BoolVar(&s.RLSQuotaMode, "rls-quota-mode", s.RLSQuotaMode, "rate limit service: every limit in quota mode, as envoyproxy/ratelimit's QUOTA_MODE: a call is refused only when all of its limits are over")
 	fs.BoolVar(&s.RLSShadowMode, "rls-shadow-mode", s.RLSShadowMode, "rate limit service: answer every call OK, deciding and counting it as always; what it would have refused is logged and counted as log-only denials")
@@ -387,6 +395,9 @@ func (s *Settings) Validate() error {
 	}
 	if !(s.NearLimitRatio >= 0 && s.NearLimitRatio <= 1) { // NaN too
 		return fmt.Errorf("--near-limit-ratio: %v is not from 0 to 1", s.NearLimitRatio)
+	}
+	if s.RLSReadyNeedsConfig && s.RLSConfig == "" && s.RLSXDS == "" {
+		return errors.New("--rls-ready-needs-config: only with --rls-config or --rls-xds (the bridge would never be ready)")
 	}
 	if s.RLSOverLimitCache < 0 {
 		return errors.New("--rls-over-limit-cache: must not be negative")

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/sluicehq/sluice/internal/nettest"
 	"github.com/sluicehq/sluice/internal/tlsfiles/tlsfilestest"
 	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 )
@@ -363,5 +364,51 @@ func TestSettings_ValidateXDS(t *testing.T) {
 	set.RLSXDS = "https://xds.example:18000"
 	if err := set.Validate(); err != nil || set.RLSXDSNodeID != "default" {
 		t.Errorf("https:// with the system roots: %v, node id %q", err, set.RLSXDSNodeID)
+	}
+}
+
+// With --rls-ready-needs-config the bridge is ready, on /readyz,
+// /healthcheck and the gRPC health check, only while its xDS server has
+// given it a domain: not before the first configuration, and not again
+// after one with none. Without it /readyz follows the store alone.
+func TestServer_RLSReadyNeedsConfig(t *testing.T) {
+	ads, addr := startADS(t, nil)
+	set := testSettings()
+	set.RLSXDS, set.RLSXDSNodeID, set.RLSReadyNeedsConfig = "http://"+addr, "node-1", true
+	ts := startServer(t, set)
+	health := healthpb.NewHealthClient(grpcConn(t, strings.TrimPrefix(ts.URL, "http://")))
+	readiness := func() string {
+		var out []string
+		for _, path := range []string{"/readyz", "/healthcheck"} {
+			r := do(t, nil, "GET", ts.URL+path, "")
+			out = append(out, fmt.Sprint(r.status))
+			if r.status != 200 && !strings.Contains(string(r.body), "no configuration with a domain yet (--rls-ready-needs-config)") {
+				t.Errorf("GET %s: %d %s", path, r.status, r.body)
+			}
+		}
+		res, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		return strings.Join(append(out, fmt.Sprint(res.GetStatus(), err)), " ")
+	}
+
+	wantRequest(t, nextRequest(t, ads), "", "", "")
+	if got := readiness(); got != "503 503 NOT_SERVING <nil>" {
+		t.Errorf("before any configuration: %s", got)
+	}
+	ads.responses <- xdsResponse(t, "1", oneLimit(1))
+	wantRequest(t, nextRequest(t, ads), "1", "n1", "")
+	if got := readiness(); got != "200 200 SERVING <nil>" {
+		t.Errorf("with a domain: %s", got)
+	}
+	ads.responses <- xdsResponse(t, "2")
+	wantRequest(t, nextRequest(t, ads), "2", "n2", "")
+	if got := readiness(); got != "503 503 NOT_SERVING <nil>" {
+		t.Errorf("with no domain left: %s", got)
+	}
+
+	set.RLSReadyNeedsConfig = false
+	set.RLSXDS = "http://" + nettest.FreeAddr(t) // no server: no configuration ever
+	without := startServer(t, set)
+	if r := do(t, nil, "GET", without.URL+"/readyz", ""); r.status != 200 {
+		t.Errorf("without the flag, /readyz before any configuration: %d %s, want 200", r.status, r.body)
 	}
 }

@@ -9,6 +9,9 @@ func (c *Config) HasDomain(domain string) bool {
 	return ok
 }
 
+// HasDomains reports whether any domain is configured.
+func (c *Config) HasDomains() bool { return len(c.domains) > 0 }
+
 // Match is the limit a request descriptor has in domain's tree, as
 // envoyproxy/ratelimit finds it: each entry, in order, must match a
 // descriptor one level further down, by its key and value, else by one
