@@ -329,7 +329,8 @@ type Match struct {
 	Paths   []PathPattern
 	Methods []string // upper-case
 	Hosts   []string // lower-case, exact or "*.example.com"
-	Headers []HeaderMatch
+	Headers []FieldMatch
+	Query   []FieldMatch // on the path's query parameters (queryHolds)
 }
 
 // PatternKind is how a path pattern compares.
@@ -350,9 +351,10 @@ type PathPattern struct {
 	Segs []string // glob segments
 }
 
-// HeaderMatch requires a header to be present, or to equal a value.
-type HeaderMatch struct {
-	Name    string // lower-case
+// FieldMatch requires a header, or a query parameter, to be present (with
+// a value), or to equal a value.
+type FieldMatch struct {
+	Name    string // a header's lower-case; a query parameter's decoded
 	Present bool   // true: presence is enough
 	Value   string // exact value when !Present
 	Invert  bool   // match when the condition does not hold

@@ -73,7 +73,7 @@ func (p *parser) match(v gjson.Result, path string) Match {
 	if !v.Exists() {
 		return m
 	}
-	if !p.object(v, path, "paths", "methods", "hosts", "headers") {
+	if !p.object(v, path, "paths", "methods", "hosts", "headers", "query") {
 		return m
 	}
 	m.Paths = p.pathPatterns(v.Get("paths"), join(path, "paths"))
@@ -91,43 +91,64 @@ func (p *parser) match(v gjson.Result, path string) Match {
 		}
 		return s
 	})
-	if h := v.Get("headers"); h.Exists() {
-		hp := join(path, "headers")
-		if !h.IsArray() {
-			p.fail(hp, "must be an array")
-			return m
+	m.Headers = p.fieldMatches(v.Get("headers"), join(path, "headers"), func(v gjson.Result, path string) string {
+		return p.headerName(v, path, "")
+	})
+	m.Query = p.fieldMatches(v.Get("query"), join(path, "query"), func(v gjson.Result, path string) string {
+		name := p.str(v, path, "")
+		if len(name) > maxQueryNameLen {
+			p.fail(path, "longer than %d bytes", maxQueryNameLen)
 		}
-		for i, e := range h.Array() {
-			ep := index(hp, i)
-			if !p.object(e, ep, "name", "present", "equals", "invert") {
-				return m
-			}
-			hm := HeaderMatch{Name: p.headerName(e.Get("name"), join(ep, "name"), "")}
-			if hm.Name == "" && p.err == nil {
-				p.fail(join(ep, "name"), "is required")
-			}
-			pres, eq := e.Get("present"), e.Get("equals")
-			switch {
-			case pres.Exists() && eq.Exists():
-				p.fail(ep, "set either present or equals, not both")
-			case eq.Exists():
-				hm.Value = p.str(eq, join(ep, "equals"), "")
-			case pres.Exists():
-				hm.Present = true
-				if !p.boolean(pres, join(ep, "present"), true) {
-					// present: false means "absent": presence, inverted.
-					hm.Invert = true
-				}
-			default:
-				p.fail(ep, "needs present or equals")
-			}
-			if p.boolean(e.Get("invert"), join(ep, "invert"), false) {
-				hm.Invert = !hm.Invert
-			}
-			m.Headers = append(m.Headers, hm)
-		}
-	}
+		return name
+	})
 	return m
+}
+
+// maxQueryNameLen bounds a query parameter's name in a match.
+const maxQueryNameLen = 256
+
+// fieldMatches reads a match's conditions on headers or query
+// parameters, each {name, present or equals, invert}; name reads its
+// name.
+func (p *parser) fieldMatches(v gjson.Result, path string, name func(gjson.Result, string) string) []FieldMatch {
+	if !v.Exists() {
+		return nil
+	}
+	if !v.IsArray() {
+		p.fail(path, "must be an array")
+		return nil
+	}
+	var out []FieldMatch
+	for i, e := range v.Array() {
+		ep := index(path, i)
+		if !p.object(e, ep, "name", "present", "equals", "invert") {
+			return out
+		}
+		fm := FieldMatch{Name: name(e.Get("name"), join(ep, "name"))}
+		if fm.Name == "" && p.err == nil {
+			p.fail(join(ep, "name"), "is required")
+		}
+		pres, eq := e.Get("present"), e.Get("equals")
+		switch {
+		case pres.Exists() && eq.Exists():
+			p.fail(ep, "set either present or equals, not both")
+		case eq.Exists():
+			fm.Value = p.str(eq, join(ep, "equals"), "")
+		case pres.Exists():
+			fm.Present = true
+			if !p.boolean(pres, join(ep, "present"), true) {
+				// present: false means "absent": presence, inverted.
+				fm.Invert = true
+			}
+		default:
+			p.fail(ep, "needs present or equals")
+		}
+		if p.boolean(e.Get("invert"), join(ep, "invert"), false) {
+			fm.Invert = !fm.Invert
+		}
+		out = append(out, fm)
+	}
+	return out
 }
 
 // Defaults of the well-known categories; the environment may change the

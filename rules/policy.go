@@ -414,6 +414,11 @@ func (m *Match) matches(r *Request, path string) bool {
 			return false
 		}
 	}
+	for i := range m.Query {
+		if qm := &m.Query[i]; queryHolds(r.Path, qm) == qm.Invert {
+			return false
+		}
+	}
 	return true
 }
 
