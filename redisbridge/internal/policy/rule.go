@@ -27,6 +27,7 @@ type Rule struct {
 	Methods   []string // match.methods, upper-case
 	Hosts     []string // match.hosts, lower-case
 	Headers   json.RawMessage
+	Query     json.RawMessage // match.query (migrations/0005_rule_query.sql)
 	Penalty   json.RawMessage
 	Lease     json.RawMessage // as written (migrations/0003_rule_lease.sql)
 	Action    string
@@ -63,18 +64,7 @@ func ParseRule(body []byte) (Rule, error) {
 	for _, p := range pr.Match.Paths {
 		r.Paths = append(r.Paths, p.Raw)
 	}
-	if len(pr.Match.Headers) > 0 {
-		hs := make([]headerDoc, len(pr.Match.Headers))
-		for i, h := range pr.Match.Headers {
-			hs[i] = headerDoc{Name: h.Name, Invert: h.Invert}
-			if h.Present {
-				hs[i].Present = &h.Present
-			} else {
-				hs[i].Equals = &h.Value
-			}
-		}
-		r.Headers, _ = json.Marshal(hs)
-	}
+	r.Headers, r.Query = fieldDocs(pr.Match.Headers), fieldDocs(pr.Match.Query)
 	if p := root.Get("penalty"); p.Exists() {
 		r.Penalty = compact(p.Raw)
 	}
@@ -84,7 +74,27 @@ func ParseRule(body []byte) (Rule, error) {
 	return r, nil
 }
 
-type headerDoc struct {
+// fieldDocs is the JSON of a match's header or query conditions, nil for
+// none.
+func fieldDocs(ms []rules.FieldMatch) json.RawMessage {
+	if len(ms) == 0 {
+		return nil
+	}
+	docs := make([]fieldDoc, len(ms))
+	for i, m := range ms {
+		docs[i] = fieldDoc{Name: m.Name, Invert: m.Invert}
+		if m.Present {
+			docs[i].Present = &m.Present
+		} else {
+			docs[i].Equals = &m.Value
+		}
+	}
+	b, _ := json.Marshal(docs)
+	return b
+}
+
+// fieldDoc is a header or query condition as the configuration writes it.
+type fieldDoc struct {
 	Name    string  `json:"name"`
 	Present *bool   `json:"present,omitempty"`
 	Equals  *string `json:"equals,omitempty"`
@@ -122,6 +132,7 @@ type matchDoc struct {
 	Methods []string        `json:"methods,omitempty"`
 	Hosts   []string        `json:"hosts,omitempty"`
 	Headers json.RawMessage `json:"headers,omitempty"`
+	Query   json.RawMessage `json:"query,omitempty"`
 }
 
 // MarshalJSON writes r as a rule object of the plugin's configuration,
@@ -135,8 +146,8 @@ func (r Rule) MarshalJSON() ([]byte, error) {
 	if r.MaxDelayMS > 0 {
 		d.MaxDelay = rules.FormatDurationMS(r.MaxDelayMS)
 	}
-	if len(r.Paths)+len(r.Methods)+len(r.Hosts)+len(r.Headers) > 0 {
-		d.Match = &matchDoc{Paths: r.Paths, Methods: r.Methods, Hosts: r.Hosts, Headers: r.Headers}
+	if len(r.Paths)+len(r.Methods)+len(r.Hosts)+len(r.Headers)+len(r.Query) > 0 {
+		d.Match = &matchDoc{Paths: r.Paths, Methods: r.Methods, Hosts: r.Hosts, Headers: r.Headers, Query: r.Query}
 	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)

@@ -169,6 +169,7 @@ func TestRule_RoundTrip(t *testing.T) {
 		`{"name":"f","limit":10,"window":"1m","match":{"paths":["/x&y<z>"]}}`,
 		`{"name":"g","limit":50,"window":"1s","algorithm":"sliding_log","action":"throttle","max_delay":"5s"}`,
 		`{"name":"h","limit":50,"window":"1s","action":"throttle"}`,
+		`{"name":"i","limit":10,"window":"1h","match":{"paths":["/reports/**"],"query":[{"name":"format","equals":"csv"},{"name":"a b","present":false}]}}`,
 	} {
 		want, err := rules.ParseRule([]byte(body))
 		if err != nil {
@@ -465,6 +466,28 @@ func TestStore_ThrottleRule(t *testing.T) {
 	}
 	if r := cfg.Rules[0]; r.Action != rules.Throttle || r.MaxDelayMS != 4000 || r.Spec.Algorithm != rules.TokenBucket {
 		t.Fatalf("rule %+v", r)
+	}
+}
+
+// A rule's query conditions are stored (migration 0005) and the plugin
+// reads them back from the policy the store serves, as they were put.
+func TestStore_QueryRule(t *testing.T) {
+	s := open(t, pgtest.Shared(t).NewDatabase(t), time.Second)
+	body := `{"name":"csv","limit":10,"window":"1h","match":{"query":[{"name":"format","equals":"csv"},{"name":"page","present":false}]}}`
+	if _, _, _, err := s.PutRule(context.Background(), mustRule(t, body), who); err != nil {
+		t.Fatal(err)
+	}
+	want, err := rules.ParseRule([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := rules.ParseConfig([]byte(`{}`))
+	cfg, _, err := base.WithPolicy(s.Snapshot().Doc)
+	if err != nil || len(cfg.Rules) != 1 {
+		t.Fatalf("the plugin reads %s: %v", s.Snapshot().Doc, err)
+	}
+	if got := cfg.Rules[0].Match; !reflect.DeepEqual(got, want.Match) {
+		t.Errorf("match from the store %+v, want %+v", got, want.Match)
 	}
 }
 
