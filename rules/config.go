@@ -1,6 +1,9 @@
 package rules
 
-import "net/netip"
+import (
+	"net/netip"
+	"strings"
+)
 
 // Algorithm names a limit algorithm. Its string form is the config and wire value.
 type Algorithm uint8
@@ -351,13 +354,54 @@ type PathPattern struct {
 	Segs []string // glob segments
 }
 
-// FieldMatch requires a header, or a query parameter, to be present (with
-// a value), or to equal a value.
+// FieldMatch is a condition on a header or a query parameter: that it is
+// present (with a value), or that its value equals, starts with, ends
+// with or contains a text.
 type FieldMatch struct {
-	Name    string // a header's lower-case; a query parameter's decoded
-	Present bool   // true: presence is enough
-	Value   string // exact value when !Present
-	Invert  bool   // match when the condition does not hold
+	Name   string  // a header's lower-case; a query parameter's decoded
+	Op     FieldOp // how the value compares
+	Value  string  // what Op compares with; "" for FieldPresent
+	Invert bool    // match when the condition does not hold
+}
+
+// FieldOp is how a FieldMatch compares a value.
+type FieldOp uint8
+
+const (
+	FieldPresent  FieldOp = iota + 1 // a non-empty value
+	FieldEquals                      // the value is Value
+	FieldPrefix                      // the value starts with Value
+	FieldSuffix                      // the value ends with Value
+	FieldContains                    // Value is in the value
+)
+
+// fieldOps are the configuration's names of the ops, in FieldOp order.
+var fieldOps = [...]string{FieldPresent: "present", FieldEquals: "equals", FieldPrefix: "prefix", FieldSuffix: "suffix", FieldContains: "contains"}
+
+// String is the op's name in the configuration.
+func (o FieldOp) String() string {
+	if int(o) < len(fieldOps) && o != 0 {
+		return fieldOps[o]
+	}
+	return "invalid"
+}
+
+// holds reports whether v, a header's or a query parameter's value ("" for
+// none), passes m's comparison, before Invert.
+func (m *FieldMatch) holds(v string) bool {
+	switch m.Op {
+	case FieldPresent:
+		return v != ""
+	case FieldEquals:
+		return v == m.Value
+	case FieldPrefix:
+		return strings.HasPrefix(v, m.Value)
+	case FieldSuffix:
+		return strings.HasSuffix(v, m.Value)
+	case FieldContains:
+		return strings.Contains(v, m.Value)
+	}
+	return false
 }
 
 // Exemptions are never limited.

@@ -121,27 +121,40 @@ func (p *parser) fieldMatches(v gjson.Result, path string, name func(gjson.Resul
 	var out []FieldMatch
 	for i, e := range v.Array() {
 		ep := index(path, i)
-		if !p.object(e, ep, "name", "present", "equals", "invert") {
+		if !p.object(e, ep, "name", "present", "equals", "prefix", "suffix", "contains", "invert") {
 			return out
 		}
 		fm := FieldMatch{Name: name(e.Get("name"), join(ep, "name"))}
 		if fm.Name == "" && p.err == nil {
 			p.fail(join(ep, "name"), "is required")
 		}
-		pres, eq := e.Get("present"), e.Get("equals")
-		switch {
-		case pres.Exists() && eq.Exists():
-			p.fail(ep, "set either present or equals, not both")
-		case eq.Exists():
-			fm.Value = p.str(eq, join(ep, "equals"), "")
-		case pres.Exists():
-			fm.Present = true
-			if !p.boolean(pres, join(ep, "present"), true) {
-				// present: false means "absent": presence, inverted.
-				fm.Invert = true
+		for op := FieldPresent; op <= FieldContains; op++ {
+			v := e.Get(op.String())
+			switch {
+			case !v.Exists():
+				continue
+			case fm.Op != 0:
+				p.fail(ep, "set one of present, equals, prefix, suffix and contains, not %s and %s", fm.Op, op)
+				return out
 			}
-		default:
-			p.fail(ep, "needs present or equals")
+			fm.Op = op
+			switch op {
+			case FieldPresent:
+				if !p.boolean(v, join(ep, "present"), true) {
+					// present: false means "absent": presence, inverted.
+					fm.Invert = true
+				}
+			case FieldEquals:
+				fm.Value = p.str(v, join(ep, "equals"), "")
+			default:
+				// An empty text would hold for every value, none too.
+				if fm.Value = p.str(v, join(ep, op.String()), ""); fm.Value == "" && p.err == nil {
+					p.fail(join(ep, op.String()), "is empty (present asks for a value)")
+				}
+			}
+		}
+		if fm.Op == 0 && p.err == nil {
+			p.fail(ep, "needs one of present, equals, prefix, suffix and contains")
 		}
 		if p.boolean(e.Get("invert"), join(ep, "invert"), false) {
 			fm.Invert = !fm.Invert

@@ -402,15 +402,7 @@ func (m *Match) matches(r *Request, path string) bool {
 		}
 	}
 	for i := range m.Headers {
-		hm := &m.Headers[i]
-		v := r.header(hm.Name)
-		var hold bool
-		if hm.Present {
-			hold = v != ""
-		} else {
-			hold = v == hm.Value
-		}
-		if hold == hm.Invert {
+		if hm := &m.Headers[i]; hm.holds(r.header(hm.Name)) == hm.Invert {
 			return false
 		}
 	}

@@ -1,14 +1,20 @@
 package rules
 
+import (
+	"strings"
+	"unsafe"
+)
+
 // queryHolds reports whether fm holds for the query of path (what follows
-// its first '?', up to a '#'): whether one of the parameters named
-// fm.Name has a value (Present), or one's value is fm.Value. Names and
+// its first '?', up to a '#'), before fm.Invert: whether the value of one
+// of the parameters named fm.Name passes fm's comparison. Names and
 // values are compared decoded, as the application reads them ('+' is a
 // space, %XX the byte), so that an encoding of the same text does not
 // escape a limit; and any parameter of that name counts, not only the
 // first, so that a client cannot hide the one a limit looks for behind
 // another of the same name. A '%' not followed by two hex digits is
-// itself. It allocates nothing.
+// itself. It allocates nothing, unless a value over 256 bytes is to be
+// decoded.
 func queryHolds(path string, fm *FieldMatch) bool {
 	q := ""
 	for i := 0; i < len(path); i++ {
@@ -42,36 +48,64 @@ func queryHolds(path string, fm *FieldMatch) bool {
 		if !unescapedEqual(name, fm.Name) {
 			continue
 		}
-		if fm.Present {
-			if value != "" { // one byte or more decodes to one or more
-				return true
-			}
-		} else if unescapedEqual(value, fm.Value) {
+		if valueHolds(value, fm) {
 			return true
 		}
 	}
 	return false
 }
 
+// valueHolds reports whether raw, a query parameter's value, passes fm's
+// comparison, decoded.
+func valueHolds(raw string, fm *FieldMatch) bool {
+	switch {
+	case fm.Op == FieldPresent:
+		return raw != "" // one byte or more decodes to one or more
+	case fm.Op == FieldEquals:
+		return unescapedEqual(raw, fm.Value)
+	case !strings.ContainsAny(raw, "%+"):
+		return fm.holds(raw)
+	}
+	var buf [256]byte
+	b := appendUnescaped(buf[:0], raw)
+	return fm.holds(unsafe.String(unsafe.SliceData(b), len(b)))
+}
+
 // unescapedEqual reports whether raw, a query's name or value, decodes to
 // want.
 func unescapedEqual(raw, want string) bool {
 	j := 0
-	for i := 0; i < len(raw); i++ {
-		c := raw[i]
-		switch {
-		case c == '+':
-			c = ' '
-		case c == '%' && i+2 < len(raw):
-			if hi, lo := unhex(raw[i+1]), unhex(raw[i+2]); hi >= 0 && lo >= 0 {
-				c = byte(hi<<4 | lo)
-				i += 2
-			}
-		}
-		if j == len(want) || want[j] != c {
+	for i := 0; i < len(raw); j++ {
+		var c byte
+		if c, i = unescapedByte(raw, i); j == len(want) || want[j] != c {
 			return false
 		}
-		j++
 	}
 	return j == len(want)
+}
+
+// appendUnescaped appends raw, a query's name or value, decoded.
+func appendUnescaped(dst []byte, raw string) []byte {
+	for i := 0; i < len(raw); {
+		var c byte
+		c, i = unescapedByte(raw, i)
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+// unescapedByte is the byte raw, a query's name or value, decodes to at i,
+// and where the next one starts: '+' is a space, %XX the byte, and a '%'
+// not followed by two hex digits is itself.
+func unescapedByte(raw string, i int) (byte, int) {
+	c := raw[i]
+	switch {
+	case c == '+':
+		return ' ', i + 1
+	case c == '%' && i+2 < len(raw):
+		if hi, lo := unhex(raw[i+1]), unhex(raw[i+2]); hi >= 0 && lo >= 0 {
+			return byte(hi<<4 | lo), i + 3
+		}
+	}
+	return c, i + 1
 }

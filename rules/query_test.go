@@ -7,8 +7,9 @@ import (
 )
 
 func TestQueryHolds(t *testing.T) {
-	format := func(v string) *FieldMatch { return &FieldMatch{Name: "format", Value: v} }
-	present := &FieldMatch{Name: "format", Present: true}
+	format := func(v string) *FieldMatch { return &FieldMatch{Name: "format", Op: FieldEquals, Value: v} }
+	present := &FieldMatch{Name: "format", Op: FieldPresent}
+	op := func(op FieldOp, v string) *FieldMatch { return &FieldMatch{Name: "format", Op: op, Value: v} }
 	for _, tc := range []struct {
 		path string
 		fm   *FieldMatch
@@ -43,6 +44,14 @@ func TestQueryHolds(t *testing.T) {
 		{"/r?format=%20", present, true},
 		{"/r?x=1&&format=csv", format("csv"), true},
 		{"/r?a=format%3Dcsv", format("csv"), false},
+		{"/r?format=csv.gz", op(FieldPrefix, "csv"), true},
+		{"/r?format=x&format=c%73v.gz", op(FieldPrefix, "csv"), true},
+		{"/r?format=gz.csv", op(FieldPrefix, "csv"), false},
+		{"/r?format=a.c%73v", op(FieldSuffix, "csv"), true},
+		{"/r?format=a+csv+b", op(FieldContains, " csv "), true},
+		{"/r?format=a%2Bcsv", op(FieldContains, "+csv"), true},
+		{"/r?format=" + strings.Repeat("%41", 300), op(FieldSuffix, "AAA"), true}, // longer than the stack buffer
+		{"/r?format=acs", op(FieldContains, "csv"), false},
 	} {
 		if got := queryHolds(tc.path, tc.fm); got != tc.want {
 			t.Errorf("queryHolds(%q, %+v) = %v, want %v", tc.path, *tc.fm, got, tc.want)
@@ -91,14 +100,20 @@ func TestConfig_EvaluateQuery(t *testing.T) {
 // queryHolds decides as net/url's parsing of the query would, wherever
 // that parsing accepts the query (its escapes are all valid, no ';').
 func FuzzQueryHolds(f *testing.F) {
-	f.Add("format=csv", "format", "csv", false)
-	f.Add("format=json&format=cs%76", "format", "csv", false)
-	f.Add("a+b=c+d&a%20b=", "a b", "c d", false)
-	f.Add("x=&x=1", "x", "", true)
-	f.Add("x&&x=", "x", "", false)
-	f.Fuzz(func(t *testing.T, query, name, value string, present bool) {
-		if name == "" || strings.ContainsAny(query, ";#") {
-			return
+	f.Add("format=csv", "format", "csv", uint8(FieldEquals))
+	f.Add("format=json&format=cs%76", "format", "csv", uint8(FieldEquals))
+	f.Add("a+b=c+d&a%20b=", "a b", "c d", uint8(FieldEquals))
+	f.Add("x=&x=1", "x", "", uint8(FieldPresent))
+	f.Add("x&&x=", "x", "", uint8(FieldEquals))
+	f.Add("q=a%2Bselect+b", "q", "+select ", uint8(FieldContains))
+	f.Add("f=x.c%73v", "f", ".csv", uint8(FieldSuffix))
+	f.Fuzz(func(t *testing.T, query, name, value string, op uint8) {
+		fm := &FieldMatch{Name: name, Op: FieldOp(op%uint8(FieldContains) + 1), Value: value}
+		if fm.Op == FieldPresent {
+			fm.Value = ""
+		}
+		if name == "" || fm.Op > FieldEquals && value == "" || strings.ContainsAny(query, ";#") {
+			return // names and these texts are never empty; net/url refuses ';'
 		}
 		vals, err := url.ParseQuery(query)
 		if err != nil {
@@ -106,13 +121,78 @@ func FuzzQueryHolds(f *testing.F) {
 		}
 		want := false
 		for _, v := range vals[name] {
-			if present && v != "" || !present && v == value {
-				want = true
-			}
+			want = want || fm.holds(v)
 		}
-		fm := &FieldMatch{Name: name, Value: value, Present: present}
 		if got := queryHolds("/p?"+query, fm); got != want {
 			t.Errorf("queryHolds(%q, %+v) = %v; net/url reads %v", "/p?"+query, *fm, got, vals)
 		}
 	})
+}
+
+func TestFieldMatch_Holds(t *testing.T) {
+	for _, tc := range []struct {
+		op      FieldOp
+		text, v string
+		want    bool
+	}{
+		{FieldPresent, "", "x", true},
+		{FieldPresent, "", "", false},
+		{FieldEquals, "abc", "abc", true},
+		{FieldEquals, "abc", "ABC", false},
+		{FieldEquals, "", "", true},
+		{FieldPrefix, "curl/", "curl/8.5", true},
+		{FieldPrefix, "curl/", "Curl/8.5", false},
+		{FieldPrefix, "curl/", "", false},
+		{FieldSuffix, ".internal", "a.internal", true},
+		{FieldSuffix, ".internal", "a.internal.x", false},
+		{FieldContains, "bot", "a-bot-b", true},
+		{FieldContains, "bot", "b-o-t", false},
+		{0, "", "x", false},
+	} {
+		m := &FieldMatch{Name: "h", Op: tc.op, Value: tc.text}
+		if got := m.holds(tc.v); got != tc.want {
+			t.Errorf("%s %q holds(%q) = %v, want %v", tc.op, tc.text, tc.v, got, tc.want)
+		}
+	}
+}
+
+// A header condition's op and invert, through Evaluate.
+func TestConfig_EvaluateHeaderOps(t *testing.T) {
+	c := mustConfig(t, `{"rules":[
+		{"name":"scripts","match":{"headers":[{"name":"user-agent","prefix":"curl/"}]},"scope":"ip","limit":1,"window":"1s"},
+		{"name":"not-internal","match":{"headers":[{"name":"x-from","suffix":".internal","invert":true}]},"scope":"ip","limit":1,"window":"1s"}]}`)
+	var plan Plan
+	rules := func(h mapHeaders) string {
+		c.Evaluate(&Request{Method: "GET", Path: "/", Source: "1.2.3.4:5", Headers: h}, &plan)
+		out := ""
+		for _, l := range plan.Limits {
+			out += l.Rule + " "
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		h    mapHeaders
+		want string
+	}{
+		{mapHeaders{"user-agent": "curl/8.5", "x-from": "a.internal"}, "scripts "},
+		{mapHeaders{"user-agent": "Mozilla/5.0"}, "not-internal "},
+		{mapHeaders{"user-agent": "curl/8.5", "x-from": "a.internal.example"}, "scripts not-internal "},
+	} {
+		if got := rules(tc.h); got != tc.want {
+			t.Errorf("%v: rules %q, want %q", tc.h, got, tc.want)
+		}
+	}
+}
+
+// Deciding on a query allocates nothing, a decoded value included.
+func TestQueryHolds_Allocs(t *testing.T) {
+	fm := &FieldMatch{Name: "format", Op: FieldSuffix, Value: "csv"}
+	path := "/r?a=1&format=x%2Ec%73v"
+	if n := testing.AllocsPerRun(100, func() {
+		if !queryHolds(path, fm) {
+			t.Fatal("does not hold")
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations per decision", n)
+	}
 }

@@ -83,10 +83,18 @@ func fieldDocs(ms []rules.FieldMatch) json.RawMessage {
 	docs := make([]fieldDoc, len(ms))
 	for i, m := range ms {
 		docs[i] = fieldDoc{Name: m.Name, Invert: m.Invert}
-		if m.Present {
-			docs[i].Present = &m.Present
-		} else {
+		switch m.Op {
+		case rules.FieldPresent:
+			present := true
+			docs[i].Present = &present
+		case rules.FieldEquals:
 			docs[i].Equals = &m.Value
+		case rules.FieldPrefix:
+			docs[i].Prefix = &m.Value
+		case rules.FieldSuffix:
+			docs[i].Suffix = &m.Value
+		case rules.FieldContains:
+			docs[i].Contains = &m.Value
 		}
 	}
 	b, _ := json.Marshal(docs)
@@ -95,10 +103,13 @@ func fieldDocs(ms []rules.FieldMatch) json.RawMessage {
 
 // fieldDoc is a header or query condition as the configuration writes it.
 type fieldDoc struct {
-	Name    string  `json:"name"`
-	Present *bool   `json:"present,omitempty"`
-	Equals  *string `json:"equals,omitempty"`
-	Invert  bool    `json:"invert,omitempty"`
+	Name     string  `json:"name"`
+	Present  *bool   `json:"present,omitempty"`
+	Equals   *string `json:"equals,omitempty"`
+	Prefix   *string `json:"prefix,omitempty"`
+	Suffix   *string `json:"suffix,omitempty"`
+	Contains *string `json:"contains,omitempty"`
+	Invert   bool    `json:"invert,omitempty"`
 }
 
 // compact is the JSON text raw without its spaces. ParseRule has read

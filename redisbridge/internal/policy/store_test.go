@@ -170,6 +170,8 @@ func TestRule_RoundTrip(t *testing.T) {
 		`{"name":"g","limit":50,"window":"1s","algorithm":"sliding_log","action":"throttle","max_delay":"5s"}`,
 		`{"name":"h","limit":50,"window":"1s","action":"throttle"}`,
 		`{"name":"i","limit":10,"window":"1h","match":{"paths":["/reports/**"],"query":[{"name":"format","equals":"csv"},{"name":"a b","present":false}]}}`,
+		`{"name":"j","limit":10,"window":"1h","match":{"headers":[{"name":"user-agent","prefix":"curl/"},{"name":"x-from","suffix":".internal","invert":true}],
+		  "query":[{"name":"q","contains":"select"}]}}`,
 	} {
 		want, err := rules.ParseRule([]byte(body))
 		if err != nil {
