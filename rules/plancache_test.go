@@ -216,7 +216,8 @@ func TestPlanCache_Sweep(t *testing.T) {
 func FuzzPlanCache(f *testing.F) {
 	configs := []*Config{mustConfig(f, policyConfig), mustConfig(f, `{"identity":{"client_ip":{"trusted_proxy_depth":1}},
 	  "rules":[{"name":"r","match":{"paths":["/api/**"]},"scope":"ip","limit":1,"window":"1s"},
-	           {"name":"h","match":{"headers":[{"name":"x-tier","equals":"free"}]},"scope":"ip+endpoint","limit":1,"window":"1s"}]}`)}
+	           {"name":"h","match":{"headers":[{"name":"x-tier","equals":"free"}]},"scope":"ip+endpoint","limit":1,"window":"1s"},
+	           {"name":"q","match":{"query":[{"name":"format","suffix":"csv"}]},"scope":"ip","limit":1,"window":"1s"}]}`)}
 	f.Add([]byte("\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09"))
 	f.Add([]byte("\xff\x13\x37\x42\x99\x00\x00\x00\x00\x00\xff\x13\x37\x42\x99\x00\x00\x00\x00\x01"))
 	pick := func(b byte, vals ...string) string { return vals[int(b)%len(vals)] }
@@ -233,7 +234,8 @@ func FuzzPlanCache(f *testing.F) {
 					h[name] = v
 				}
 			}
-			req := Request{Method: pick(d[1], "GET", "POST"), Path: pick(d[2], "/api/v1/chat/x", "/api/v1/request", "/x", "/api/v1/login?y"),
+			req := Request{Method: pick(d[1], "GET", "POST"), Path: pick(d[2], "/api/v1/chat/x", "/api/v1/request", "/x", "/api/v1/login?y",
+				"/api/x?format=csv", "/api/x?format=c%73v&format=json", "/api/x?format=json"),
 				Host: pick(d[9], "api.example.com", "a.beta.example.com"), Source: pick(d[9]>>1, "192.0.2.9:1", "10.0.0.1:2"), Headers: h}
 			want := planValue(evaluated(c, req))
 			r := req
