@@ -307,7 +307,7 @@ func splitAuth(auth string) (user, pass string) {
 }
 
 // redisAddrs are REDIS_URL's addresses, host:port each, and what their
-// redis:// URLs say (redisAddrs).
+// redis:// URLs say (parseRedisAddrs).
 type redisAddrs struct {
 	hosts          []string
 	user, pass, db string

@@ -108,8 +108,8 @@ func (p *parser) match(v gjson.Result, path string) Match {
 const maxQueryNameLen = 256
 
 // fieldMatches reads a match's conditions on headers or query
-// parameters, each {name, present or equals, invert}; name reads its
-// name.
+// parameters, each a name, one of present, equals, prefix, suffix and
+// contains, and invert; name reads the name.
 func (p *parser) fieldMatches(v gjson.Result, path string, name func(gjson.Result, string) string) []FieldMatch {
 	if !v.Exists() {
 		return nil
