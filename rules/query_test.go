@@ -196,3 +196,21 @@ func TestQueryHolds_Allocs(t *testing.T) {
 		t.Errorf("%v allocations per decision", n)
 	}
 }
+
+func BenchmarkQueryHolds(b *testing.B) {
+	for _, bc := range []struct {
+		name, path string
+		fm         FieldMatch
+	}{
+		{"equals", "/api/v1/reports/42?page=2&format=csv", FieldMatch{Name: "format", Op: FieldEquals, Value: "csv"}},
+		{"suffix-decoded", "/api/v1/reports/42?page=2&format=x%2Ec%73v", FieldMatch{Name: "format", Op: FieldSuffix, Value: ".csv"}},
+		{"no-query", "/api/v1/reports/42", FieldMatch{Name: "format", Op: FieldEquals, Value: "csv"}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				queryHolds(bc.path, &bc.fm)
+			}
+		})
+	}
+}
