@@ -81,6 +81,7 @@ func (e *v8Engine) failures() int64 { return int64(len(e.host.Failures())) }
 func TestV8_LimitHeadersAndDenial(t *testing.T) { scenarioLimitHeadersAndDenial(t, startV8) }
 func TestV8_RefusalsCounted(t *testing.T)       { scenarioRefusalsCounted(t, startV8) }
 func TestV8_LogOnly(t *testing.T)               { scenarioLogOnly(t, startV8) }
+func TestV8_QueryMatch(t *testing.T)            { scenarioQueryMatch(t, startV8) }
 func TestV8_Lease(t *testing.T)                 { scenarioLease(t, startV8) }
 func TestV8_Throttle(t *testing.T)              { scenarioThrottle(t, startV8) }
 func TestV8_FailureModes(t *testing.T)          { scenarioFailureModes(t, startV8) }

@@ -110,6 +110,7 @@ func wazeroHost(p *proxy) *wasmhost.Host { return p.engine.(*wazeroEngine).host 
 func TestWasm_LimitHeadersAndDenial(t *testing.T) { scenarioLimitHeadersAndDenial(t, startWazero) }
 func TestWasm_RefusalsCounted(t *testing.T)       { scenarioRefusalsCounted(t, startWazero) }
 func TestWasm_LogOnly(t *testing.T)               { scenarioLogOnly(t, startWazero) }
+func TestWasm_QueryMatch(t *testing.T)            { scenarioQueryMatch(t, startWazero) }
 func TestWasm_Lease(t *testing.T)                 { scenarioLease(t, startWazero) }
 func TestWasm_Throttle(t *testing.T)              { scenarioThrottle(t, startWazero) }
 func TestWasm_FailureModes(t *testing.T)          { scenarioFailureModes(t, startWazero) }

@@ -235,7 +235,7 @@ func FuzzPlanCache(f *testing.F) {
 				}
 			}
 			req := Request{Method: pick(d[1], "GET", "POST"), Path: pick(d[2], "/api/v1/chat/x", "/api/v1/request", "/x", "/api/v1/login?y",
-				"/api/x?format=csv", "/api/x?format=c%73v&format=json", "/api/x?format=json"),
+				"/api/x?format=csv", "/api/x?format=c%73v&format=json", "/api/x?format=tsv"),
 				Host: pick(d[9], "api.example.com", "a.beta.example.com"), Source: pick(d[9]>>1, "192.0.2.9:1", "10.0.0.1:2"), Headers: h}
 			want := planValue(evaluated(c, req))
 			r := req
