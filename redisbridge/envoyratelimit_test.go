@@ -50,7 +50,8 @@ func startEnvoyRatelimit(tb testing.TB, bin, redisAddr string, files map[string]
 	tb.Helper()
 	dir := tb.TempDir()
 	writeFiles(tb, filepath.Join(dir, "ratelimit", "config"), files)
-	grpcAddr, httpAddr, debugAddr := nettest.FreeAddr(tb), nettest.FreeAddr(tb), nettest.FreeAddr(tb)
+	addrs := nettest.FreeAddrs(tb, 3)
+	grpcAddr, httpAddr, debugAddr := addrs[0], addrs[1], addrs[2]
 	port := func(a string) string { return a[strings.LastIndexByte(a, ':')+1:] }
 	cmd := exec.Command(bin)
 	if redisAddr != "" {

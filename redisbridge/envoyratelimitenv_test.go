@@ -270,7 +270,8 @@ func TestEnvoyRatelimitEnv_AsEnvoyGatewayRunsIt(t *testing.T) {
 	ads, adsAddr := startADS(t, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: ca.Pool,
 		ClientAuth: tls.RequireAndVerifyClientCert}))
 	rs := redistest.Start(t)
-	grpcAddr, httpAddr, promAddr := nettest.FreeAddr(t), nettest.FreeAddr(t), nettest.FreeAddr(t)
+	addrs := nettest.FreeAddrs(t, 3)
+	grpcAddr, httpAddr, promAddr := addrs[0], addrs[1], addrs[2]
 	host, grpcPort, _ := net.SplitHostPort(grpcAddr)
 	_, httpPort, _ := net.SplitHostPort(httpAddr)
 	env := with(envoyGatewayEnv, "GRPC_HOST", host, "GRPC_PORT", grpcPort, "HOST", host, "PORT", httpPort, "PROMETHEUS_ADDR", promAddr,

@@ -30,7 +30,8 @@ func TestRun_EmbeddedBridge(t *testing.T) {
 	plugin, config, upstream := limitFiles(t, dir, 2)
 	t.Setenv("SLUICE_AUDIT_LOG", filepath.Join(dir, "audit.log"))
 	t.Setenv("SLUICE_CHECK_TOKEN", "t0ken") // the bridge's own settings apply: the plugin sends none
-	listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
+	addrs := nettest.FreeAddrs(t, 2)
+	listen, admin := addrs[0], addrs[1]
 	args := []string{"--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
 		"--upstream", upstream, "--embed-bridge", "sluice_bridge", "--log-level", "error"}
 	if err := run(t.Context(), append(args, "--validate"), os.Stderr); err != nil {
@@ -121,7 +122,8 @@ func TestRun_EmbeddedBridgesShareRedis(t *testing.T) {
 	t.Setenv("SLUICE_REDIS_URL", redistest.Start(t).URL)
 	var gateways []string
 	for range 2 {
-		listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
+		addrs := nettest.FreeAddrs(t, 2)
+		listen, admin := addrs[0], addrs[1]
 		stop := startRun(t, admin, "--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
 			"--upstream", upstream, "--embed-bridge", "sluice_bridge", "--log-level", "error")
 		defer stop()
@@ -200,7 +202,8 @@ func TestRun_PeerCertificateIdentity(t *testing.T) {
 	cert, key := ca.Issue(t, dir, "gateway")
 	clientCA := filepath.Join(dir, "clients.pem")
 	ca.WriteCert(t, clientCA)
-	listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
+	addrs := nettest.FreeAddrs(t, 2)
+	listen, admin := addrs[0], addrs[1]
 	stop := startRun(t, admin, "--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
 		"--upstream", upstream, "--embed-bridge", "sluice_bridge", "--tls-cert", cert, "--tls-key", key,
 		"--tls-client-ca", clientCA, "--tls-client-optional", "--log-level", "error")

@@ -267,7 +267,8 @@ func TestAdminHandler(t *testing.T) {
 // readiness beside the gateway, and the gateway stops when told to.
 func TestRun_AdminListen(t *testing.T) {
 	plugin, config := guestFiles(t, t.TempDir())
-	listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
+	addrs := nettest.FreeAddrs(t, 2)
+	listen, admin := addrs[0], addrs[1]
 	stop := startRun(t, admin, "--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
 		"--upstream", "http://127.0.0.1:1", "--log-level", "error")
 	// The guest answers this mode itself (a 429), so no upstream is needed.

@@ -554,7 +554,8 @@ func TestRun_UpstreamTLSCA(t *testing.T) {
 		{"the system's roots", nil, 503, "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: TLS_error:|268435581:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED:TLS_error_end"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			listen, admin := nettest.FreeAddr(t), nettest.FreeAddr(t)
+			addrs := nettest.FreeAddrs(t, 2)
+			listen, admin := addrs[0], addrs[1]
 			stop := startRun(t, admin, append([]string{"--listen", listen, "--admin-listen", admin, "--plugin", plugin, "--config", config,
 				"--upstream", upstream, "--cluster", "backend=" + backend, "--log-level", "error"}, tc.args...)...)
 			defer stop()

@@ -106,7 +106,8 @@ func TestRun_HealthListen(t *testing.T) {
 	cert, key := ca.Issue(t, dir, "bridge")
 	clientCA := filepath.Join(dir, "clients.pem")
 	ca.WriteCert(t, clientCA)
-	listen, health := nettest.FreeAddr(t), nettest.FreeAddr(t)
+	addrs := nettest.FreeAddrs(t, 2)
+	listen, health := addrs[0], addrs[1]
 	exited, stderr := startMain(t, "--listen", listen, "--health-listen", health, "--tls-cert", cert, "--tls-key", key,
 		"--tls-client-ca", clientCA, "--audit-log", filepath.Join(dir, "audit.log"), "--log-level", "error")
 	get := func(method, path string) (int, string, error) {

@@ -205,7 +205,8 @@ func TestKubernetes_Gateway(t *testing.T) {
 
 	// The probes, against the gateway serving as deployed, on free ports
 	// and its memory store (the routes do not depend on the store).
-	httpAddr, adminAddr := nettest.FreeAddr(t), nettest.FreeAddr(t)
+	addrs := nettest.FreeAddrs(t, 2)
+	httpAddr, adminAddr := addrs[0], addrs[1]
 	serve := exec.Command(gw.bin, append(gw.args, "--listen="+httpAddr, "--admin-listen="+adminAddr)...)
 	serve.Env = append(gw.env, "SLUICE_STORE=memory", "SLUICE_REDIS_URL=")
 	var logs bytes.Buffer

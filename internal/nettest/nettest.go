@@ -58,10 +58,22 @@ func Raw(tb testing.TB, serve func(net.Conn)) (addr string, conns *atomic.Int64)
 // server the test starts later, as its own process or by its own flags.
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
+	return FreeAddrs(tb, 1)[0]
+}
+
+// FreeAddrs is n such addresses, all different: the kernel may hand a
+// port that was just closed out again, so FreeAddr called twice can give
+// one port twice, and a server told to listen on both then serves one.
+func FreeAddrs(tb testing.TB, n int) []string {
+	tb.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer ln.Close() // held until all are picked
+		addrs[i] = ln.Addr().String()
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs
 }
