@@ -607,37 +607,41 @@ func scenarioLogOnly(t *testing.T, start startEngine) {
 }
 
 // A rule on a query parameter limits the requests whose query has it,
-// however it is encoded, and no other: the third CSV export is refused by
-// the bridge, the next ones from the over-limit cache (one VM's plan
-// cache keyed on the whole path, the other's evaluation of its own), and
-// a TSV or JSON export of the same path passes without a limit.
+// however it is encoded, and no other; the user is a query parameter too.
+// The third CSV export is refused by the bridge, the next ones from the
+// over-limit cache (one VM's plan cache keyed on the whole path, the
+// other's evaluation of its own), the user's id encoded or not; another
+// user's export passes, and so does a TSV or JSON export of the same path.
 func scenarioQueryMatch(t *testing.T, start startEngine) {
 	h := startProxy(t, start, engineSetup{config: `{
   "failure_mode": "fail_closed",
   "bridge": {"cluster": "bridge", "timeout": "2s"},
-  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+  "identity": {"sources": [{"type": "query", "param": "user"}]},
   "rules": [{"name": "csv", "match": {"paths": ["/reports/**"], "query": [{"name": "format", "equals": "csv"}]},
              "limit": 2, "window": "1h", "algorithm": "fixed_window"}]
 }`})
-	dana := map[string]string{"x-user-id": "dana"}
 	for i, want := range []int{200, 200, 429} {
-		if o := h.do("/reports/7?format=csv", dana, 200); o.status != want {
+		if o := h.do("/reports/7?format=csv&user=dana", nil, 200); o.status != want {
 			t.Fatalf("CSV export %d: %+v, want %d", i+1, o, want)
 		}
 	}
 	calls := h.bridge.calls.Load()
-	for _, path := range []string{"/reports/7?format=csv", "/reports/7?format=c%73v", "/reports/7?page=2&format=json&format=csv", "/reports/7?format=csv"} {
-		if o := h.do(path, dana, 200); o.status != 429 || o.headers["retry-after"] == "" {
+	for _, path := range []string{"/reports/7?format=csv&user=dana", "/reports/7?format=c%73v&user=d%61na",
+		"/reports/7?page=2&format=json&user=dana&format=csv", "/reports/7?user=dana&format=csv"} {
+		if o := h.do(path, nil, 200); o.status != 429 || o.headers["retry-after"] == "" {
 			t.Errorf("%s: %+v, want a 429 from the cache", path, o)
 		}
 	}
 	if got := h.bridge.calls.Load(); got != calls {
 		t.Errorf("refusals from the cache made %d call-outs", got-calls)
 	}
+	if o := h.do("/reports/7?format=csv&user=erin", nil, 200); o.status != 200 || o.headers["x-ratelimit-limit"] != "2" {
+		t.Errorf("another user's CSV export: %+v, want 200 with its limit", o)
+	}
 	// A TSV export's path has the CSV one's length and last byte, which
 	// pick a plan's slot in the plan cache.
-	for _, path := range []string{"/reports/7?format=tsv", "/reports/7?format=json", "/reports/7", "/reports/7?format=csvx"} {
-		if o := h.do(path, dana, 200); o.status != 200 || o.headers["x-ratelimit-limit"] != "" {
+	for _, path := range []string{"/reports/7?format=tsv&user=dana", "/reports/7?format=json&user=dana", "/reports/7?user=dana", "/reports/7?format=csvx&user=dana"} {
+		if o := h.do(path, nil, 200); o.status != 200 || o.headers["x-ratelimit-limit"] != "" {
 			t.Errorf("%s: %+v, want 200 without a limit", path, o)
 		}
 	}

@@ -166,7 +166,10 @@ type IdentityConfig struct {
 	// APIKeyHeader, TenantHeader name headers carrying those identities ("" = unused).
 	APIKeyHeader string
 	TenantHeader string
-	ClientIP     ClientIPConfig
+	// APIKeyQuery names a query parameter carrying the API key, for a
+	// request without APIKeyHeader ("" = unused).
+	APIKeyQuery string
+	ClientIP    ClientIPConfig
 	// Anonymous says what a user-scoped limit keys on when no user is known:
 	// AnonymousIP (default) counts by client IP, AnonymousShared puts all
 	// anonymous clients in one counter.
@@ -198,12 +201,16 @@ const (
 	// sidecars present), or with PeerDNS its first DNS name; Envoy's
 	// connection.uri_san_peer_certificate, dns_san_peer_certificate.
 	SourcePeerCertificate
+	// SourceQuery takes a query parameter's value, decoded, as the user
+	// id, trusted as an API's own key that the application checks.
+	SourceQuery
 )
 
 // IdentitySource is one way to find the user id.
 type IdentitySource struct {
 	Kind   SourceKind
 	Header string // lower-case header name; "authorization" for SourceJWT by default
+	Param  string // SourceQuery: the query parameter's name, decoded
 	Claim  string // claim holding the user id (SourceJWT, SourceJWTPayload), default "sub"
 	// PeerDNS: SourcePeerCertificate takes the DNS name, not the URI.
 	PeerDNS bool

@@ -15,7 +15,7 @@ func (p *parser) identity(v gjson.Result, path string) IdentityConfig {
 	if !v.Exists() {
 		return id
 	}
-	if !p.object(v, path, "sources", "api_key_header", "tenant_header", "client_ip", "anonymous") {
+	if !p.object(v, path, "sources", "api_key_header", "api_key_query", "tenant_header", "client_ip", "anonymous") {
 		return id
 	}
 	if s := v.Get("sources"); s.Exists() {
@@ -29,6 +29,7 @@ func (p *parser) identity(v gjson.Result, path string) IdentityConfig {
 		}
 	}
 	id.APIKeyHeader = p.headerName(v.Get("api_key_header"), join(path, "api_key_header"), "")
+	id.APIKeyQuery = p.queryName(v.Get("api_key_query"), join(path, "api_key_query"))
 	id.TenantHeader = p.headerName(v.Get("tenant_header"), join(path, "tenant_header"), "")
 	id.ClientIP = p.clientIP(v.Get("client_ip"), join(path, "client_ip"))
 	switch a := p.str(v.Get("anonymous"), join(path, "anonymous"), "ip"); a {
@@ -61,12 +62,18 @@ func (p *parser) headerName(v gjson.Result, path, def string) string {
 
 func (p *parser) source(v gjson.Result, path string) IdentitySource {
 	var s IdentitySource
-	if !p.object(v, path, "type", "header", "claim", "keys", "issuer", "audiences", "leeway", "require_exp", "san") {
+	if !p.object(v, path, "type", "header", "param", "claim", "keys", "issuer", "audiences", "leeway", "require_exp", "san") {
 		return s
 	}
 	typ := p.str(v.Get("type"), join(path, "type"), "")
 	if typ == "peer_certificate" {
 		return p.peerSource(v, path)
+	}
+	if typ == "query" {
+		return p.querySource(v, path)
+	}
+	if v.Get("param").Exists() {
+		p.fail(join(path, "param"), "only for type query")
 	}
 	if v.Get("san").Exists() {
 		p.fail(join(path, "san"), "only for type peer_certificate")
@@ -82,7 +89,7 @@ func (p *parser) source(v gjson.Result, path string) IdentitySource {
 		s.Kind = SourceHeader
 		s.Header = p.headerName(v.Get("header"), join(path, "header"), "")
 	default:
-		p.fail(join(path, "type"), `must be "jwt", "jwt_payload", "header" or "peer_certificate", got %q`, typ)
+		p.fail(join(path, "type"), `must be "jwt", "jwt_payload", "header", "query" or "peer_certificate", got %q`, typ)
 		return s
 	}
 	if s.Header == "" {
@@ -116,6 +123,21 @@ func (p *parser) source(v gjson.Result, path string) IdentitySource {
 	}
 	for i, k := range keys.Array() {
 		s.Keys = append(s.Keys, p.jwtKey(k, index(kp, i)))
+	}
+	return s
+}
+
+// querySource reads a source of type query: a parameter of the request's
+// query, which verifies nothing, as a header source does not.
+func (p *parser) querySource(v gjson.Result, path string) IdentitySource {
+	s := IdentitySource{Kind: SourceQuery}
+	for _, f := range []string{"header", "claim", "keys", "issuer", "audiences", "leeway", "require_exp", "san"} {
+		if v.Get(f).Exists() {
+			p.fail(join(path, f), "not for type query (param names its parameter)")
+		}
+	}
+	if s.Param = p.queryName(v.Get("param"), join(path, "param")); s.Param == "" && p.err == nil {
+		p.fail(join(path, "param"), "is required for type query")
 	}
 	return s
 }

@@ -94,18 +94,21 @@ func (p *parser) match(v gjson.Result, path string) Match {
 	m.Headers = p.fieldMatches(v.Get("headers"), join(path, "headers"), func(v gjson.Result, path string) string {
 		return p.headerName(v, path, "")
 	})
-	m.Query = p.fieldMatches(v.Get("query"), join(path, "query"), func(v gjson.Result, path string) string {
-		name := p.str(v, path, "")
-		if len(name) > maxQueryNameLen {
-			p.fail(path, "longer than %d bytes", maxQueryNameLen)
-		}
-		return name
-	})
+	m.Query = p.fieldMatches(v.Get("query"), join(path, "query"), p.queryName)
 	return m
 }
 
-// maxQueryNameLen bounds a query parameter's name in a match.
+// maxQueryNameLen bounds a query parameter's name in the configuration.
 const maxQueryNameLen = 256
+
+// queryName reads a query parameter's name, decoded ("" when absent).
+func (p *parser) queryName(v gjson.Result, path string) string {
+	name := p.str(v, path, "")
+	if len(name) > maxQueryNameLen {
+		p.fail(path, "longer than %d bytes", maxQueryNameLen)
+	}
+	return name
+}
 
 // fieldMatches reads a match's conditions on headers or query
 // parameters, each a name, one of present, equals, prefix, suffix and

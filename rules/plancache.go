@@ -230,8 +230,9 @@ func (c *Config) planSlot(r *Request) (idx string, slot int) {
 // buffers (a caller may change them), its texts those of src. What only
 // Evaluate uses (the matched rules, the key ends) is not copied.
 func (p *Plan) CopyFrom(src *Plan) {
-	keys, ends, limits, matched := p.keys[:0], p.ends, p.Limits, p.matched
+	keys, ends, limits, matched, decoded := p.keys[:0], p.ends, p.Limits, p.matched, p.decoded
 	*p = *src
+	p.decoded = decoded[:0] // p's own: src's identity may view src's
 	for i := range src.Limits {
 		keys = append(keys, src.Limits[i].Key...)
 	}

@@ -217,7 +217,9 @@ func FuzzPlanCache(f *testing.F) {
 	configs := []*Config{mustConfig(f, policyConfig), mustConfig(f, `{"identity":{"client_ip":{"trusted_proxy_depth":1}},
 	  "rules":[{"name":"r","match":{"paths":["/api/**"]},"scope":"ip","limit":1,"window":"1s"},
 	           {"name":"h","match":{"headers":[{"name":"x-tier","equals":"free"}]},"scope":"ip+endpoint","limit":1,"window":"1s"},
-	           {"name":"q","match":{"query":[{"name":"format","suffix":"csv"}]},"scope":"ip","limit":1,"window":"1s"}]}`)}
+	           {"name":"q","match":{"query":[{"name":"format","suffix":"csv"}]},"scope":"ip","limit":1,"window":"1s"}]}`),
+		mustConfig(f, `{"identity":{"sources":[{"type":"query","param":"user"},{"type":"header","header":"x-user-id"}],"api_key_query":"key"},
+	  "rules":[{"name":"u","scope":"user+endpoint","limit":1,"window":"1s"},{"name":"k","scope":"api_key","limit":1,"window":"1s"}]}`)}
 	f.Add([]byte("\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09"))
 	f.Add([]byte("\xff\x13\x37\x42\x99\x00\x00\x00\x00\x00\xff\x13\x37\x42\x99\x00\x00\x00\x00\x01"))
 	pick := func(b byte, vals ...string) string { return vals[int(b)%len(vals)] }
@@ -228,6 +230,9 @@ func FuzzPlanCache(f *testing.F) {
 			d := data[:10]
 			data = data[10:]
 			c := configs[d[0]&1]
+			if d[0]&0x80 != 0 {
+				c = configs[2]
+			}
 			h := mapHeaders{}
 			for i, name := range []string{"x-user-id", "x-tenant", "x-tier", "x-api-key", "x-forwarded-for", "x-canary"} {
 				if v := pick(d[3+i], "", "a", "b", "ops", "premium", "free", "unlimited", "203.0.113.7", "10.1.2.3"); v != "" {
@@ -235,7 +240,8 @@ func FuzzPlanCache(f *testing.F) {
 				}
 			}
 			req := Request{Method: pick(d[1], "GET", "POST"), Path: pick(d[2], "/api/v1/chat/x", "/api/v1/request", "/x", "/api/v1/login?y",
-				"/api/x?format=csv", "/api/x?format=c%73v&format=json", "/api/x?format=tsv"),
+				"/api/x?format=csv", "/api/x?format=c%73v&format=json", "/api/x?format=tsv",
+				"/api/x?user=a&key=k", "/api/x?user=%61&key=%6b", "/api/x?user=b&key=k", "/api/x?key=+&user=a+"),
 				Host: pick(d[9], "api.example.com", "a.beta.example.com"), Source: pick(d[9]>>1, "192.0.2.9:1", "10.0.0.1:2"), Headers: h}
 			want := planValue(evaluated(c, req))
 			r := req

@@ -106,7 +106,7 @@ type Plan struct {
 	Exempt   bool
 	Identity Identity
 	// IdentitySource says where the user id came from: "jwt", "jwt_payload",
-	// "header", "peer_certificate", or "" when anonymous.
+	// "header", "query", "peer_certificate", or "" when anonymous.
 	IdentitySource string
 	// JWTError is set when a bearer token was present but did not verify;
 	// the request is then anonymous.
@@ -124,6 +124,7 @@ type Plan struct {
 	keys    []byte
 	ends    []int
 	matched []int32 // rules (i) and categories (^i) that match, in order
+	decoded []byte  // query parameters' values decoded for the identity (queryParam)
 }
 
 // Evaluate resolves the identity of r and collects every applicable limit
@@ -138,6 +139,7 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 	plan.keys = plan.keys[:0]
 	plan.ends = plan.ends[:0]
 	plan.matched = plan.matched[:0]
+	plan.decoded = plan.decoded[:0]
 	plan.IdentitySource = ""
 	plan.JWTError = nil
 	plan.Endpoint = stripQuery(r.Path)
@@ -283,9 +285,12 @@ func (c *Config) identify(r *Request, plan *Plan) {
 	for i := range c.Identity.Sources {
 		src := &c.Identity.Sources[i]
 		var v string
-		if src.Kind == SourcePeerCertificate {
+		switch src.Kind {
+		case SourcePeerCertificate:
 			v = r.peer(src.PeerDNS)
-		} else {
+		case SourceQuery:
+			v = plan.queryParam(r, src.Param)
+		default:
 			v = r.header(src.Header)
 		}
 		if v == "" {
@@ -323,6 +328,10 @@ func (c *Config) identify(r *Request, plan *Plan) {
 			if len(v) <= maxUserIDLen {
 				id.User, plan.IdentitySource = v, "peer_certificate"
 			}
+		case SourceQuery:
+			if len(v) <= maxUserIDLen {
+				id.User, plan.IdentitySource = v, "query"
+			}
 		}
 		if id.User != "" {
 			break
@@ -330,6 +339,9 @@ func (c *Config) identify(r *Request, plan *Plan) {
 	}
 	if c.Identity.APIKeyHeader != "" {
 		id.APIKey = r.header(c.Identity.APIKeyHeader)
+	}
+	if id.APIKey == "" && c.Identity.APIKeyQuery != "" {
+		id.APIKey = plan.queryParam(r, c.Identity.APIKeyQuery)
 	}
 	if c.Identity.TenantHeader != "" {
 		id.Tenant = r.header(c.Identity.TenantHeader)

@@ -16,43 +16,64 @@ import (
 // itself. It allocates nothing, unless a value over 256 bytes is to be
 // decoded.
 func queryHolds(path string, fm *FieldMatch) bool {
-	q := ""
-	for i := 0; i < len(path); i++ {
-		if path[i] == '#' {
-			return false
-		}
-		if path[i] == '?' {
-			q = path[i+1:]
-			break
-		}
-	}
-	for q != "" {
-		pair := q
-		q = ""
-		for i := 0; i < len(pair); i++ {
-			if pair[i] == '&' || pair[i] == '#' {
-				if pair[i] == '&' {
-					q = pair[i+1:]
-				}
-				pair = pair[:i]
-				break
-			}
-		}
-		name, value := pair, ""
-		for i := 0; i < len(pair); i++ {
-			if pair[i] == '=' {
-				name, value = pair[:i], pair[i+1:]
-				break
-			}
-		}
-		if !unescapedEqual(name, fm.Name) {
-			continue
-		}
-		if valueHolds(value, fm) {
+	for q := query(path); q != ""; {
+		var name, value string
+		name, value, q = nextParam(q)
+		if unescapedEqual(name, fm.Name) && valueHolds(value, fm) {
 			return true
 		}
 	}
 	return false
+}
+
+// firstParam is the value of path's first query parameter named name,
+// as written (undecoded), and whether there is one.
+func firstParam(path, name string) (string, bool) {
+	for q := query(path); q != ""; {
+		var n, value string
+		n, value, q = nextParam(q)
+		if unescapedEqual(n, name) {
+			return value, true
+		}
+	}
+	return "", false
+}
+
+// query is path's query: what follows its first '?', up to a '#'.
+func query(path string) string {
+	for i := 0; i < len(path); i++ {
+		switch path[i] {
+		case '#':
+			return ""
+		case '?':
+			q := path[i+1:]
+			for j := 0; j < len(q); j++ {
+				if q[j] == '#' {
+					return q[:j]
+				}
+			}
+			return q
+		}
+	}
+	return ""
+}
+
+// nextParam splits the first parameter off q, a query: its name and value
+// as written (a parameter without '=' has an empty value), and the rest.
+func nextParam(q string) (name, value, rest string) {
+	pair := q
+	for i := 0; i < len(q); i++ {
+		if q[i] == '&' {
+			pair, rest = q[:i], q[i+1:]
+			break
+		}
+	}
+	for i := 0; i < len(pair); i++ {
+		if pair[i] == '=' {
+			return pair[:i], pair[i+1:], rest
+		}
+	}
+	return pair, "", rest
 }
 
 // valueHolds reports whether raw, a query parameter's value, passes fm's
@@ -69,6 +90,19 @@ func valueHolds(raw string, fm *FieldMatch) bool {
 	var buf [256]byte
 	b := appendUnescaped(buf[:0], raw)
 	return fm.holds(unsafe.String(unsafe.SliceData(b), len(b)))
+}
+
+// queryParam is the value of r's first query parameter named name,
+// decoded, "" for none: a view of the path when it has nothing to decode,
+// else of p's buffer for decoded values, which Evaluate reuses.
+func (p *Plan) queryParam(r *Request, name string) string {
+	raw, _ := firstParam(r.Path, name)
+	if !strings.ContainsAny(raw, "%+") {
+		return raw
+	}
+	start := len(p.decoded)
+	p.decoded = appendUnescaped(p.decoded, raw)
+	return unsafe.String(&p.decoded[start], len(p.decoded)-start)
 }
 
 // unescapedEqual reports whether raw, a query's name or value, decodes to

@@ -214,3 +214,42 @@ func BenchmarkQueryHolds(b *testing.B) {
 		})
 	}
 }
+
+// The user id and the API key from query parameters: the first of the
+// name, decoded, so that an encoding of the same id counts as it; the API
+// key's header first.
+func TestConfig_EvaluateQueryIdentity(t *testing.T) {
+	c := mustConfig(t, `{"identity":{"sources":[{"type":"query","param":"user"}],"api_key_header":"x-api-key","api_key_query":"key"},
+		"rules":[{"name":"u","scope":"user","limit":1,"window":"1s"},{"name":"k","scope":"api_key","limit":1,"window":"1s"}]}`)
+	var plan Plan
+	for _, tc := range []struct {
+		path       string
+		h          mapHeaders
+		user, from string
+		key        string
+	}{
+		{"/r?user=alice&key=k1", mapHeaders{}, "alice", "query", "k1"},
+		{"/r?user=al%69ce&key=k%31", mapHeaders{}, "alice", "query", "k1"},
+		{"/r?user=bob&user=alice", mapHeaders{}, "bob", "query", ""},
+		{"/r?user=a+b&key=k1", mapHeaders{"x-api-key": "k2"}, "a b", "query", "k2"},
+		{"/r?users=alice", mapHeaders{}, "", "", ""},
+		{"/r?user=" + strings.Repeat("u", 256), mapHeaders{}, "", "", ""},
+	} {
+		c.Evaluate(&Request{Method: "GET", Path: tc.path, Source: "192.0.2.1:5", Headers: tc.h}, &plan)
+		if id := plan.Identity; id.User != tc.user || plan.IdentitySource != tc.from || id.APIKey != tc.key {
+			t.Errorf("%s %v: user %q from %q, key %q; want %q from %q, key %q", tc.path, tc.h, id.User, plan.IdentitySource, id.APIKey, tc.user, tc.from, tc.key)
+		}
+	}
+	// Decoded, an id counts as itself: the same counter keys.
+	keys := func(path string) string {
+		c.Evaluate(&Request{Method: "GET", Path: path, Source: "192.0.2.1:5", Headers: mapHeaders{}}, &plan)
+		return string(plan.Limits[0].Key) + " " + string(plan.Limits[1].Key)
+	}
+	if a, b := keys("/r?user=alice&key=k1"), keys("/r?key=%6b1&user=%61lice"); a != b {
+		t.Errorf("keys %q and, encoded, %q", a, b)
+	}
+	r := &Request{Method: "GET", Path: "/r?key=%6b1&user=%61lice", Source: "192.0.2.1:5", Headers: mapHeaders{}}
+	if n := testing.AllocsPerRun(100, func() { c.Evaluate(r, &plan) }); n != 0 {
+		t.Errorf("%v allocations per evaluation", n)
+	}
+}
