@@ -210,7 +210,7 @@ const (
 type IdentitySource struct {
 	Kind   SourceKind
 	Header string // lower-case header name; "authorization" for SourceJWT by default
-	Param  string // SourceQuery: the query parameter's name, decoded
+	Param  string // the query parameter's name, decoded: SourceQuery's; SourceJWT's in place of Header
 	Claim  string // claim holding the user id (SourceJWT, SourceJWTPayload), default "sub"
 	// PeerDNS: SourcePeerCertificate takes the DNS name, not the URI.
 	PeerDNS bool

@@ -72,8 +72,8 @@ func (p *parser) source(v gjson.Result, path string) IdentitySource {
 	if typ == "query" {
 		return p.querySource(v, path)
 	}
-	if v.Get("param").Exists() {
-		p.fail(join(path, "param"), "only for type query")
+	if v.Get("param").Exists() && typ != "jwt" {
+		p.fail(join(path, "param"), "only for types query and jwt")
 	}
 	if v.Get("san").Exists() {
 		p.fail(join(path, "san"), "only for type peer_certificate")
@@ -81,6 +81,16 @@ func (p *parser) source(v gjson.Result, path string) IdentitySource {
 	switch typ {
 	case "jwt":
 		s.Kind = SourceJWT
+		if pv := v.Get("param"); pv.Exists() {
+			// A token in the URL, for clients that cannot set a header.
+			if v.Get("header").Exists() {
+				p.fail(join(path, "param"), "set header or param, not both")
+			}
+			if s.Param = p.queryName(pv, join(path, "param")); s.Param == "" && p.err == nil {
+				p.fail(join(path, "param"), "must not be empty")
+			}
+			break
+		}
 		s.Header = p.headerName(v.Get("header"), join(path, "header"), "authorization")
 	case "jwt_payload":
 		s.Kind = SourceJWTPayload
@@ -92,7 +102,7 @@ func (p *parser) source(v gjson.Result, path string) IdentitySource {
 		p.fail(join(path, "type"), `must be "jwt", "jwt_payload", "header", "query" or "peer_certificate", got %q`, typ)
 		return s
 	}
-	if s.Header == "" {
+	if s.Header == "" && s.Param == "" {
 		p.fail(join(path, "header"), "is required for type %s", typ)
 	}
 	if s.Kind != SourceHeader {

@@ -285,10 +285,10 @@ func (c *Config) identify(r *Request, plan *Plan) {
 	for i := range c.Identity.Sources {
 		src := &c.Identity.Sources[i]
 		var v string
-		switch src.Kind {
-		case SourcePeerCertificate:
+		switch {
+		case src.Kind == SourcePeerCertificate:
 			v = r.peer(src.PeerDNS)
-		case SourceQuery:
+		case src.Param != "": // a query source, or a JWT in the URL
 			v = plan.queryParam(r, src.Param)
 		default:
 			v = r.header(src.Header)

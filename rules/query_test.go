@@ -253,3 +253,32 @@ func TestConfig_EvaluateQueryIdentity(t *testing.T) {
 		t.Errorf("%v allocations per evaluation", n)
 	}
 }
+
+// A JWT source may take its token from a query parameter, verified as a
+// header's is, through the token cache or not; the header is not read.
+func TestConfig_EvaluateJWTFromQuery(t *testing.T) {
+	c := mustConfig(t, `{"identity":{"sources":[{"type":"jwt","param":"access_token","keys":[{"alg":"HS256","secret":"`+cacheSecret+`"}]}]},
+		"rules":[{"name":"u","scope":"user","limit":1,"window":"1s"}]}`)
+	good := signHS256(cacheSecret, `{"sub":"alice","exp":2000}`)
+	forged := signHS256("another-secret-0123456789abcdef0123", `{"sub":"mallory","exp":2000}`)
+	var plan Plan
+	for _, tc := range []struct {
+		path  string
+		h     mapHeaders
+		user  string
+		error bool
+	}{
+		{"/r?access_token=" + good, mapHeaders{}, "alice", false},
+		{"/r?x=1&access_token=" + good + "&access_token=" + forged, mapHeaders{}, "alice", false},
+		{"/r?access_token=" + forged, mapHeaders{}, "", true},
+		{"/r", mapHeaders{"authorization": "Bearer " + good}, "", false}, // the header is not this source's
+	} {
+		for _, tokens := range []*TokenCache{nil, NewTokenCache(4)} {
+			r := &Request{Method: "GET", Path: tc.path, Source: "192.0.2.1:5", Headers: tc.h, NowUnix: 1000, Tokens: tokens}
+			c.Evaluate(r, &plan)
+			if plan.Identity.User != tc.user || (plan.JWTError != nil) != tc.error {
+				t.Errorf("%.40s… (cache %v): user %q, error %v; want %q, error %v", tc.path, tokens != nil, plan.Identity.User, plan.JWTError, tc.user, tc.error)
+			}
+		}
+	}
+}
