@@ -27,54 +27,42 @@ func queryHolds(path string, fm *FieldMatch) bool {
 }
 
 // firstParam is the value of path's first query parameter named name,
-// as written (undecoded), and whether there is one.
-func firstParam(path, name string) (string, bool) {
+// as written (undecoded), "" for none.
+func firstParam(path, name string) string {
 	for q := query(path); q != ""; {
 		var n, value string
 		n, value, q = nextParam(q)
 		if unescapedEqual(n, name) {
-			return value, true
-		}
-	}
-	return "", false
-}
-
-// query is path's query: what follows its first '?', up to a '#'.
-func query(path string) string {
-	for i := 0; i < len(path); i++ {
-		switch path[i] {
-		case '#':
-			return ""
-		case '?':
-			q := path[i+1:]
-			for j := 0; j < len(q); j++ {
-				if q[j] == '#' {
-					return q[:j]
-				}
-			}
-			return q
+			return value
 		}
 	}
 	return ""
 }
 
+// query is path's query: what follows its first '?', up to a '#'.
+func query(path string) string {
+	i := strings.IndexAny(path, "?#")
+	if i < 0 || path[i] == '#' {
+		return ""
+	}
+	q := path[i+1:]
+	if j := strings.IndexByte(q, '#'); j >= 0 {
+		q = q[:j]
+	}
+	return q
+}
+
 // nextParam splits the first parameter off q, a query: its name and value
 // as written (a parameter without '=' has an empty value), and the rest.
 func nextParam(q string) (name, value, rest string) {
-	pair := q
-	for i := 0; i < len(q); i++ {
-		if q[i] == '&' {
-			pair, rest = q[:i], q[i+1:]
-			break
-		}
-	}
-	for i := 0; i < len(pair); i++ {
-		if pair[i] == '=' {
-			return pair[:i], pair[i+1:], rest
-		}
-	}
-	return pair, "", rest
+	pair, rest, _ := strings.Cut(q, "&")
+	name, value, _ = strings.Cut(pair, "=")
+	return name, value, rest
 }
+
+// encoded tells whether raw, a query's name or value, has anything to
+// decode.
+func encoded(raw string) bool { return strings.ContainsAny(raw, "%+") }
 
 // valueHolds reports whether raw, a query parameter's value, passes fm's
 // comparison, decoded.
@@ -84,7 +72,7 @@ func valueHolds(raw string, fm *FieldMatch) bool {
 		return raw != "" // one byte or more decodes to one or more
 	case fm.Op == FieldEquals:
 		return unescapedEqual(raw, fm.Value)
-	case !strings.ContainsAny(raw, "%+"):
+	case !encoded(raw):
 		return fm.holds(raw)
 	}
 	var buf [256]byte
@@ -96,8 +84,8 @@ func valueHolds(raw string, fm *FieldMatch) bool {
 // decoded, "" for none: a view of the path when it has nothing to decode,
 // else of p's buffer for decoded values, which Evaluate reuses.
 func (p *Plan) queryParam(r *Request, name string) string {
-	raw, _ := firstParam(r.Path, name)
-	if !strings.ContainsAny(raw, "%+") {
+	raw := firstParam(r.Path, name)
+	if !encoded(raw) {
 		return raw
 	}
 	start := len(p.decoded)
