@@ -287,6 +287,9 @@ type Category struct {
 	Action Action
 	// MaxDelayMS is how long a throttle limit may hold a request.
 	MaxDelayMS int64
+	// OnResponse, when set, charges the limit after the response
+	// (charge.go); nil: before the request, as every other limit.
+	OnResponse *OnResponse
 
 	head *limitHead // the start of its checks, set by the parser
 }
@@ -302,6 +305,9 @@ type Rule struct {
 	Enabled  bool
 	// MaxDelayMS is how long a throttle limit may hold a request.
 	MaxDelayMS int64
+	// OnResponse, when set, charges the limit after the response
+	// (charge.go); nil: before the request, as every other limit.
+	OnResponse *OnResponse
 
 	head *limitHead // the start of its checks, set by the parser
 }

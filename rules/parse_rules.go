@@ -43,7 +43,7 @@ func sortRules(rs []Rule) {
 }
 
 // ruleFields are the fields of a rule object.
-var ruleFields = append([]string{"name", "match", "scope", "action", "max_delay", "priority", "enabled"}, limitFields...)
+var ruleFields = append([]string{"name", "match", "scope", "action", "max_delay", "priority", "enabled", "on_response"}, limitFields...)
 
 // rule validates one rule object at path. It is the one validation of a
 // rule: for the rules of a configuration, for a rule on its own
@@ -64,7 +64,12 @@ func (p *parser) rule(e gjson.Result, rp string, defPenalty *Penalty) Rule {
 	}
 	r.Spec = p.limitSpec(e, rp, actionDefault(LimitSpec{}, r.Action), defPenalty)
 	r.MaxDelayMS = p.limitAction(e, rp, r.Action, &r.Spec)
-	r.head = newLimitHead(r.Name, &r.Spec, r.Action == LogOnly, r.Scope.Has(ScopeUser))
+	head := r.Spec
+	if v := e.Get("on_response"); v.Exists() {
+		r.OnResponse = p.onResponse(v, join(rp, "on_response"), &r)
+		head.Cost = 0 // its checks only ask whether it has anything left (appendPlanned)
+	}
+	r.head = newLimitHead(r.Name, &head, r.Action == LogOnly, r.Scope.Has(ScopeUser))
 	return r
 }
 

@@ -113,6 +113,17 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"failure mode", `{"failure_mode":"maybe"}`, "failure_mode", "fail_open"},
 		{"enabled type", `{"enabled":"yes"}`, "enabled", "true or false"},
 		{"limit zero", rule(`,"limit":0,"window":"1s"`), "rules[1].limit", "must be from 1"},
+		{"on_response not object", rule(`,"limit":1,"window":"1s","on_response":true`), "rules[1].on_response", "must be an object"},
+		{"on_response unknown field", rule(`,"limit":1,"window":"1s","on_response":{"status":[401]}`), "rules[1].on_response.status", "unknown field"},
+		{"on_response statuses empty", rule(`,"limit":1,"window":"1s","on_response":{"statuses":[]}`), "rules[1].on_response.statuses", "non-empty array"},
+		{"on_response status low", rule(`,"limit":1,"window":"1s","on_response":{"statuses":[401,99]}`), "rules[1].on_response.statuses[1]", "from 100 to 599"},
+		{"on_response status class", rule(`,"limit":1,"window":"1s","on_response":{"statuses":["6xx"]}`), "rules[1].on_response.statuses[0]", `"1xx" to "5xx"`},
+		{"on_response status text", rule(`,"limit":1,"window":"1s","on_response":{"statuses":["401"]}`), "rules[1].on_response.statuses[0]", "got \"401\""},
+		{"on_response cost header empty", rule(`,"limit":1,"window":"1s","on_response":{"cost_header":""}`), "rules[1].on_response.cost_header", "is empty"},
+		{"on_response cost header name", rule(`,"limit":1,"window":"1s","on_response":{"cost_header":"x tokens"}`), "rules[1].on_response.cost_header", "not a valid header name"},
+		{"on_response throttled", rule(`,"limit":1,"window":"1s","action":"throttle","on_response":{}`), "rules[1].on_response", "not throttled"},
+		{"on_response leased", rule(`,"limit":10,"window":"1s","lease":{"size":2},"on_response":{}`), "rules[1].on_response", "not leased"},
+		{"on_response in a category", `{"categories":[{"name":"c","paths":["/c"],"limit":1,"window":"1s","on_response":{}}]}`, "categories[0].on_response", "unknown field"},
 		{"limit missing", rule(`,"window":"1s"`), "rules[1].limit", "required"},
 		{"limit float", rule(`,"limit":1.5,"window":"1s"`), "rules[1].limit", "integer"},
 		{"limit huge", rule(`,"limit":1e30,"window":"1s"`), "rules[1].limit", "integer"},
@@ -258,6 +269,74 @@ func TestParseConfig_Lease(t *testing.T) {
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+// A rule's on_response: the statuses that charge, as codes and classes,
+// and the header holding the cost; absent, the rule is charged before
+// its request.
+func TestParseConfig_OnResponse(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"rules": [
+  {"name": "logins", "scope": "ip", "limit": 5, "window": "15m", "on_response": {"statuses": [401, "5xx", 403]}},
+  {"name": "tokens", "limit": 100000, "window": "1h", "algorithm": "fixed_window", "action": "log_only",
+   "on_response": {"cost_header": "X-Usage-Tokens"}},
+  {"name": "plain", "limit": 1, "window": "1s"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logins, tokens, plain := c.Rules[0].OnResponse, c.Rules[1].OnResponse, c.Rules[2].OnResponse
+	if logins == nil || tokens == nil || plain != nil {
+		t.Fatalf("on_response: %+v %+v %+v", logins, tokens, plain)
+	}
+	for code := 0; code < 700; code++ {
+		want := code == 401 || code == 403 || code >= 500 && code <= 599
+		if logins.Statuses.Has(code) != want {
+			t.Errorf("logins charges status %d: %v, want %v", code, !want, want)
+		}
+	}
+	if logins.CostHeader != "" || !tokens.Statuses.Empty() || tokens.CostHeader != "x-usage-tokens" {
+		t.Errorf("logins %+v, tokens %+v", logins, tokens)
+	}
+}
+
+func TestOnResponse_Charge(t *testing.T) {
+	var some StatusSet
+	some.Add(401, 401)
+	some.Add(500, 599)
+	tests := []struct {
+		name   string
+		o      OnResponse
+		status int
+		header string
+		want   int64
+	}{
+		{"every status, the limit's cost", OnResponse{}, 200, "", 3},
+		{"a status charged", OnResponse{Statuses: some}, 401, "", 3},
+		{"a class charged", OnResponse{Statuses: some}, 503, "", 3},
+		{"a status not charged", OnResponse{Statuses: some}, 200, "", 0},
+		{"no status", OnResponse{Statuses: some}, 0, "", 0},
+		{"the header's cost", OnResponse{CostHeader: "x-cost"}, 200, "1234", 1234},
+		{"a cost of 0", OnResponse{CostHeader: "x-cost"}, 200, "0", 0},
+		{"leading zeros", OnResponse{CostHeader: "x-cost"}, 200, "007", 7},
+		{"capped", OnResponse{CostHeader: "x-cost"}, 200, "99999999999999999999999", MaxLimitValue},
+		{"no header: the limit's cost", OnResponse{CostHeader: "x-cost"}, 200, "", 3},
+		{"signed: the limit's cost", OnResponse{CostHeader: "x-cost"}, 200, "-5", 3},
+		{"spaced: the limit's cost", OnResponse{CostHeader: "x-cost"}, 200, " 5", 3},
+		{"decimal point: the limit's cost", OnResponse{CostHeader: "x-cost"}, 200, "1.5", 3},
+		{"header, status not charged", OnResponse{Statuses: some, CostHeader: "x-cost"}, 200, "50", 0},
+	}
+	for _, tc := range tests {
+		if got := tc.o.Charge(tc.status, tc.header, 3); got != tc.want {
+			t.Errorf("%s: Charge(%d, %q) = %d, want %d", tc.name, tc.status, tc.header, got, tc.want)
+		}
+	}
+}
+
+func TestStatusCode(t *testing.T) {
+	for s, want := range map[string]int{"200": 200, "429": 429, "599": 599, "": 0, "20": 0, "2000": 0, "2x0": 0, "+20": 0} {
+		if got := StatusCode(s); got != want {
+			t.Errorf("StatusCode(%q) = %d, want %d", s, got, want)
 		}
 	}
 }

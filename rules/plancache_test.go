@@ -15,6 +15,7 @@ func planValue(p *Plan) any {
 		MaxDelayMS int64
 		AskLease   bool
 		Return     LeaseReturn
+		OnResponse *OnResponse
 	}
 	v := struct {
 		Exempt                   bool
@@ -25,7 +26,7 @@ func planValue(p *Plan) any {
 		Limits                   []limit
 	}{p.Exempt, p.Identity, p.IdentitySource, p.Endpoint, p.JWTError, p.ipResolved, nil}
 	for _, l := range p.Limits {
-		v.Limits = append(v.Limits, limit{string(l.Key), l.Rule, l.Spec, l.Action, l.PerUser, l.MaxDelayMS, l.AskLease, l.Return})
+		v.Limits = append(v.Limits, limit{string(l.Key), l.Rule, l.Spec, l.Action, l.PerUser, l.MaxDelayMS, l.AskLease, l.Return, l.OnResponse})
 	}
 	return v
 }
@@ -217,7 +218,8 @@ func FuzzPlanCache(f *testing.F) {
 	configs := []*Config{mustConfig(f, policyConfig), mustConfig(f, `{"identity":{"client_ip":{"trusted_proxy_depth":1}},
 	  "rules":[{"name":"r","match":{"paths":["/api/**"]},"scope":"ip","limit":1,"window":"1s"},
 	           {"name":"h","match":{"headers":[{"name":"x-tier","equals":"free"}]},"scope":"ip+endpoint","limit":1,"window":"1s"},
-	           {"name":"q","match":{"query":[{"name":"format","suffix":"csv"}]},"scope":"ip","limit":1,"window":"1s"}]}`),
+	           {"name":"q","match":{"query":[{"name":"format","suffix":"csv"}]},"scope":"ip","limit":1,"window":"1s"},
+	           {"name":"o","match":{"paths":["/api/x"]},"scope":"ip","limit":1,"window":"1s","on_response":{"statuses":[401]}}]}`),
 		mustConfig(f, `{"identity":{"sources":[{"type":"query","param":"user"},{"type":"header","header":"x-user-id"}],"api_key_query":"key"},
 	  "rules":[{"name":"u","scope":"user+endpoint","limit":1,"window":"1s"},{"name":"k","scope":"api_key","limit":1,"window":"1s"}]}`)}
 	f.Add([]byte("\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09"))

@@ -174,10 +174,10 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 	for _, m := range plan.matched {
 		if m >= 0 {
 			rule := &c.Rules[m]
-			plan.add(c, r, rule.Name, &rule.Spec, rule.head, rule.Action, rule.MaxDelayMS, rule.Scope)
+			plan.add(c, r, rule.Name, &rule.Spec, rule.head, rule.Action, rule.MaxDelayMS, rule.Scope, rule.OnResponse)
 		} else {
 			cat := &c.Categories[^m]
-			plan.add(c, r, cat.Name, &cat.Spec, cat.head, cat.Action, cat.MaxDelayMS, cat.Scope)
+			plan.add(c, r, cat.Name, &cat.Spec, cat.head, cat.Action, cat.MaxDelayMS, cat.Scope, nil)
 		}
 	}
 	if tier := c.Tiers.Find(id.Tier); tier != nil && !tier.Unlimited {
@@ -188,7 +188,7 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 				break
 			}
 		}
-		plan.add(c, r, name, spec, head, tier.Action, tier.MaxDelayMS, tier.Scope)
+		plan.add(c, r, name, spec, head, tier.Action, tier.MaxDelayMS, tier.Scope, nil)
 	}
 	// Keys were appended to one buffer that may have moved while growing;
 	// slice it only now.
@@ -239,7 +239,7 @@ func anyPathMatches(patterns []PathPattern, path string) bool {
 	return false
 }
 
-func (p *Plan) add(c *Config, r *Request, name string, spec *LimitSpec, head *limitHead, action Action, maxDelayMS int64, scope Scope) {
+func (p *Plan) add(c *Config, r *Request, name string, spec *LimitSpec, head *limitHead, action Action, maxDelayMS int64, scope Scope, onResp *OnResponse) {
 	id := &p.Identity
 	if !p.ipResolved && keyNeedsIP(scope, id, c.Identity.Anonymous) {
 		c.ResolveClientIP(r, p)
@@ -251,7 +251,7 @@ func (p *Plan) add(c *Config, r *Request, name string, spec *LimitSpec, head *li
 	p.keys = AppendKey(p.keys, name, scope, id, c.Identity.Anonymous, method, p.Endpoint)
 	p.ends = append(p.ends, len(p.keys))
 	p.Limits = append(p.Limits, PlannedLimit{
-		Rule: name, Spec: spec, Action: action, MaxDelayMS: maxDelayMS, PerUser: scope.Has(ScopeUser), head: head,
+		Rule: name, Spec: spec, Action: action, MaxDelayMS: maxDelayMS, PerUser: scope.Has(ScopeUser), OnResponse: onResp, head: head,
 	})
 }
 

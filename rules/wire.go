@@ -47,7 +47,8 @@ type LimitRequest struct {
 	// when that is less, and allows while it has anything left (a cost of
 	// 0 only asks whether it has). Its Decision.Remaining is what it had
 	// before the check (Taken). Set by the bridge's rate limit service for
-	// budgets and peeks; never on the wire, never throttled or leased.
+	// budgets and peeks, and on the wire ("fill") by the plugin for limits
+	// charged after the response; never throttled or leased.
 	Fill bool
 	// Quota: one of the check's quota limits, which deny it only all
 	// together: the check passes while any of them allows (and every
@@ -167,6 +168,11 @@ type PlannedLimit struct {
 	// and hand back the units of an earlier grant.
 	AskLease bool
 	Return   LeaseReturn
+	// OnResponse: the limit is charged after the response (its rule's
+	// on_response); a check only asks whether it has anything left, and
+	// AppendChargeRequest charges it Charge, which the caller sets.
+	OnResponse *OnResponse
+	Charge     int64
 
 	head *limitHead // the start of its encoding, from the config
 }
@@ -191,6 +197,12 @@ func AppendLeaseCall(dst []byte, op Op, requestID string, l *PlannedLimit) []byt
 }
 
 func appendPlanned(dst []byte, l *PlannedLimit) []byte {
+	if l.OnResponse != nil {
+		// Asked whether it has anything left: a fill limit at cost 0.
+		peek := *l.Spec
+		peek.Cost = 0
+		return appendLimit(dst, l.Key, l.head, l.Rule, &peek, l.Action == LogOnly, l.PerUser, true, -1, Lease{}, LeaseReturn{})
+	}
 	var lease Lease
 	if l.AskLease {
 		lease = l.Spec.Lease
@@ -199,7 +211,34 @@ func appendPlanned(dst []byte, l *PlannedLimit) []byte {
 	if l.Action == Throttle {
 		maxDelay = l.MaxDelayMS
 	}
-	return appendLimit(dst, l.Key, l.head, l.Rule, l.Spec, l.Action == LogOnly, l.PerUser, maxDelay, lease, l.Return)
+	return appendLimit(dst, l.Key, l.head, l.Rule, l.Spec, l.Action == LogOnly, l.PerUser, false, maxDelay, lease, l.Return)
+}
+
+// AppendChargeRequest encodes the check that charges the limits of a
+// request that are charged after its response (OnResponse) what it cost
+// (Charge, set by the caller; those at 0 are left out) and appends it to
+// dst. Each is a fill limit: it takes its charge, or what it has left
+// when that is less. Each is sent log_only, so that one with nothing left
+// does not keep the others from being charged (a check is all-or-nothing
+// over its enforced limits), and without its penalty: a charge that finds
+// a limit spent is no violation, the request was let through.
+func AppendChargeRequest(dst []byte, requestID, user, endpoint string, limits []PlannedLimit) []byte {
+	dst = appendCheckHead(dst, OpDecide, requestID, user, endpoint)
+	n := 0
+	for i := range limits {
+		l := &limits[i]
+		if l.OnResponse == nil || l.Charge <= 0 {
+			continue
+		}
+		if n > 0 {
+			dst = append(dst, ',')
+		}
+		n++
+		charge := *l.Spec
+		charge.Cost, charge.Penalty = l.Charge, nil
+		dst = appendLimit(dst, l.Key, nil, l.Rule, &charge, true, l.PerUser, true, -1, Lease{}, LeaseReturn{})
+	}
+	return append(dst, "]}"...)
 }
 
 // AppendCheckRequestFrom encodes an already decoded request (bridge tests, tools).
@@ -210,7 +249,7 @@ func AppendCheckRequestFrom(dst []byte, req *CheckRequest) []byte {
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendLimit(dst, []byte(l.Key), nil, l.Rule, &l.Spec, l.LogOnly, l.PerUser, l.MaxDelay(), l.Spec.Lease, l.Return)
+		dst = appendLimit(dst, []byte(l.Key), nil, l.Rule, &l.Spec, l.LogOnly, l.PerUser, l.Fill, l.MaxDelay(), l.Spec.Lease, l.Return)
 	}
 	return append(dst, "]}"...)
 }
@@ -255,13 +294,16 @@ func appendCheckHead(dst []byte, op Op, requestID, user, endpoint string) []byte
 
 // appendLimit appends one limit; maxDelay < 0: not a throttle limit. head,
 // when it fits the limit, is its start rendered before.
-func appendLimit(dst, key []byte, head *limitHead, rule string, s *LimitSpec, logOnly, perUser bool, maxDelay int64, lease Lease, ret LeaseReturn) []byte {
+func appendLimit(dst, key []byte, head *limitHead, rule string, s *LimitSpec, logOnly, perUser, fill bool, maxDelay int64, lease Lease, ret LeaseReturn) []byte {
 	dst = append(dst, `{"key":`...)
 	dst = AppendJSONBytes(dst, key)
 	if head.fits(rule, s, logOnly, perUser) {
 		dst = append(dst, head.text...)
 	} else {
 		dst = appendLimitHead(dst, rule, s, logOnly, perUser)
+	}
+	if fill {
+		dst = append(dst, `,"fill":true`...)
 	}
 	if maxDelay >= 0 {
 		dst = appendInt(dst, `,"max_delay_ms":`, maxDelay)
@@ -455,7 +497,7 @@ func firstField(dst *gjson.Result, v gjson.Result) {
 
 // wireLimitFields are the fields of one limit object.
 type wireLimitFields struct {
-	key, rule, algorithm, limit, window, burst, cost, logOnly, perUser, maxDelay, penalty, lease, ret gjson.Result
+	key, rule, algorithm, limit, window, burst, cost, logOnly, perUser, fill, maxDelay, penalty, lease, ret gjson.Result
 }
 
 func decodeLimit(v gjson.Result, l *LimitRequest) error {
@@ -483,6 +525,8 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 			firstField(&f.logOnly, v)
 		case "per_user":
 			firstField(&f.perUser, v)
+		case "fill":
+			firstField(&f.fill, v)
 		case "max_delay_ms":
 			firstField(&f.maxDelay, v)
 		case "penalty":
@@ -517,7 +561,16 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 	if l.Spec.Burst, err = wireIntField(f.burst, "burst", 1, MaxLimitValue, l.Spec.Limit); err != nil {
 		return err
 	}
-	if l.Spec.Cost, err = wireIntField(f.cost, "cost", 1, MaxLimitValue, 1); err != nil {
+	if l.Fill, err = wireBoolField(f.fill, "fill"); err != nil {
+		return err
+	}
+	// A fill limit may cost 0: it is only asked whether it has anything
+	// left (a limit charged after the response, before its request).
+	minCost := int64(1)
+	if l.Fill {
+		minCost = 0
+	}
+	if l.Spec.Cost, err = wireIntField(f.cost, "cost", minCost, MaxLimitValue, 1); err != nil {
 		return err
 	}
 	if l.LogOnly, err = wireBoolField(f.logOnly, "log_only"); err != nil {
@@ -533,6 +586,8 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 		switch {
 		case l.LogOnly:
 			return errors.New("max_delay_ms: a log_only limit is not throttled")
+		case l.Fill:
+			return errors.New("max_delay_ms: a fill limit is not throttled")
 		case l.Spec.Algorithm == SlidingWindow:
 			return errors.New("max_delay_ms: a sliding_window limit is not throttled (it estimates its count)")
 		}
@@ -578,8 +633,13 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 			return fmt.Errorf("lease.%w", err)
 		}
 	}
-	if l.Throttle && l.Spec.Lease.Size > 0 {
+	switch {
+	case l.Throttle && l.Spec.Lease.Size > 0:
 		return errors.New("lease: a throttle limit is not leased")
+	case l.Fill && l.Spec.Lease.Size > 0:
+		return errors.New("lease: a fill limit is not leased")
+	case l.Fill && f.ret.Exists():
+		return errors.New("lease_return: a fill limit holds no lease")
 	}
 	if v := f.ret; v.Exists() {
 		if !v.IsObject() {

@@ -88,6 +88,78 @@ func TestCheckRequest_LeaseRoundTrip(t *testing.T) {
 	}
 }
 
+// A fill limit (charged after the response: peeked at cost 0 before its
+// request, charged what it cost after) travels and decodes as sent; only
+// a fill limit may cost 0.
+func TestCheckRequest_FillRoundTrip(t *testing.T) {
+	for _, cost := range []int64{0, 1, 12_345, MaxLimitValue} {
+		in := CheckRequest{RequestID: "r", User: "alice", Endpoint: "/v1/chat", Limits: []LimitRequest{
+			{Key: "rl:{u:alice}:tokens", Rule: "tokens", PerUser: true, Fill: true,
+				Spec: LimitSpec{Algorithm: FixedWindow, Limit: 1000, WindowMS: 3600_000, Burst: 1000, Cost: cost}},
+			{Key: "rl:{g}:all", Rule: "all", Spec: LimitSpec{Algorithm: TokenBucket, Limit: 10, WindowMS: 1000, Burst: 10, Cost: 1}},
+		}}
+		body := AppendCheckRequestFrom(nil, &in)
+		got, err := DecodeCheckRequest(body)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, body)
+		}
+		if !reflect.DeepEqual(got, in) {
+			t.Errorf("round trip:\n got %+v\nwant %+v\n%s", got, in, body)
+		}
+	}
+}
+
+// A limit charged after the response is asked at cost 0, as a fill limit,
+// before its request, from the head its rule rendered; the charge after
+// the response carries what the response cost, log_only and without its
+// penalty, and leaves out what costs nothing.
+func TestAppendChargeRequest(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"penalty": {},
+  "rules": [{"name": "tokens", "limit": 1000, "window": "1h", "algorithm": "fixed_window", "on_response": {"cost_header": "x-tokens"}},
+            {"name": "logins", "scope": "ip", "limit": 5, "window": "15m", "on_response": {"statuses": [401]}},
+            {"name": "plain", "scope": "global", "limit": 10, "window": "1s"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan Plan
+	c.Evaluate(&Request{Method: "GET", Path: "/v1/chat", Headers: mapHeaders{"x-user-id": "alice"}, Source: "192.0.2.1:1"}, &plan)
+	if len(plan.Limits) != 3 {
+		t.Fatalf("limits: %+v", plan.Limits)
+	}
+	check, err := DecodeCheckRequest(AppendCheckRequest(nil, "r", "", "", plan.Limits))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range check.Limits {
+		onResponse := plan.Limits[i].OnResponse != nil
+		if l.Fill != onResponse || onResponse != (l.Spec.Cost == 0) || l.Spec.Penalty == nil || l.LogOnly {
+			t.Errorf("check's limit %d (%s): fill %v cost %d penalty %v log_only %v", i, l.Rule, l.Fill, l.Spec.Cost, l.Spec.Penalty, l.LogOnly)
+		}
+	}
+	// Rendered anew, without the rule's head: the same text.
+	heads := slices.Clone(plan.Limits)
+	for i := range heads {
+		heads[i].head = nil
+	}
+	if a, b := AppendCheckRequest(nil, "r", "", "", plan.Limits), AppendCheckRequest(nil, "r", "", "", heads); string(a) != string(b) {
+		t.Errorf("with heads:\n%s\nwithout:\n%s", a, b)
+	}
+
+	plan.Limits[0].Charge, plan.Limits[1].Charge, plan.Limits[2].Charge = 1234, 0, 9
+	body := AppendChargeRequest(nil, "r", "alice", "/v1/chat", plan.Limits)
+	charge, err := DecodeCheckRequest(body)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, body)
+	}
+	want := CheckRequest{RequestID: "r", User: "alice", Endpoint: "/v1/chat", Limits: []LimitRequest{{
+		Key: string(plan.Limits[0].Key), Rule: "tokens", Fill: true, LogOnly: true, PerUser: true,
+		Spec: LimitSpec{Algorithm: FixedWindow, Limit: 1000, WindowMS: 3600_000, Burst: 1000, Cost: 1234},
+	}}}
+	if !reflect.DeepEqual(charge, want) {
+		t.Errorf("charge:\n got %+v\nwant %+v\n%s", charge, want, body)
+	}
+}
+
 func TestDecodeCheckRequest_Errors(t *testing.T) {
 	lim := func(extra string) string {
 		return `{"limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_ms":1000` + extra + `}]}`
@@ -122,6 +194,12 @@ func TestDecodeCheckRequest_Errors(t *testing.T) {
 		{"max delay log_only", lim(`,"log_only":true,"max_delay_ms":5`), "limits[0].max_delay_ms: a log_only limit"},
 		{"max delay sliding window", `{"limits":[{"key":"k","algorithm":"sliding_window","limit":1,"window_ms":1000,"max_delay_ms":5}]}`, "limits[0].max_delay_ms: a sliding_window limit"},
 		{"max delay lease", lim(`,"max_delay_ms":5,"lease":{"size":1,"ttl_ms":100}`), "limits[0].lease: a throttle limit is not leased"},
+		{"fill string", lim(`,"fill":1`), "limits[0].fill: must be a boolean"},
+		{"fill negative cost", lim(`,"fill":true,"cost":-1`), "limits[0].cost: must be an integer from 0 to"},
+		{"zero cost, fill false", lim(`,"fill":false,"cost":0`), "limits[0].cost: must be an integer from 1 to"},
+		{"fill max delay", lim(`,"fill":true,"max_delay_ms":5`), "limits[0].max_delay_ms: a fill limit is not throttled"},
+		{"fill lease", lim(`,"fill":true,"lease":{"size":1,"ttl_ms":100}`), "limits[0].lease: a fill limit is not leased"},
+		{"fill lease return", lim(`,"fill":true,"lease_return":{"tag":1,"granted":5,"units":1}`), "limits[0].lease_return: a fill limit holds no lease"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
