@@ -30,7 +30,9 @@ type Rule struct {
 	Query     json.RawMessage // match.query (migrations/0005_rule_query.sql)
 	Penalty   json.RawMessage
 	Lease     json.RawMessage // as written (migrations/0003_rule_lease.sql)
-	Action    string
+	// OnResponse is as written (migrations/0006_rule_on_response.sql).
+	OnResponse json.RawMessage
+	Action     string
 	// MaxDelayMS is a throttle rule's max_delay, default filled in; 0 for
 	// other actions (migrations/0004_rule_max_delay.sql).
 	MaxDelayMS int64
@@ -70,6 +72,9 @@ func ParseRule(body []byte) (Rule, error) {
 	}
 	if l := root.Get("lease"); l.Exists() {
 		r.Lease = compact(l.Raw)
+	}
+	if o := root.Get("on_response"); o.Exists() {
+		r.OnResponse = compact(o.Raw)
 	}
 	return r, nil
 }
@@ -136,6 +141,9 @@ type ruleDoc struct {
 	Cost      int64           `json:"cost"`
 	Penalty   json.RawMessage `json:"penalty,omitempty"`
 	Lease     json.RawMessage `json:"lease,omitempty"`
+	// OnResponse is written last: a bridge's rule object then reads as
+	// one of an earlier bridge with one more field.
+	OnResponse json.RawMessage `json:"on_response,omitempty"`
 }
 
 type matchDoc struct {
@@ -152,7 +160,7 @@ func (r Rule) MarshalJSON() ([]byte, error) {
 	d := ruleDoc{
 		Name: r.Name, Scope: r.Scope, Action: r.Action, Priority: r.Priority, Enabled: r.Enabled,
 		Algorithm: r.Algorithm, Limit: r.Limit, Window: rules.FormatDurationMS(r.WindowMS),
-		Burst: r.Burst, Cost: r.Cost, Penalty: r.Penalty, Lease: r.Lease,
+		Burst: r.Burst, Cost: r.Cost, Penalty: r.Penalty, Lease: r.Lease, OnResponse: r.OnResponse,
 	}
 	if r.MaxDelayMS > 0 {
 		d.MaxDelay = rules.FormatDurationMS(r.MaxDelayMS)

@@ -172,6 +172,8 @@ func TestRule_RoundTrip(t *testing.T) {
 		`{"name":"i","limit":10,"window":"1h","match":{"paths":["/reports/**"],"query":[{"name":"format","equals":"csv"},{"name":"a b","present":false}]}}`,
 		`{"name":"j","limit":10,"window":"1h","match":{"headers":[{"name":"user-agent","prefix":"curl/"},{"name":"x-from","suffix":".internal","invert":true}],
 		  "query":[{"name":"q","contains":"select"}]}}`,
+		`{"name":"k","limit":100000,"window":"1h","algorithm":"fixed_window","on_response":{"statuses":[200,"4xx"],"cost_header":"X-Usage-Tokens"}}`,
+		`{"name":"l","scope":"ip","limit":5,"window":"15m","on_response":{}}`,
 	} {
 		want, err := rules.ParseRule([]byte(body))
 		if err != nil {
@@ -490,6 +492,28 @@ func TestStore_QueryRule(t *testing.T) {
 	}
 	if got := cfg.Rules[0].Match; !reflect.DeepEqual(got, want.Match) {
 		t.Errorf("match from the store %+v, want %+v", got, want.Match)
+	}
+}
+
+// A rule charged after the response keeps its on_response (migration
+// 0006) through the store to the plugin.
+func TestStore_OnResponseRule(t *testing.T) {
+	s := open(t, pgtest.Shared(t).NewDatabase(t), time.Second)
+	body := `{"name":"tokens","limit":100000,"window":"1h","on_response":{"statuses":["2xx"],"cost_header":"x-usage-tokens"}}`
+	if _, _, _, err := s.PutRule(context.Background(), mustRule(t, body), who); err != nil {
+		t.Fatal(err)
+	}
+	want, err := rules.ParseRule([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := rules.ParseConfig([]byte(`{}`))
+	cfg, _, err := base.WithPolicy(s.Snapshot().Doc)
+	if err != nil || len(cfg.Rules) != 1 {
+		t.Fatalf("the plugin reads %s: %v", s.Snapshot().Doc, err)
+	}
+	if got := cfg.Rules[0].OnResponse; got == nil || !reflect.DeepEqual(*got, *want.OnResponse) {
+		t.Errorf("on_response from the store %+v, want %+v", got, want.OnResponse)
 	}
 }
 
