@@ -100,6 +100,14 @@ func newStack(t *testing.T, config string) *stack {
 		if code, ok := strings.CutPrefix(r.URL.Path, "/status/"); ok {
 			status, _ = strconv.Atoi(code)
 		}
+		// ?status= and ?tokens= (a language model's usage header) for
+		// limits charged after the response.
+		if code := r.URL.Query().Get("status"); code != "" {
+			status, _ = strconv.Atoi(code)
+		}
+		if n := r.URL.Query().Get("tokens"); n != "" {
+			w.Header().Set("X-Usage-Tokens", n)
+		}
 		w.WriteHeader(status)
 		io.WriteString(w, "upstream")
 	})
@@ -377,6 +385,57 @@ func TestFullStack_FailureModes(t *testing.T) {
 				t.Errorf("bridge errors counted: %d", n)
 			}
 		})
+	}
+}
+
+// Limits charged after the response, decided by the bridge's script on
+// Redis: a token budget passes requests while it has anything left, is
+// charged each response's usage, capped at what is left, and then
+// refuses; failed logins are charged, successful ones are not. Requests
+// of 0 tokens cost nothing, so they can watch a charge land.
+func TestFullStack_ChargeOnResponse(t *testing.T) {
+	s := newStack(t, `{
+  "bridge": {"cluster": "sluice_bridge", "timeout": "500ms"},
+  "identity": {"sources": [{"type": "header", "header": "x-user-id"}], "client_ip": {"trusted_proxy_depth": 1}},
+  "rules": [
+    {"name": "tokens", "match": {"paths": ["/v1/**"]}, "limit": 100, "window": "1h", "algorithm": "fixed_window",
+     "on_response": {"statuses": ["2xx"], "cost_header": "x-usage-tokens"}},
+    {"name": "logins", "match": {"paths": ["/login"]}, "scope": "ip", "limit": 2, "window": "1h", "algorithm": "sliding_log",
+     "on_response": {"statuses": [401]}}]
+}`)
+	const ip = "203.0.113.90"
+	remaining := func(want string) func() bool {
+		return func() bool {
+			r := s.get("/v1/chat?tokens=0", ip, "X-User-Id", "alice")
+			return r.status == 200 && r.h.Get("X-RateLimit-Remaining") == want
+		}
+	}
+	if r := s.get("/v1/chat?tokens=60", ip, "X-User-Id", "alice"); r.status != 200 || r.h.Get("X-RateLimit-Remaining") != "100" {
+		t.Fatalf("first request: %d %v", r.status, r.h)
+	}
+	waitFor(t, remaining("40"))
+	if r := s.get("/v1/chat?tokens=60", ip, "X-User-Id", "alice"); r.status != 200 {
+		t.Fatalf("second request: %d", r.status)
+	}
+	waitFor(t, func() bool { return s.get("/v1/chat?tokens=0", ip, "X-User-Id", "alice").status == 429 })
+	if r := s.get("/v1/chat?tokens=1", ip, "X-User-Id", "bob"); r.status != 200 || r.h.Get("X-RateLimit-Remaining") != "100" {
+		t.Errorf("another user: %d %v", r.status, r.h)
+	}
+
+	if r := s.get("/login?status=200", ip); r.status != 200 {
+		t.Fatalf("a login that succeeds: %d", r.status)
+	}
+	for range 2 {
+		if r := s.get("/login?status=401", ip); r.status != 401 {
+			t.Fatalf("a failed login: %d", r.status)
+		}
+	}
+	waitFor(t, func() bool { return s.get("/login?status=200", ip).status == 429 })
+	if n, _ := s.host.Metric("sluice_charge_errors_total"); n != 0 {
+		t.Errorf("%d charge errors", n)
+	}
+	if n, _ := s.host.Metric("sluice_charges_total"); n != 5 {
+		t.Errorf("%d charges, want 5 (alice's two, bob's, two failed logins)", n)
 	}
 }
 

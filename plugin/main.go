@@ -100,6 +100,10 @@ func (*abiHost) RequestPath() string {
 	return view(proxywasm.GetRequestHeaderBytes(":path"))
 }
 
+func (*abiHost) ResponseHeader(name string) string {
+	return view(proxywasm.GetResponseHeaderBytes(name))
+}
+
 func (*abiHost) Property(path string) string {
 	switch path {
 	case "source.address":

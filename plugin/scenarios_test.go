@@ -41,6 +41,9 @@ type fakeBridge struct {
 	delay    time.Duration
 	status   int    // non-200 answers
 	raw      string // a raw body instead of a decision
+	// charged, when set, gets the units each fill limit of a check took
+	// (a charge after a response), once they are counted.
+	charged chan int64
 }
 
 func (b *fakeBridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -80,9 +83,13 @@ func (b *fakeBridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for _, l := range req.Limits {
 		n := b.counts[l.Key]
 		d := rules.Decision{Allowed: n+l.Spec.Cost <= l.Spec.Limit, Limit: l.Spec.Limit, ResetMS: now + l.Spec.WindowMS}
-		if d.Allowed {
+		if l.Fill {
+			// It allows while it has anything left, and says what it had.
+			d.Allowed, d.Remaining = n < l.Spec.Limit, max(l.Spec.Limit-n, 0)
+		}
+		if d.Allowed && !l.Fill {
 			d.Remaining = l.Spec.Limit - n - l.Spec.Cost
-		} else {
+		} else if !d.Allowed {
 			d.RetryAfterMS = l.Spec.WindowMS
 			if !l.LogOnly {
 				resp.Allowed = false
@@ -93,6 +100,14 @@ func (b *fakeBridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if resp.Allowed && req.Op != rules.OpReturn {
 		for i, l := range req.Limits {
 			d := &resp.Decisions[i]
+			if d.Allowed && l.Fill {
+				taken := min(l.Spec.Cost, d.Remaining)
+				b.counts[l.Key] += taken
+				if b.charged != nil && l.Spec.Cost > 0 {
+					b.charged <- taken
+				}
+				continue
+			}
 			if d.Allowed {
 				b.counts[l.Key] += l.Spec.Cost
 				if g := min(l.Spec.Lease.Size, d.Remaining); g >= max(1, l.Spec.Cost) {
@@ -257,12 +272,28 @@ func (s engineSetup) workerCount() int {
 type engine interface {
 	// do runs one request for path from 198.51.100.7 with request id
 	// rid-1; when the plugin lets it through, the upstream answers
-	// upstreamStatus.
+	// upstreamStatus, with the headers named "upstream:<name>" in
+	// headers (splitHeaders).
 	do(path string, headers map[string]string, upstreamStatus int) outcome
 	metric(name string) int64
 	logs() []string
 	// failures counts the VMs that failed (trapped) so far.
 	failures() int64
+}
+
+// splitHeaders splits the headers of engine.do into the request's and the
+// upstream response's: a name "upstream:x" is the response's header x.
+// The response has a content type besides.
+func splitHeaders(headers map[string]string) (request, upstream [][2]string) {
+	upstream = [][2]string{{"content-type", "text/plain"}}
+	for k, v := range headers {
+		if name, ok := strings.CutPrefix(k, "upstream:"); ok {
+			upstream = append(upstream, [2]string{name, v})
+		} else {
+			request = append(request, [2]string{k, v})
+		}
+	}
+	return request, upstream
 }
 
 // startEngine starts a proxy for s whose cluster "bridge" is bridgeURL.
@@ -647,6 +678,77 @@ func scenarioQueryMatch(t *testing.T, start startEngine) {
 	}
 	if n := h.failures(); n != 0 {
 		t.Errorf("%d VM failures", n)
+	}
+}
+
+// Limits charged after the response: a token budget charged by the
+// upstream's usage header, and failed logins. A request passes while its
+// budget has anything left and is charged what its response says, capped
+// at what is left; once nothing is, requests are refused, then from the
+// over-limit cache. A login is charged only when it fails.
+func scenarioChargeOnResponse(t *testing.T, start startEngine) {
+	h := startProxy(t, start, engineSetup{config: `{
+  "failure_mode": "fail_closed",
+  "bridge": {"cluster": "bridge", "timeout": "2s"},
+  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+  "rules": [
+    {"name": "tokens", "match": {"paths": ["/v1/**"]}, "limit": 100, "window": "1h", "algorithm": "fixed_window",
+     "on_response": {"statuses": ["2xx"], "cost_header": "x-usage-tokens"}},
+    {"name": "logins", "match": {"paths": ["/login"]}, "scope": "ip", "limit": 2, "window": "1h", "algorithm": "fixed_window",
+     "on_response": {"statuses": [401]}}]
+}`})
+	h.bridge.mu.Lock()
+	h.bridge.charged = make(chan int64, 16)
+	h.bridge.mu.Unlock()
+	charged := func(want int64) {
+		t.Helper()
+		select {
+		case got := <-h.bridge.charged:
+			if got != want {
+				t.Fatalf("charged %d, want %d", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no charge of %d", want)
+		}
+	}
+	dana := func(tokens string) map[string]string {
+		return map[string]string{"x-user-id": "dana", "upstream:x-usage-tokens": tokens}
+	}
+	if o := h.do("/v1/chat", dana("60"), 200); o.status != 200 || o.headers["x-ratelimit-remaining"] != "100" {
+		t.Fatalf("first request: %+v, want 200 with all 100 left", o)
+	}
+	charged(60)
+	if o := h.do("/v1/chat", dana("60"), 200); o.status != 200 || o.headers["x-ratelimit-remaining"] != "40" {
+		t.Fatalf("second request: %+v, want 200 with 40 left", o)
+	}
+	charged(40) // what was left
+	if o := h.do("/v1/chat", dana("1"), 200); o.status != 429 || o.headers["retry-after"] == "" {
+		t.Fatalf("spent budget: %+v, want 429", o)
+	}
+	calls := h.bridge.calls.Load()
+	if o := h.do("/v1/chat", dana("1"), 200); o.status != 429 || h.bridge.calls.Load() != calls {
+		t.Errorf("spent budget again: %+v and %d call-outs, want 429 from the cache", o, h.bridge.calls.Load()-calls)
+	}
+	if o := h.do("/v1/chat", map[string]string{"x-user-id": "erin", "upstream:x-usage-tokens": "5"}, 200); o.status != 200 {
+		t.Errorf("another user: %+v", o)
+	}
+	charged(5)
+
+	charges := h.metric("sluice_charges_total")
+	if o := h.do("/login", nil, 200); o.status != 200 || h.metric("sluice_charges_total") != charges {
+		t.Errorf("a login that succeeds: %+v, %d charges", o, h.metric("sluice_charges_total")-charges)
+	}
+	for i := range 2 {
+		if o := h.do("/login", nil, 401); o.status != 401 {
+			t.Fatalf("failed login %d: %+v", i+1, o)
+		}
+		charged(1)
+	}
+	if o := h.do("/login", nil, 200); o.status != 429 {
+		t.Errorf("a login after two failures: %+v, want 429", o)
+	}
+	if n := h.metric("sluice_charge_errors_total"); n != 0 || h.failures() != 0 {
+		t.Errorf("%d charge errors, %d VM failures", n, h.failures())
 	}
 }
 

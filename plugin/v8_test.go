@@ -39,13 +39,10 @@ func startV8(t *testing.T, s engineSetup, bridgeURL string) (engine, error) {
 
 func (e *v8Engine) do(path string, headers map[string]string, upstreamStatus int) outcome {
 	e.t.Helper()
-	var hdrs [][2]string
-	for k, v := range headers {
-		hdrs = append(hdrs, [2]string{k, v})
-	}
+	hdrs, upstream := splitHeaders(headers)
 	r, err := e.host.Do(context.Background(), v8host.Request{Path: path, Authority: "api.example.com", Headers: hdrs,
 		SourceAddress: "198.51.100.7:4242", RequestID: "rid-1",
-		UpstreamStatus: upstreamStatus, UpstreamHeaders: [][2]string{{"content-type", "text/plain"}}})
+		UpstreamStatus: upstreamStatus, UpstreamHeaders: upstream})
 	if err != nil {
 		e.t.Fatalf("request: %v", err)
 	}
@@ -82,6 +79,7 @@ func TestV8_LimitHeadersAndDenial(t *testing.T) { scenarioLimitHeadersAndDenial(
 func TestV8_RefusalsCounted(t *testing.T)       { scenarioRefusalsCounted(t, startV8) }
 func TestV8_LogOnly(t *testing.T)               { scenarioLogOnly(t, startV8) }
 func TestV8_QueryMatch(t *testing.T)            { scenarioQueryMatch(t, startV8) }
+func TestV8_ChargeOnResponse(t *testing.T)      { scenarioChargeOnResponse(t, startV8) }
 func TestV8_Lease(t *testing.T)                 { scenarioLease(t, startV8) }
 func TestV8_Throttle(t *testing.T)              { scenarioThrottle(t, startV8) }
 func TestV8_FailureModes(t *testing.T)          { scenarioFailureModes(t, startV8) }

@@ -58,10 +58,7 @@ func startWazero(t *testing.T, s engineSetup, bridgeURL string) (engine, error) 
 
 func (e *wazeroEngine) do(path string, headers map[string]string, upstreamStatus int) outcome {
 	e.t.Helper()
-	var hdrs [][2]string
-	for k, v := range headers {
-		hdrs = append(hdrs, [2]string{k, v})
-	}
+	hdrs, upstream := splitHeaders(headers)
 	ctx := context.Background()
 	s := e.host.NewStream(ctx, wasmhost.RequestInfo{Method: "GET", Path: path, Host: "api.example.com", Headers: hdrs, SourceAddress: "198.51.100.7:4242", RequestID: "rid-1"})
 	defer s.Close()
@@ -76,7 +73,7 @@ func (e *wazeroEngine) do(path string, headers map[string]string, upstreamStatus
 		}
 		return outcome{status: res.Local.Status, headers: m, body: string(res.Local.Body), vm: -1}
 	}
-	out, err := s.ResponseHeaders(ctx, upstreamStatus, [][2]string{{"content-type", "text/plain"}})
+	out, err := s.ResponseHeaders(ctx, upstreamStatus, upstream)
 	if err != nil {
 		e.t.Fatalf("response headers: %v", err)
 	}
@@ -111,6 +108,7 @@ func TestWasm_LimitHeadersAndDenial(t *testing.T) { scenarioLimitHeadersAndDenia
 func TestWasm_RefusalsCounted(t *testing.T)       { scenarioRefusalsCounted(t, startWazero) }
 func TestWasm_LogOnly(t *testing.T)               { scenarioLogOnly(t, startWazero) }
 func TestWasm_QueryMatch(t *testing.T)            { scenarioQueryMatch(t, startWazero) }
+func TestWasm_ChargeOnResponse(t *testing.T)      { scenarioChargeOnResponse(t, startWazero) }
 func TestWasm_Lease(t *testing.T)                 { scenarioLease(t, startWazero) }
 func TestWasm_Throttle(t *testing.T)              { scenarioThrottle(t, startWazero) }
 func TestWasm_FailureModes(t *testing.T)          { scenarioFailureModes(t, startWazero) }

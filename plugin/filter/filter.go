@@ -30,6 +30,9 @@ type Host interface {
 	// RequestPath is the :path header, for a request that may need no
 	// other header: without reading the others.
 	RequestPath() string
+	// ResponseHeader is a header of the response whose headers callback
+	// is in progress, "" when it has none.
+	ResponseHeader(name string) string
 	Property(path string) string
 	AddResponseHeader(name string, value []byte)
 	// SendLocalResponse answers stream contextID's request; headers is a
@@ -106,6 +109,10 @@ const (
 	MetricThrottleWaiting = "sluice_throttle_waiting"
 	MetricThrottleTooLong = "sluice_throttle_too_long_total"
 	MetricThrottleFull    = "sluice_throttle_full_total"
+	// Limits charged after the response (charge.go): the call-outs that
+	// charged them, and those the bridge did not take.
+	MetricCharges      = "sluice_charges_total"
+	MetricChargeErrors = "sluice_charge_errors_total"
 )
 
 // tokenCacheSlots bounds the verified-token cache of one VM (at most 2 KiB
@@ -117,6 +124,7 @@ type metrics struct {
 	policyApplied, policyRefused, policyErrors                                                                             uint32
 	leaseHits, leaseGrants, leaseRenewals, unitsGranted, unitsSpent, unitsReturned, unitsUnreturned                        uint32
 	throttled, throttleDelayMS, throttleDelay, throttleWaiting, throttleTooLong, throttleFull                              uint32
+	charges, chargeErrors                                                                                                  uint32
 }
 
 // Plugin is the root context of one VM.
@@ -135,9 +143,10 @@ type Plugin struct {
 	// debug: the host logs debug messages, so allowed requests get an
 	// event too. Refreshed every tick rather than asked per request.
 	debug   bool
-	policy  policyState        // rules from the bridge (policy.go)
-	pending map[uint32]*Stream // call-out id → waiting stream
-	free    []*Stream          // recycled streams: no allocation per request
+	policy  policyState         // rules from the bridge (policy.go)
+	pending map[uint32]*Stream  // call-out id → waiting stream
+	charges map[uint32]struct{} // call-out ids of the charges in flight (charge.go)
+	free    []*Stream           // recycled streams: no allocation per request
 	// answering is the stream whose bridge answer is being handled, so
 	// that a panic in the root context's call-out callback answers it.
 	answering *Stream
@@ -180,7 +189,7 @@ type Plugin struct {
 
 // NewPlugin creates the root context contextID.
 func NewPlugin(host Host, contextID uint32) *Plugin {
-	p := &Plugin{host: host, headers: host.RequestHeaders(), id: contextID, pending: map[uint32]*Stream{}}
+	p := &Plugin{host: host, headers: host.RequestHeaders(), id: contextID, pending: map[uint32]*Stream{}, charges: map[uint32]struct{}{}}
 	p.m = metrics{
 		requests: host.DefineCounter(MetricRequests), allowed: host.DefineCounter(MetricAllowed),
 		denied: host.DefineCounter(MetricDenied), logOnlyDenied: host.DefineCounter(MetricLogOnlyDenied),
@@ -197,6 +206,7 @@ func NewPlugin(host Host, contextID uint32) *Plugin {
 		throttled: host.DefineCounter(MetricThrottled), throttleDelayMS: host.DefineCounter(MetricThrottleDelayMS),
 		throttleDelay: host.DefineHistogram(MetricThrottleDelay), throttleWaiting: host.DefineGauge(MetricThrottleWaiting),
 		throttleTooLong: host.DefineCounter(MetricThrottleTooLong), throttleFull: host.DefineCounter(MetricThrottleFull),
+		charges: host.DefineCounter(MetricCharges), chargeErrors: host.DefineCounter(MetricChargeErrors),
 	}
 	return p
 }
@@ -323,10 +333,25 @@ func (p *Plugin) NewHTTPContext(contextID uint32) proxywasm.HTTPContext {
 	s.state = stateNew
 	s.answered = false
 	s.heldAt, s.holdsPlace, s.noWait = -1, false, false
+	s.charges = false
 	s.testPanicInCallout = false
 	s.requestID = s.requestID[:0]
 	s.respHeaders.Reset()
 	return s
+}
+
+// appendCallHeaders appends the headers of a call-out to the bridge b,
+// for the request requestID ("" for none).
+func (p *Plugin) appendCallHeaders(dst [][2]string, b *rules.Bridge, requestID string) [][2]string {
+	dst = append(dst, [2]string{":method", "POST"}, [2]string{":path", b.Path}, [2]string{":authority", b.Authority},
+		[2]string{"content-type", "application/json"})
+	if requestID != "" {
+		dst = append(dst, [2]string{"x-request-id", requestID})
+	}
+	if p.bridgeAuth != "" {
+		dst = append(dst, [2]string{"authorization", p.bridgeAuth})
+	}
+	return dst
 }
 
 func (p *Plugin) logf(level proxywasm.LogLevel, parts ...string) {

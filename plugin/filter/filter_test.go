@@ -44,6 +44,7 @@ type fakeHost struct {
 	otherReads  int                // RequestHeaders' and RequestPseudoHeaders calls
 	skipped     map[uint32]bool    // streams that skip their response headers
 	beforeSet   func()             // runs once, at the next SharedSetCAS, before its write: another VM's moment
+	upstream    map[string]string  // the headers of the response being handled (ResponseHeader)
 }
 
 type localResponse struct {
@@ -79,7 +80,8 @@ func (h *fakeHost) RequestPseudoHeaders() (string, string, string) {
 	h.otherReads++
 	return h.reqHeaders[":method"], h.reqHeaders[":path"], h.reqHeaders[":authority"]
 }
-func (h *fakeHost) Property(p string) string { h.propReads++; return h.props[p] }
+func (h *fakeHost) Property(p string) string          { h.propReads++; return h.props[p] }
+func (h *fakeHost) ResponseHeader(name string) string { return h.upstream[name] }
 func (h *fakeHost) AddResponseHeader(n string, v []byte) {
 	h.respHeaders = append(h.respHeaders, [2]string{n, string(v)})
 }

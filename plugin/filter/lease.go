@@ -614,12 +614,7 @@ func (p *Plugin) sendLeaseCall(cfg *rules.Config, op rules.Op, l *rules.PlannedL
 		lim := rules.PlannedLimit{Key: c.key, Rule: l.Rule, Spec: &c.spec, Action: rules.Reject, AskLease: op == rules.OpRenew, Return: r}
 		p.leaseBody = rules.AppendLeaseCall(p.leaseBody[:0], op, "", &lim)
 		b := &cfg.Bridge
-		p.leaseHdrs = append(p.leaseHdrs[:0],
-			[2]string{":method", "POST"}, [2]string{":path", b.Path}, [2]string{":authority", b.Authority},
-			[2]string{"content-type", "application/json"})
-		if p.bridgeAuth != "" {
-			p.leaseHdrs = append(p.leaseHdrs, [2]string{"authorization", p.bridgeAuth})
-		}
+		p.leaseHdrs = p.appendCallHeaders(p.leaseHdrs[:0], b, "")
 		id, err := p.host.Dispatch(b.Cluster, p.leaseHdrs, p.leaseBody, b.TimeoutMS)
 		if err == nil {
 			*c = leaseCall{used: true, id: id, op: op, cfg: cfg, key: c.key, spec: c.spec,

@@ -55,6 +55,9 @@ type Stream struct {
 	holdsPlace, noWait bool
 	dueMS, delayMS     int64
 	heldAt             int
+	// charges: the request was let through with limits charged after
+	// its response (charge.go).
+	charges bool
 }
 
 // OnRequestHeaders decides what happens to the request.
@@ -140,12 +143,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	s.prepareThrottle()
 	s.body = rules.AppendCheckRequest(s.body[:0], bytesString(s.requestID), bytesString(s.user), bytesString(s.endpoint), s.plan.Limits)
 	b := &s.cfg.Bridge
-	s.callHdrs = append(s.callHdrs[:0],
-		[2]string{":method", "POST"}, [2]string{":path", b.Path}, [2]string{":authority", b.Authority},
-		[2]string{"content-type", "application/json"}, [2]string{"x-request-id", bytesString(s.requestID)})
-	if p.bridgeAuth != "" {
-		s.callHdrs = append(s.callHdrs, [2]string{"authorization", p.bridgeAuth})
-	}
+	s.callHdrs = p.appendCallHeaders(s.callHdrs[:0], b, bytesString(s.requestID))
 	callID, err := h.Dispatch(b.Cluster, s.callHdrs, s.body, b.TimeoutMS)
 	if err != nil {
 		s.fail("dispatch failed: " + err.Error())
@@ -251,6 +249,9 @@ func (p *Plugin) OnHTTPCallResponse(calloutID uint32, numHeaders, bodySize, _ in
 		p.onPolicyResponse(numHeaders, bodySize)
 		return
 	}
+	if p.chargeResponse(calloutID, numHeaders, bodySize) {
+		return
+	}
 	if p.leaseCallResponse(calloutID, numHeaders, bodySize) {
 		return
 	}
@@ -334,6 +335,7 @@ func (s *Stream) decide() {
 		return
 	}
 	h.IncCounter(p.m.allowed)
+	s.charges = chargedAfter(limits)
 	if best >= 0 {
 		s.cfg.Headers.Render(&s.respHeaders, &limits[best], &decs[best], now, false)
 		if delay > 0 {
@@ -385,7 +387,11 @@ func (s *Stream) fail(reason string) {
 		return
 	}
 	s.p.host.IncCounter(s.p.m.failOpen)
-	s.p.host.SkipResponseHeaders(s.id) // let through without a limit's headers
+	// Let through without a limit's headers; charged after all when
+	// its limits are (the bridge may be back by then).
+	if s.charges = chargedAfter(s.plan.Limits); !s.charges {
+		s.p.host.SkipResponseHeaders(s.id)
+	}
 }
 
 // finishFailure resumes a paused request after fail_open.
@@ -396,12 +402,17 @@ func (s *Stream) finishFailure() {
 	}
 }
 
-// OnResponseHeaders adds the rate limit headers of a request that passed.
+// OnResponseHeaders adds the rate limit headers of a request that passed,
+// and charges its limits charged after the response.
 func (s *Stream) OnResponseHeaders(int, bool) proxywasm.Action {
 	for i := 0; i < s.respHeaders.N; i++ {
 		s.p.host.AddResponseHeader(s.respHeaders.Names[i], s.respHeaders.Values[i])
 	}
 	s.respHeaders.Reset()
+	if s.charges {
+		s.charges = false
+		s.charge()
+	}
 	return proxywasm.Continue
 }
 
