@@ -80,9 +80,10 @@ func StatusCode(s string) int {
 	return int(n)
 }
 
-// onResponse reads a rule's on_response object at path, for rule r, whose
-// action and lease it checks.
-func (p *parser) onResponse(v gjson.Result, path string, r *Rule) *OnResponse {
+// onResponse reads the on_response object at path of a limit (a rule's,
+// or a tier's for it and its endpoint overrides) with action, leased when
+// it or an override has a lease.
+func (p *parser) onResponse(v gjson.Result, path string, action Action, leased bool) *OnResponse {
 	if !p.object(v, path, "statuses", "cost_header") {
 		return nil
 	}
@@ -109,9 +110,9 @@ func (p *parser) onResponse(v gjson.Result, path string, r *Rule) *OnResponse {
 		}
 	}
 	switch {
-	case r.Action == Throttle:
+	case action == Throttle:
 		p.fail(path, "a limit charged on the response is not throttled: its cost is not known before the request")
-	case r.Spec.Lease.Size > 0:
+	case leased:
 		p.fail(path, "a limit charged on the response is not leased: its cost is not known before the request")
 	}
 	return o

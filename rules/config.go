@@ -264,6 +264,9 @@ type Tier struct {
 	Action    Action // for the tier limit and its endpoint overrides
 	// MaxDelayMS is how long a throttle limit may hold a request.
 	MaxDelayMS int64
+	// OnResponse, when set, charges the tier limit and its endpoint
+	// overrides after the response (charge.go).
+	OnResponse *OnResponse
 
 	keyName string     // "tier.<name>"
 	head    *limitHead // the start of its checks (setKeyNames)
@@ -287,9 +290,6 @@ type Category struct {
 	Action Action
 	// MaxDelayMS is how long a throttle limit may hold a request.
 	MaxDelayMS int64
-	// OnResponse, when set, charges the limit after the response
-	// (charge.go); nil: before the request, as every other limit.
-	OnResponse *OnResponse
 
 	head *limitHead // the start of its checks, set by the parser
 }

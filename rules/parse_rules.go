@@ -64,12 +64,10 @@ func (p *parser) rule(e gjson.Result, rp string, defPenalty *Penalty) Rule {
 	}
 	r.Spec = p.limitSpec(e, rp, actionDefault(LimitSpec{}, r.Action), defPenalty)
 	r.MaxDelayMS = p.limitAction(e, rp, r.Action, &r.Spec)
-	head := r.Spec
 	if v := e.Get("on_response"); v.Exists() {
-		r.OnResponse = p.onResponse(v, join(rp, "on_response"), &r)
-		head.Cost = 0 // its checks only ask whether it has anything left (appendPlanned)
+		r.OnResponse = p.onResponse(v, join(rp, "on_response"), r.Action, r.Spec.Lease.Size > 0)
 	}
-	r.head = newLimitHead(r.Name, &head, r.Action == LogOnly, r.Scope.Has(ScopeUser))
+	r.head = newPlannedHead(r.Name, &r.Spec, r.Action == LogOnly, r.Scope.Has(ScopeUser), r.OnResponse)
 	return r
 }
 

@@ -25,7 +25,7 @@ func (p *parser) tiers(v gjson.Result, path string, defPenalty *Penalty) TierCon
 		p.fail(lp, "must be a non-empty array of tiers")
 		return t
 	}
-	fields := append([]string{"name", "unlimited", "scope", "endpoints", "action", "max_delay"}, limitFields...)
+	fields := append([]string{"name", "unlimited", "scope", "endpoints", "action", "max_delay", "on_response"}, limitFields...)
 	for i, e := range list.Array() {
 		tp := index(lp, i)
 		if !p.object(e, tp, fields...) {
@@ -35,7 +35,7 @@ func (p *parser) tiers(v gjson.Result, path string, defPenalty *Penalty) TierCon
 		tier.Unlimited = p.boolean(e.Get("unlimited"), join(tp, "unlimited"), false)
 		tier.Scope = p.scope(e.Get("scope"), join(tp, "scope"), "user")
 		if tier.Unlimited {
-			for _, f := range append([]string{"endpoints", "action", "max_delay"}, limitFields...) {
+			for _, f := range append([]string{"endpoints", "action", "max_delay", "on_response"}, limitFields...) {
 				if e.Get(f).Exists() {
 					p.fail(join(tp, f), "an unlimited tier has no limits")
 				}
@@ -45,6 +45,13 @@ func (p *parser) tiers(v gjson.Result, path string, defPenalty *Penalty) TierCon
 			tier.Spec = p.limitSpec(e, tp, actionDefault(LimitSpec{}, tier.Action), defPenalty)
 			tier.MaxDelayMS = p.limitAction(e, tp, tier.Action, &tier.Spec)
 			tier.Endpoints = p.endpointOverrides(e.Get("endpoints"), join(tp, "endpoints"), tier.Spec, tier.Action, defPenalty)
+			if v := e.Get("on_response"); v.Exists() {
+				leased := tier.Spec.Lease.Size > 0
+				for _, o := range tier.Endpoints {
+					leased = leased || o.Spec.Lease.Size > 0
+				}
+				tier.OnResponse = p.onResponse(v, join(tp, "on_response"), tier.Action, leased)
+			}
 		}
 		for j := range t.List {
 			if t.List[j].Name == tier.Name && p.err == nil {

@@ -188,7 +188,7 @@ func (c *Config) Evaluate(r *Request, plan *Plan) {
 				break
 			}
 		}
-		plan.add(c, r, name, spec, head, tier.Action, tier.MaxDelayMS, tier.Scope, nil)
+		plan.add(c, r, name, spec, head, tier.Action, tier.MaxDelayMS, tier.Scope, tier.OnResponse)
 	}
 	// Keys were appended to one buffer that may have moved while growing;
 	// slice it only now.
@@ -435,12 +435,12 @@ func (t *TierConfig) setKeyNames() {
 		tier.keyName = "tier." + tier.Name
 		logOnly, perUser := tier.Action == LogOnly, tier.Scope.Has(ScopeUser)
 		if !tier.Unlimited {
-			tier.head = newLimitHead(tier.keyName, &tier.Spec, logOnly, perUser)
+			tier.head = newPlannedHead(tier.keyName, &tier.Spec, logOnly, perUser, tier.OnResponse)
 		}
 		for j := range tier.Endpoints {
 			ep := &tier.Endpoints[j]
 			ep.keyName = tier.keyName + "." + strconv.Itoa(j)
-			ep.head = newLimitHead(ep.keyName, &ep.Spec, logOnly, perUser)
+			ep.head = newPlannedHead(ep.keyName, &ep.Spec, logOnly, perUser, tier.OnResponse)
 		}
 	}
 }

@@ -199,8 +199,7 @@ func AppendLeaseCall(dst []byte, op Op, requestID string, l *PlannedLimit) []byt
 func appendPlanned(dst []byte, l *PlannedLimit) []byte {
 	if l.OnResponse != nil {
 		// Asked whether it has anything left: a fill limit at cost 0.
-		peek := *l.Spec
-		peek.Cost = 0
+		peek := peekOf(l.Spec)
 		return appendLimit(dst, l.Key, l.head, l.Rule, &peek, l.Action == LogOnly, l.PerUser, true, -1, Lease{}, LeaseReturn{})
 	}
 	var lease Lease
@@ -370,6 +369,23 @@ type limitHead struct {
 func newLimitHead(rule string, s *LimitSpec, logOnly, perUser bool) *limitHead {
 	return &limitHead{rule: rule, alg: s.Algorithm, limit: s.Limit, window: s.WindowMS, burst: s.Burst, cost: s.Cost,
 		logOnly: logOnly, perUser: perUser, text: string(appendLimitHead(nil, rule, s, logOnly, perUser))}
+}
+
+// newPlannedHead is the head of a configured limit's checks: with onResp,
+// of the check that asks it at cost 0 (appendPlanned).
+func newPlannedHead(rule string, s *LimitSpec, logOnly, perUser bool, onResp *OnResponse) *limitHead {
+	if onResp != nil {
+		peek := peekOf(s)
+		s = &peek
+	}
+	return newLimitHead(rule, s, logOnly, perUser)
+}
+
+// peekOf is s asked at cost 0: whether it has anything left.
+func peekOf(s *LimitSpec) LimitSpec {
+	peek := *s
+	peek.Cost = 0
+	return peek
 }
 
 // fits reports whether h renders these fields. The rule name must be the

@@ -115,6 +115,8 @@ func TestCheckRequest_FillRoundTrip(t *testing.T) {
 // penalty, and leaves out what costs nothing.
 func TestAppendChargeRequest(t *testing.T) {
 	c, err := ParseConfig([]byte(`{"penalty": {},
+  "tiers": {"list": [{"name": "free", "limit": 5000, "window": "1d", "on_response": {"cost_header": "x-tokens"},
+                      "endpoints": {"/v1/chat": 2000}}]},
   "rules": [{"name": "tokens", "limit": 1000, "window": "1h", "algorithm": "fixed_window", "on_response": {"cost_header": "x-tokens"}},
             {"name": "logins", "scope": "ip", "limit": 5, "window": "15m", "on_response": {"statuses": [401]}},
             {"name": "plain", "scope": "global", "limit": 10, "window": "1s"}]}`))
@@ -123,7 +125,7 @@ func TestAppendChargeRequest(t *testing.T) {
 	}
 	var plan Plan
 	c.Evaluate(&Request{Method: "GET", Path: "/v1/chat", Headers: mapHeaders{"x-user-id": "alice"}, Source: "192.0.2.1:1"}, &plan)
-	if len(plan.Limits) != 3 {
+	if len(plan.Limits) != 4 || plan.Limits[3].Rule != "tier.free.0" || plan.Limits[3].OnResponse == nil {
 		t.Fatalf("limits: %+v", plan.Limits)
 	}
 	check, err := DecodeCheckRequest(AppendCheckRequest(nil, "r", "", "", plan.Limits))
@@ -145,7 +147,7 @@ func TestAppendChargeRequest(t *testing.T) {
 		t.Errorf("with heads:\n%s\nwithout:\n%s", a, b)
 	}
 
-	plan.Limits[0].Charge, plan.Limits[1].Charge, plan.Limits[2].Charge = 1234, 0, 9
+	plan.Limits[0].Charge, plan.Limits[1].Charge, plan.Limits[2].Charge, plan.Limits[3].Charge = 1234, 0, 9, 0
 	body := AppendChargeRequest(nil, "r", "alice", "/v1/chat", plan.Limits)
 	charge, err := DecodeCheckRequest(body)
 	if err != nil {
