@@ -151,7 +151,9 @@ const wasmConfig = `{
     {"name": "api", "match": {"paths": ["/api/**"]}, "limit": 3, "window": "1m", "algorithm": "fixed_window"},
     {"name": "log-only", "match": {"paths": ["/api/search"]}, "limit": 1, "window": "1m", "action": "log_only"},
     {"name": "hot", "match": {"paths": ["/hot/**"]}, "scope": "global", "limit": 1099511627776, "window": "1h",
-     "algorithm": "fixed_window", "lease": {"size": 1000000000, "ttl": "1m"}}
+     "algorithm": "fixed_window", "lease": {"size": 1000000000, "ttl": "1m"}},
+    {"name": "charged", "match": {"paths": ["/charged/**"]}, "limit": 1099511627776, "window": "1h",
+     "algorithm": "fixed_window", "on_response": {"cost_header": "x-cost"}}
   ],
   "exemptions": {"users": ["ops"]}
 }`

@@ -279,8 +279,9 @@ func cpuNanos() int64 {
 }
 
 // The guest heap stays flat: after a warm-up, 300,000 requests over the
-// no-match, cache-hit, lease-hit and call-out paths leave every VM's
-// linear memory the size it was. A request that kept even one byte would
+// no-match, cache-hit, lease-hit and call-out paths, and call-outs that
+// charge a limit after the response, leave every VM's linear memory the
+// size it was. A request that kept even one byte would
 // grow it by several 64 KiB pages. make test-long runs two million
 // (TestLong_WasmHeapFlat).
 func TestWasm_HeapFlat(t *testing.T) { heapFlat(t, 300_000) }
@@ -296,16 +297,29 @@ func heapFlat(t *testing.T, n int) {
 		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "mallory"}}},
 		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 		{Method: "GET", Path: "/hot/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
+		{Method: "GET", Path: "/charged/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 	}
 	run := func(n int) {
 		for i := 0; i < n; i++ {
 			info := infos[[...]int{0, 1, 3}[i%3]] // no match, cache hit, lease hit
-			if i%50 == 0 {
+			switch i % 50 {
+			case 0:
 				info = infos[2] // a call-out now and then
+			case 25:
+				info = infos[4] // and one charged after its response
 			}
 			s := host.NewStream(ctx, info)
-			if _, err := s.RequestHeaders(ctx); err != nil {
+			res, err := s.RequestHeaders(ctx)
+			if err != nil {
 				t.Fatal(err)
+			}
+			if i%50 == 25 {
+				if res.Local != nil {
+					t.Fatalf("a charged request refused: %+v", res.Local)
+				}
+				if _, err := s.ResponseHeaders(ctx, 200, [][2]string{{"x-cost", "3"}}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			s.Close()
 		}
@@ -314,6 +328,9 @@ func heapFlat(t *testing.T, n int) {
 	before := host.MemorySizes()
 	run(n)
 	after := host.MemorySizes()
+	if c, _ := host.Metric("sluice_charges_total"); c < int64(n/50) {
+		t.Errorf("%d charges in %d requests, want one in 50", c, n)
+	}
 	for i := range before {
 		if after[i] != before[i] {
 			t.Errorf("VM %d: linear memory grew from %d to %d bytes over %d requests", i, before[i], after[i], n)
