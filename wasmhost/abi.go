@@ -23,6 +23,7 @@ const (
 	mapCallRespHeaders  = 6
 	mapCallRespTrailers = 7
 
+	bufferRespBody     = 1
 	bufferCallRespBody = 4
 	bufferVMConfig     = 6
 	bufferPluginConfig = 7
@@ -452,7 +453,11 @@ func (in *instance) buffer(t uint32) ([]byte, Status) {
 		if in.callResp != nil {
 			return in.callResp.body, StatusOK
 		}
-	case 0, 1, 2, 3, 5, 8: // bodies, TCP data, gRPC, FFI: not modeled
+	case bufferRespBody:
+		if in.inRespBody {
+			return in.respBody, StatusOK
+		}
+	case 0, 2, 3, 5, 8: // request bodies, TCP data, gRPC, FFI: not modeled
 	default:
 		return nil, StatusBadArgument
 	}

@@ -623,6 +623,87 @@ func TestHost_Middleware(t *testing.T) {
 	}
 }
 
+// bodyLogs are the test guest's logs of its body mode (modeBody), in order.
+func bodyLogs(h *Host) []string {
+	var out []string
+	for _, e := range h.Logs() {
+		if strings.HasPrefix(e.Message, "headers ") || strings.HasPrefix(e.Message, "body ") {
+			out = append(out, e.Message)
+		}
+	}
+	return out
+}
+
+// The plugin reads a response body as Envoy gives it: each part in its
+// body callback, as the buffer HttpResponseBody, the last with the end of
+// the stream; a part larger than the guest's arena in parts of 16 KiB.
+// Through Middleware each write of the upstream is a part, one behind, so
+// that the last goes with the stream's end; a response without a body
+// ends the stream at its headers.
+func TestStream_ResponseBody(t *testing.T) {
+	h := newHost(t, Options{Workers: 1})
+	s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", Host: "h", Headers: [][2]string{{"x-mode", "body"}}})
+	if _, err := s.RequestHeaders(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ResponseHeaders(context.Background(), 200, nil); err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("a", 40_000) + "z"
+	for _, part := range []struct {
+		b   string
+		eos bool
+	}{{`{"usage":`, false}, {big, false}, {"", true}} {
+		if err := s.ResponseBody([]byte(part.b), part.eos); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	want := []string{"headers end_of_stream=false", `body 9 end_of_stream=false parts=9 {"usage":`,
+		"body 40001 end_of_stream=false parts=16384,16384,7233 aaaaaaaaaaaaaaaa...aaaaaaaaaaaaaaaz", "body 0 end_of_stream=true parts= "}
+	if got := bodyLogs(h); !slices.Equal(got, want) {
+		t.Errorf("the guest saw\n%q\nwant\n%q", got, want)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		writes []string
+		header bool // WriteHeader before any write
+		want   []string
+	}{
+		{"one write", []string{"hello"}, false, []string{"headers end_of_stream=false", "body 5 end_of_stream=true parts=5 hello"}},
+		{"writes", []string{"a", "bc", "def"}, true, []string{"headers end_of_stream=false", "body 1 end_of_stream=false parts=1 a",
+			"body 2 end_of_stream=false parts=2 bc", "body 3 end_of_stream=true parts=3 def"}},
+		{"no body", nil, false, []string{"headers end_of_stream=true"}},
+		{"headers, then no body", nil, true, []string{"headers end_of_stream=false", "body 0 end_of_stream=true parts= "}},
+	} {
+		h := newHost(t, Options{Workers: 1})
+		srv := httptest.NewServer(h.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if tc.header {
+				w.WriteHeader(201)
+			}
+			for _, b := range tc.writes {
+				io.WriteString(w, b)
+			}
+		})))
+		req, _ := http.NewRequest("GET", srv.URL+"/", nil)
+		req.Header.Set("X-Mode", "body")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		srv.Close()
+		if string(body) != strings.Join(tc.writes, "") {
+			t.Errorf("%s: the client got %q", tc.name, body)
+		}
+		if got := bodyLogs(h); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: the guest saw\n%q\nwant\n%q", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestHost_Hammer(t *testing.T) {
 	srv := hosttest.Backend(t)
 	h := newHost(t, Options{Workers: 4, Clusters: map[string]string{"backend": srv.URL}})

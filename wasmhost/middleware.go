@@ -75,11 +75,9 @@ func (h *Host) Middleware(next http.Handler) http.Handler {
 			applyRequest(r, res.Headers, path)
 		}
 		rw := &s.rw
-		*rw = responseWriter{ResponseWriter: w, s: s, r: r, h: h}
+		*rw = responseWriter{ResponseWriter: w, s: s, r: r, h: h, held: rw.held[:0]}
 		next.ServeHTTP(rw, r)
-		if !rw.wroteHeader {
-			rw.WriteHeader(http.StatusOK)
-		}
+		rw.end()
 	})
 }
 
@@ -154,8 +152,9 @@ func applyRequest(r *http.Request, hdrs [][2]string, path string) {
 }
 
 // responseHeadersOf is ResponseHeaders with the headers of a
-// ResponseWriter, put in the stream's map as they are read.
-func (s *Stream) responseHeadersOf(ctx context.Context, status int, hdr http.Header) (Result, error) {
+// ResponseWriter, put in the stream's map as they are read; endOfStream:
+// no body follows.
+func (s *Stream) responseHeadersOf(ctx context.Context, status int, hdr http.Header, endOfStream bool) (Result, error) {
 	if err := s.openResponse(status, len(hdr)); err != nil {
 		return Result{}, err
 	}
@@ -165,26 +164,53 @@ func (s *Stream) responseHeadersOf(ctx context.Context, status int, hdr http.Hea
 			s.resp = append(s.resp, [2]string{name, v})
 		}
 	}
-	return s.responseHeaders(ctx)
+	return s.responseHeaders(ctx, endOfStream)
 }
 
 // responseWriter runs the plugin's response-header callback just before the
-// status line goes out.
+// status line goes out, and its body callback on each part of the body,
+// one part behind: the last part, or the end of a body, goes with the end
+// of the stream, as Envoy's last data frame does. A body callback cannot
+// hold or change the body; each part has gone out when the plugin reads it.
 type responseWriter struct {
 	http.ResponseWriter
 	s           *Stream
 	r           *http.Request
 	h           *Host
 	wroteHeader bool
-	discard     bool // the plugin replaced the response
+	discard     bool   // the plugin replaced the response
+	held        []byte // the last part written, for its body callback
+	holding     bool
 }
 
-func (rw *responseWriter) WriteHeader(code int) {
+func (rw *responseWriter) WriteHeader(code int) { rw.writeHeader(code, false) }
+
+// end ends the response: its headers, when none went out (there is no
+// body), else the body's last part.
+func (rw *responseWriter) end() {
+	if !rw.wroteHeader {
+		rw.writeHeader(http.StatusOK, true)
+		return
+	}
+	if !rw.discard {
+		rw.body(rw.held, true)
+	}
+}
+
+// body runs the body callback for part; a plugin that would hold the
+// body is logged, and the body passes.
+func (rw *responseWriter) body(part []byte, endOfStream bool) {
+	if err := rw.s.ResponseBody(part, endOfStream); err != nil && rw.h.opts.Logger != nil {
+		rw.h.opts.Logger.Warn("response body", "err", err)
+	}
+}
+
+func (rw *responseWriter) writeHeader(code int, endOfStream bool) {
 	if rw.wroteHeader {
 		return
 	}
 	rw.wroteHeader = true
-	res, err := rw.s.responseHeadersOf(rw.r.Context(), code, rw.Header())
+	res, err := rw.s.responseHeadersOf(rw.r.Context(), code, rw.Header(), endOfStream)
 	switch {
 	case errors.Is(err, ErrStreamReset):
 		panic(http.ErrAbortHandler)
@@ -225,7 +251,12 @@ func (rw *responseWriter) Write(b []byte) (int, error) {
 	if rw.discard {
 		return len(b), nil
 	}
-	return rw.ResponseWriter.Write(b)
+	n, err := rw.ResponseWriter.Write(b)
+	if rw.holding {
+		rw.body(rw.held, false)
+	}
+	rw.held, rw.holding = append(rw.held[:0], b[:n]...), true
+	return n, err
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
@@ -145,20 +146,28 @@ func pooledStream() *Stream {
 	return &Stream{}
 }
 
+// maxHeldPart bounds the buffer for a body's last part that a pooled
+// stream keeps.
+const maxHeldPart = 64 << 10
+
 // recycle returns s to the pool, the arrays of its maps kept, emptied.
 // Only for a stream whose close deleted its context: nothing in the host
 // reaches it any more.
 func (s *Stream) recycle() {
 	clear(s.req)
 	clear(s.resp)
-	req, resp, wake := s.req[:0], s.resp[:0], s.wake
+	req, resp, wake, held := s.req[:0], s.resp[:0], s.wake, s.rw.held[:0]
 	if wake != nil {
 		select { // a signal nobody waited for
 		case <-wake:
 		default:
 		}
 	}
+	if cap(held) > maxHeldPart {
+		held = nil // one large body's part is not kept for every request
+	}
 	*s = Stream{req: req, resp: resp, wake: wake}
+	s.rw.held = held
 	streamPool.Put(s)
 }
 
@@ -213,7 +222,8 @@ func (s *Stream) RequestHeaders(ctx context.Context) (Result, error) {
 }
 
 // ResponseHeaders runs proxy_on_response_headers with the upstream status
-// and headers. The result's headers include ":status".
+// and headers, a body to follow (ResponseBody). The result's headers
+// include ":status".
 func (s *Stream) ResponseHeaders(ctx context.Context, status int, headers [][2]string) (Result, error) {
 	if err := s.openResponse(status, len(headers)); err != nil {
 		return Result{}, err
@@ -221,7 +231,41 @@ func (s *Stream) ResponseHeaders(ctx context.Context, status int, headers [][2]s
 	for _, p := range headers {
 		s.resp.Add(p[0], p[1])
 	}
-	return s.responseHeaders(ctx)
+	return s.responseHeaders(ctx, false)
+}
+
+// errBodyHeld: the plugin asked to hold a response body.
+var errBodyHeld = errors.New("wasmhost: proxy_on_response_body did not continue; this host only lets a body pass")
+
+// ResponseBody runs proxy_on_response_body with the next part of the
+// response body, which the plugin reads as the buffer HttpResponseBody
+// during the call; endOfStream: it is the last (it may be empty). Call it
+// after ResponseHeaders, for each part as it passes. The plugin may read
+// the body, not hold or change it: an action other than Continue is an
+// error.
+func (s *Stream) ResponseBody(part []byte, endOfStream bool) error {
+	v := s.vm
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := s.usable(); err != nil {
+		return err
+	}
+	in := s.inst
+	if s.failed != nil || s.local != nil || in.dead || v.inst != in || in.onResponseBody == nil {
+		return nil // nothing to run it: the stream failed, was answered, or the plugin reads no body
+	}
+	in.effective = s.id
+	in.respBody, in.inRespBody = part, true
+	action, err := in.call(in.onResponseBody, uint64(s.id), uint64(len(part)), b2u(endOfStream))
+	in.respBody, in.inRespBody = nil, false
+	if err != nil {
+		v.fail(in, err)
+		return nil // the VM failed; the response already passed
+	}
+	if uint32(action) != actionContinue {
+		return fmt.Errorf("%w (action %d)", errBodyHeld, action)
+	}
+	return nil
 }
 
 // openResponse takes the VM and starts the stream's response map with
@@ -238,8 +282,9 @@ func (s *Stream) openResponse(status, n int) error {
 }
 
 // responseHeaders runs proxy_on_response_headers with s.resp, on a usable
-// stream. It is entered with vm.mu held and returns with it released.
-func (s *Stream) responseHeaders(ctx context.Context) (Result, error) {
+// stream; endOfStream: no body follows. It is entered with vm.mu held and
+// returns with it released.
+func (s *Stream) responseHeaders(ctx context.Context, endOfStream bool) (Result, error) {
 	v := s.vm
 	in := s.inst
 	s.respPhase, s.resumed, s.reqOpen = true, false, false
@@ -249,7 +294,7 @@ func (s *Stream) responseHeaders(ctx context.Context) (Result, error) {
 	}
 	in.effective = s.id
 	s.respOpen = true
-	action, err := in.call(in.onResponseHeaders, uint64(s.id), uint64(len(s.resp)), 0)
+	action, err := in.call(in.onResponseHeaders, uint64(s.id), uint64(len(s.resp)), b2u(endOfStream))
 	if err != nil {
 		v.fail(in, err)
 	}

@@ -64,7 +64,12 @@ type instance struct {
 	ctx context.Context // carries the instance to host functions
 
 	malloc, onContextCreate, onVMStart, onConfigure, onTick, onHTTPCallResponse,
-	onRequestHeaders, onResponseHeaders, onLog, onDone, onDelete api.Function
+	onRequestHeaders, onResponseHeaders, onResponseBody, onLog, onDone, onDelete api.Function
+
+	// respBody is the response body part of the body callback in
+	// progress (inRespBody), the buffer HttpResponseBody.
+	respBody   []byte
+	inRespBody bool
 
 	// depth counts guest calls in progress (host functions may call back
 	// into the guest); hostNanos is host-function time within the current
@@ -138,6 +143,7 @@ func (h *Host) newInstance(v *vm) (*instance, error) {
 	in.onContextCreate, in.onVMStart, in.onConfigure = fn("proxy_on_context_create"), fn("proxy_on_vm_start"), fn("proxy_on_configure")
 	in.onTick, in.onHTTPCallResponse = fn("proxy_on_tick"), fn("proxy_on_http_call_response")
 	in.onRequestHeaders, in.onResponseHeaders = fn("proxy_on_request_headers"), fn("proxy_on_response_headers")
+	in.onResponseBody = fn("proxy_on_response_body")
 	in.onLog, in.onDone, in.onDelete = fn("proxy_on_log"), fn("proxy_on_done"), fn("proxy_on_delete")
 	fail := func(err error) (*instance, error) {
 		in.dead = true

@@ -29,6 +29,8 @@ const BufRequestBody = 0, BufResponseBody = 1, BufCallBody = 4, BufVMConfig = 6,
 // FilterHeadersStatus (cpp-host include/proxy-wasm/context_interface.h).
 const HeadersContinue = 0, HeadersStopIteration = 1, HeadersContinueAndEndStream = 2,
   HeadersStopAllIterationAndWatermark = 4;
+// FilterDataStatus.
+const DataContinue = 0, DataStopIterationNoBuffer = 3;
 const LogTrace = 0, LogInfo = 2, LogError = 4;
 
 // WASI errno values cpp-host src/exports.cc returns.
@@ -326,6 +328,20 @@ class Context {
     });
   }
 
+  // Envoy Context::onResponseBody (encodeData): the part is the buffer
+  // HttpResponseBody during the call.
+  onResponseBody(part, eos) {
+    const f = this.checkFail(DataContinue, DataStopIterationNoBuffer);
+    if (f !== undefined) return f;
+    if (!this.vm.fn.proxy_on_response_body) return DataContinue;
+    this.responseBody = part;
+    try {
+      return this.vm.withActions(() => this.vm.call(this, 'proxy_on_response_body', this.id, part.length, eos ? 1 : 0));
+    } finally {
+      this.responseBody = null;
+    }
+  }
+
   onLog() {
     if (!this.failed && this.vm.fn.proxy_on_log) this.vm.withActions(() => this.vm.call(this, 'proxy_on_log', this.id));
   }
@@ -364,7 +380,8 @@ class Context {
       case BufVMConfig: return this.vm.proxy.vmConfig;
       case BufPluginConfig: return this.vm.tempPlugin ? this.vm.proxy.pluginConfig : null;
       case BufCallBody: return this.root.httpCallResponse ? this.root.httpCallResponse.body : null;
-      case BufRequestBody: case BufResponseBody: case 2: case 3: case 5: case 8:
+      case BufResponseBody: return this.responseBody || new Uint8Array(0); // the part of the body callback
+      case BufRequestBody: case 2: case 3: case 5: case 8:
         return new Uint8Array(0); // no body data modelled: an empty buffer
       default: return null;
     }
@@ -1163,16 +1180,21 @@ class Stream {
     this.encode(h, body.length === 0, result);
   }
 
+  // The upstream answers with its status, headers and body parts; headers
+  // alone end the stream, else the last part does.
   toUpstream() {
     this.upstreamRequest = this.request.map((kv) => [kv[0], kv[1]]);
     const u = this.req.upstream || { status: 200, headers: [] };
     const h = [[':status', String(u.status)]];
     for (const [k, v] of u.headers || []) h.push([lower(k), v]);
-    this.encode(h, true, { status: u.status, headers: h, body: new Uint8Array(0), local: false, details: 'via_upstream' });
+    const parts = (u.body || []).map((b) => enc.encode(b));
+    const body = Buffer.concat(parts);
+    this.encode(h, parts.length === 0, { status: u.status, headers: h, body, local: false, details: 'via_upstream' }, parts);
   }
 
-  // Envoy Context::encodeHeaders.
-  encode(h, eos, result) {
+  // Envoy Context::encodeHeaders, then encodeData for each body part
+  // (parts), which the plugin reads and lets pass.
+  encode(h, eos, result, parts) {
     this.responseStarted = true;
     this.responseFinal = h;
     const c = this.ctx;
@@ -1182,6 +1204,9 @@ class Stream {
     if (this.result) return;
     if (r === HeadersContinue || r === HeadersContinueAndEndStream) {
       c.responseHeaders = null;
+      for (let i = 0; parts && i < parts.length && !this.result; i++) {
+        c.onResponseBody(parts[i], i === parts.length - 1);
+      }
       this.finish(result);
       return;
     }

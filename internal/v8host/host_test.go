@@ -239,6 +239,44 @@ func TestHost_LocalResponseThroughResponseCallback(t *testing.T) {
 	}
 }
 
+// The plugin reads an upstream's body as Envoy gives it: each part in its
+// body callback, the last with the end of the stream, a large part in
+// parts of 16 KiB; the client gets it whole. Headers alone end the stream
+// at the headers.
+func TestHost_ResponseBody(t *testing.T) {
+	logs := func(h *Host) []string {
+		var out []string
+		for _, e := range h.Logs() {
+			if strings.HasPrefix(e.Message, "headers ") || strings.HasPrefix(e.Message, "body ") {
+				out = append(out, e.Message)
+			}
+		}
+		return out
+	}
+	big := strings.Repeat("a", 40_000) + "z"
+	for _, tc := range []struct {
+		parts []string
+		want  []string
+	}{
+		{[]string{`{"usage":`, big, "}"}, []string{"headers end_of_stream=false", `body 9 end_of_stream=false parts=9 {"usage":`,
+			"body 40001 end_of_stream=false parts=16384,16384,7233 aaaaaaaaaaaaaaaa...aaaaaaaaaaaaaaaz", "body 1 end_of_stream=true parts=1 }"}},
+		{nil, []string{"headers end_of_stream=true"}},
+	} {
+		h := newHost(t, Options{})
+		r, err := h.Do(context.Background(), Request{Path: "/", Authority: "example.com", Headers: [][2]string{{"x-mode", "body"}},
+			UpstreamBody: tc.parts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(r.Body) != strings.Join(tc.parts, "") {
+			t.Errorf("the client got %d bytes, want %d", len(r.Body), len(strings.Join(tc.parts, "")))
+		}
+		if got := logs(h); !slices.Equal(got, tc.want) {
+			t.Errorf("the guest saw\n%q\nwant\n%q", got, tc.want)
+		}
+	}
+}
+
 // TestHost_ABIStatuses: answers in which Envoy differs from a naive host.
 func TestHost_ABIStatuses(t *testing.T) {
 	h := newHost(t, Options{})

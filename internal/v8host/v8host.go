@@ -101,9 +101,11 @@ type Request struct {
 	RequestID     string // x-request-id when the headers have none; else Envoy's generated UUID
 	Protocol      string // default HTTP/1.1
 	// UpstreamStatus and UpstreamHeaders are the upstream's answer (200
-	// without headers by default).
+	// without headers by default), and UpstreamBody its body, in the parts
+	// it sends (none: the headers end the stream).
 	UpstreamStatus  int
 	UpstreamHeaders [][2]string
+	UpstreamBody    []string
 }
 
 // Response is what the client got.
@@ -329,7 +331,7 @@ func wireRequest(r Request) map[string]any {
 	if uh == nil {
 		uh = [][2]string{}
 	}
-	m["upstream"] = map[string]any{"status": status, "headers": uh}
+	m["upstream"] = map[string]any{"status": status, "headers": uh, "body": r.UpstreamBody}
 	return m
 }
 

@@ -1,6 +1,9 @@
 package proxywasm
 
-import "unsafe"
+import (
+	"io"
+	"unsafe"
+)
 
 // Return slots for host calls. The host writes a 32-bit address into the low
 // half of retData (a 64-bit Go pointer on wasm; the high half stays zero) and
@@ -86,6 +89,39 @@ func GetVMConfiguration() ([]byte, error) {
 // GetHTTPCallResponseBody returns a view of the call-out response body. Valid
 // in OnHTTPCallResponse, and only until it returns.
 func GetHTTPCallResponseBody() ([]byte, error) { return getBuffer(bufferHTTPCallResponseBody) }
+
+// bodyPart bounds the parts VisitHTTPResponseBody reads a body in, so
+// that each fits the arena.
+const bodyPart = 16 << 10
+
+// VisitHTTPResponseBody writes the first size bytes of the response body of
+// the current callback (its proxy_on_response_body's body_buffer_length) to
+// w, in parts of at most 16 KiB. Each part is valid during its Write only:
+// the memory the host copied it into is reclaimed before the next, so a
+// large body costs no more guest memory than a small one.
+func VisitHTTPResponseBody(size int, w io.Writer) error {
+	for off := 0; off < size; {
+		mark, overflow := arena.off, len(arena.overflow)
+		resetRet()
+		err := Status(proxyGetBufferBytes(bufferHTTPResponseBody, uint32(off), uint32(min(size-off, bodyPart)),
+			unsafe.Pointer(&retData), unsafe.Pointer(&retSize))).Err()
+		b := view()
+		if err == nil && len(b) > 0 {
+			_, _ = w.Write(b)
+		}
+		arena.off = mark
+		clear(arena.overflow[overflow:])
+		arena.overflow = arena.overflow[:overflow]
+		if err != nil {
+			return err
+		}
+		if len(b) == 0 {
+			return nil // the host has no more
+		}
+		off += len(b)
+	}
+	return nil
+}
 
 func clone(b []byte) []byte {
 	if b == nil {

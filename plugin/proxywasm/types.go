@@ -115,6 +115,7 @@ const (
 	mapResponseHeaders     = 2
 	mapHTTPCallRespHeaders = 6
 
+	bufferHTTPResponseBody     = 1
 	bufferHTTPCallResponseBody = 4
 	bufferVMConfiguration      = 6
 	bufferPluginConfiguration  = 7

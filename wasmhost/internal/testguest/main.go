@@ -11,6 +11,7 @@ import (
 	"errors"
 	"runtime"
 	"strconv"
+	"strings"
 
 	"github.com/sluicehq/sluice/plugin/proxywasm"
 )
@@ -178,6 +179,7 @@ const (
 	modeRaw
 	modeTick
 	modeAllocRestricted
+	modeBody
 )
 
 var modes = map[string]mode{
@@ -185,7 +187,7 @@ var modes = map[string]mode{
 	"trap": modeTrap, "log": modeLog, "hot": modeHot, "mallocs": modeMallocs,
 	"respdeny": modeRespDeny, "trap-response": modeTrapResponse, "panic": modePanic,
 	"exit": modeExit, "wasi": modeWASI, "raw": modeRaw, "tick": modeTick,
-	"alloc-restricted": modeAllocRestricted,
+	"alloc-restricted": modeAllocRestricted, "body": modeBody,
 }
 
 type stream struct {
@@ -381,12 +383,44 @@ func (s *stream) OnResponseHeaders(numHeaders int, endOfStream bool) proxywasm.A
 		return proxywasm.Pause
 	case modeTrapResponse:
 		trap()
+	case modeBody:
+		_ = proxywasm.Log(proxywasm.LogLevelInfo, "headers end_of_stream="+strconv.FormatBool(endOfStream))
 	case modeDeny:
 		// The local reply passes through this callback, as in Envoy.
 		st, _ := proxywasm.GetResponseHeader(":status")
 		_ = proxywasm.AddResponseHeader("x-saw-local", st)
 	}
 	return proxywasm.Continue
+}
+
+// OnResponseBody logs the body it is given: its size, whether it ends the
+// stream, the sizes of the parts VisitHTTPResponseBody read it in, and
+// its text (cut in the middle past 32 bytes).
+func (s *stream) OnResponseBody(size int, endOfStream bool) proxywasm.Action {
+	if s.mode == modeBody {
+		var parts bodyParts
+		if err := proxywasm.VisitHTTPResponseBody(size, &parts); err != nil {
+			parts = append(parts, "error: "+err.Error())
+		}
+		var lens []string
+		for _, p := range parts {
+			lens = append(lens, strconv.Itoa(len(p)))
+		}
+		text := strings.Join(parts, "")
+		if len(text) > 32 {
+			text = text[:16] + "..." + text[len(text)-16:]
+		}
+		_ = proxywasm.Log(proxywasm.LogLevelInfo, "body "+strconv.Itoa(size)+" end_of_stream="+strconv.FormatBool(endOfStream)+
+			" parts="+strings.Join(lens, ",")+" "+text)
+	}
+	return proxywasm.Continue
+}
+
+type bodyParts []string
+
+func (p *bodyParts) Write(b []byte) (int, error) {
+	*p = append(*p, string(b))
+	return len(b), nil
 }
 
 func (s *stream) OnLog() {
