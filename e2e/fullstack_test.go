@@ -108,6 +108,15 @@ func newStack(t *testing.T, config string) *stack {
 		if n := r.URL.Query().Get("tokens"); n != "" {
 			w.Header().Set("X-Usage-Tokens", n)
 		}
+		// ?usage=: a language model's answer, its usage at the end of
+		// its JSON, written in two parts.
+		if n := r.URL.Query().Get("usage"); n != "" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			io.WriteString(w, `{"choices":[{"message":{"content":"upstream"}}],`)
+			io.WriteString(w, `"usage":{"total_tokens":`+n+`}}`)
+			return
+		}
 		w.WriteHeader(status)
 		io.WriteString(w, "upstream")
 	})
@@ -401,7 +410,9 @@ func TestFullStack_ChargeOnResponse(t *testing.T) {
     {"name": "tokens", "match": {"paths": ["/v1/**"]}, "limit": 100, "window": "1h", "algorithm": "fixed_window",
      "on_response": {"statuses": ["2xx"], "cost_header": "x-usage-tokens"}},
     {"name": "logins", "match": {"paths": ["/login"]}, "scope": "ip", "limit": 2, "window": "1h", "algorithm": "sliding_log",
-     "on_response": {"statuses": [401]}}]
+     "on_response": {"statuses": [401]}},
+    {"name": "llm", "match": {"paths": ["/llm/**"]}, "limit": 50, "window": "1h", "algorithm": "token_bucket",
+     "on_response": {"cost_body": "usage.total_tokens"}}]
 }`)
 	const ip = "203.0.113.90"
 	remaining := func(want string) func() bool {
@@ -431,11 +442,21 @@ func TestFullStack_ChargeOnResponse(t *testing.T) {
 		}
 	}
 	waitFor(t, func() bool { return s.get("/login?status=200", ip).status == 429 })
+
+	// The usage in the answer's body, through the gateway's middleware.
+	if r := s.get("/llm/chat?usage=45", ip, "X-User-Id", "carol"); r.status != 200 || !strings.Contains(r.body, `"total_tokens":45`) {
+		t.Fatalf("an answer: %d %q", r.status, r.body)
+	}
+	waitFor(t, func() bool {
+		r := s.get("/llm/chat?usage=0", ip, "X-User-Id", "carol")
+		n, _ := strconv.Atoi(r.h.Get("X-RateLimit-Remaining"))
+		return r.status == 200 && n >= 5 && n <= 6 // 5 left, and what the bucket refilled since
+	})
 	if n, _ := s.host.Metric("sluice_charge_errors_total"); n != 0 {
 		t.Errorf("%d charge errors", n)
 	}
-	if n, _ := s.host.Metric("sluice_charges_total"); n != 5 {
-		t.Errorf("%d charges, want 5 (alice's two, bob's, two failed logins)", n)
+	if n, _ := s.host.Metric("sluice_charges_total"); n != 6 {
+		t.Errorf("%d charges, want 6 (alice's two, bob's, two failed logins, carol's)", n)
 	}
 }
 

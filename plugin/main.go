@@ -7,6 +7,7 @@
 package main
 
 import (
+	"io"
 	"syscall"
 	"unsafe"
 
@@ -102,6 +103,10 @@ func (*abiHost) RequestPath() string {
 
 func (*abiHost) ResponseHeader(name string) string {
 	return view(proxywasm.GetResponseHeaderBytes(name))
+}
+
+func (*abiHost) ReadResponseBody(size int, w io.Writer) {
+	_ = proxywasm.VisitHTTPResponseBody(size, w)
 }
 
 func (*abiHost) Property(path string) string {

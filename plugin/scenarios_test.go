@@ -275,7 +275,7 @@ type engine interface {
 	// do runs one request for path from 198.51.100.7 with request id
 	// rid-1; when the plugin lets it through, the upstream answers
 	// upstreamStatus, with the headers named "upstream:<name>" in
-	// headers (splitHeaders).
+	// headers and the body "upstream-body" (splitHeaders).
 	do(path string, headers map[string]string, upstreamStatus int) outcome
 	metric(name string) int64
 	logs() []string
@@ -284,18 +284,24 @@ type engine interface {
 }
 
 // splitHeaders splits the headers of engine.do into the request's and the
-// upstream response's: a name "upstream:x" is the response's header x.
-// The response has a content type besides.
-func splitHeaders(headers map[string]string) (request, upstream [][2]string) {
-	upstream = [][2]string{{"content-type", "text/plain"}}
+// upstream response's: a name "upstream:x" is the response's header x,
+// and "upstream-body" its body, parts separated by "|". The response has a
+// content type besides, text/plain unless given.
+func splitHeaders(headers map[string]string) (request, upstream [][2]string, body []string) {
+	if _, ok := headers["upstream:content-type"]; !ok {
+		upstream = [][2]string{{"content-type", "text/plain"}}
+	}
 	for k, v := range headers {
-		if name, ok := strings.CutPrefix(k, "upstream:"); ok {
+		switch name, ok := strings.CutPrefix(k, "upstream:"); {
+		case ok:
 			upstream = append(upstream, [2]string{name, v})
-		} else {
+		case k == "upstream-body":
+			body = strings.Split(v, "|")
+		default:
 			request = append(request, [2]string{k, v})
 		}
 	}
-	return request, upstream
+	return request, upstream, body
 }
 
 // startEngine starts a proxy for s whose cluster "bridge" is bridgeURL.
@@ -684,7 +690,8 @@ func scenarioQueryMatch(t *testing.T, start startEngine) {
 }
 
 // Limits charged after the response: a token budget charged by the
-// upstream's usage header, and failed logins. A request passes while its
+// upstream's usage header, failed logins, and a token budget charged by
+// the usage in a language model's answer. A request passes while its
 // budget has anything left and is charged what its response says, capped
 // at what is left; once nothing is, requests are refused, then from the
 // over-limit cache. A login is charged only when it fails.
@@ -697,7 +704,9 @@ func scenarioChargeOnResponse(t *testing.T, start startEngine) {
     {"name": "tokens", "match": {"paths": ["/v1/**"]}, "limit": 100, "window": "1h", "algorithm": "fixed_window",
      "on_response": {"statuses": ["2xx"], "cost_header": "x-usage-tokens"}},
     {"name": "logins", "match": {"paths": ["/login"]}, "scope": "ip", "limit": 2, "window": "1h", "algorithm": "fixed_window",
-     "on_response": {"statuses": [401]}}]
+     "on_response": {"statuses": [401]}},
+    {"name": "llm", "match": {"paths": ["/llm/**"]}, "limit": 50, "window": "1h", "algorithm": "fixed_window",
+     "on_response": {"statuses": ["2xx"], "cost_body": "usage.total_tokens"}}]
 }`})
 	h.bridge.mu.Lock()
 	h.bridge.charged = make(chan int64, 16)
@@ -748,6 +757,28 @@ func scenarioChargeOnResponse(t *testing.T, start startEngine) {
 	}
 	if o := h.do("/login", nil, 200); o.status != 429 {
 		t.Errorf("a login after two failures: %+v, want 429", o)
+	}
+
+	// A language model's answer says what it cost in its body: as JSON,
+	// or in the last data line of an event stream.
+	json := map[string]string{"x-user-id": "dana", "upstream:content-type": "application/json",
+		"upstream-body": `{"choices":[{"message":{"content":"\"usage\":{\"total_tokens\":1}"}}],|"usage":{"total_tokens":30}}`}
+	if o := h.do("/llm/chat", json, 200); o.status != 200 {
+		t.Fatalf("a JSON answer: %+v", o)
+	}
+	charged(30)
+	stream := map[string]string{"x-user-id": "dana", "upstream:content-type": "text/event-stream",
+		"upstream-body": "data: {\"usage\":null}\n\ndata: {\"usage\":{\"total_to|kens\":15}}\n\n|data: [DONE]\n\n"}
+	if o := h.do("/llm/chat", stream, 200); o.status != 200 {
+		t.Fatalf("a streamed answer: %+v", o)
+	}
+	charged(15)
+	if o := h.do("/llm/chat", stream, 200); o.status != 200 || o.headers["x-ratelimit-remaining"] != "5" {
+		t.Fatalf("with 5 left: %+v", o)
+	}
+	charged(5) // what was left
+	if o := h.do("/llm/chat", json, 200); o.status != 429 {
+		t.Errorf("a spent budget: %+v, want 429", o)
 	}
 	if n := h.metric("sluice_charge_errors_total"); n != 0 || h.failures() != 0 {
 		t.Errorf("%d charge errors, %d VM failures", n, h.failures())

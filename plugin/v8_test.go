@@ -39,10 +39,10 @@ func startV8(t *testing.T, s engineSetup, bridgeURL string) (engine, error) {
 
 func (e *v8Engine) do(path string, headers map[string]string, upstreamStatus int) outcome {
 	e.t.Helper()
-	hdrs, upstream := splitHeaders(headers)
+	hdrs, upstream, body := splitHeaders(headers)
 	r, err := e.host.Do(context.Background(), v8host.Request{Path: path, Authority: "api.example.com", Headers: hdrs,
 		SourceAddress: "198.51.100.7:4242", RequestID: "rid-1",
-		UpstreamStatus: upstreamStatus, UpstreamHeaders: upstream})
+		UpstreamStatus: upstreamStatus, UpstreamHeaders: upstream, UpstreamBody: body})
 	if err != nil {
 		e.t.Fatalf("request: %v", err)
 	}

@@ -58,7 +58,7 @@ func startWazero(t *testing.T, s engineSetup, bridgeURL string) (engine, error) 
 
 func (e *wazeroEngine) do(path string, headers map[string]string, upstreamStatus int) outcome {
 	e.t.Helper()
-	hdrs, upstream := splitHeaders(headers)
+	hdrs, upstream, body := splitHeaders(headers)
 	ctx := context.Background()
 	s := e.host.NewStream(ctx, wasmhost.RequestInfo{Method: "GET", Path: path, Host: "api.example.com", Headers: hdrs, SourceAddress: "198.51.100.7:4242", RequestID: "rid-1"})
 	defer s.Close()
@@ -76,6 +76,11 @@ func (e *wazeroEngine) do(path string, headers map[string]string, upstreamStatus
 	out, err := s.ResponseHeaders(ctx, upstreamStatus, upstream)
 	if err != nil {
 		e.t.Fatalf("response headers: %v", err)
+	}
+	for i, part := range body {
+		if err := s.ResponseBody([]byte(part), i == len(body)-1); err != nil {
+			e.t.Fatalf("response body: %v", err)
+		}
 	}
 	m := map[string]string{}
 	for _, kv := range out.Headers {

@@ -4,15 +4,23 @@ package rules
 // request costs is known only once the upstream has answered (the tokens
 // a language model spent, a failed login's 401).
 
-import "github.com/tidwall/gjson"
+import (
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
 
 // OnResponse makes a rule's limit charged after the response rather than
 // before the request. Before the request the limit is only asked whether
 // it has anything left (cost 0); the request passes while it has. After
 // the response it is charged Charge's units, capped at what it has left.
 type OnResponse struct {
-	Statuses   StatusSet // the response statuses that charge; none: every one
-	CostHeader string    // response header holding the cost; "": the limit's cost
+	Statuses StatusSet // the response statuses that charge; none: every one
+	// Where the response says what it cost, at most one: a header's value
+	// (HeaderCost), or a number in its JSON body at a path of object keys
+	// (BodyCost). Neither: the limit's cost.
+	CostHeader string
+	CostBody   []string
 }
 
 // StatusSet is a set of HTTP status codes, 100 to 599.
@@ -33,23 +41,25 @@ func (s *StatusSet) Has(code int) bool {
 // Empty reports whether s holds no code.
 func (s *StatusSet) Empty() bool { return s.bits == [10]uint64{} }
 
-// Charge is what a response with status and, when o has a CostHeader,
-// that header's value costHeader charges the limit: nothing for a status
-// o does not charge; else the header's value, a decimal integer capped at
-// MaxLimitValue, or def (the limit's cost) when there is no such value.
-func (o *OnResponse) Charge(status int, costHeader string, def int64) int64 {
-	if !o.Statuses.Empty() && !o.Statuses.Has(status) {
+// Charge is what a response with status charges the limit: nothing for a
+// status o does not charge; else cost, what the response said it cost,
+// when it said (found), or def, the limit's cost.
+func (o *OnResponse) Charge(status int, cost int64, found bool, def int64) int64 {
+	switch {
+	case !o.Charges(status):
 		return 0
+	case found:
+		return cost
 	}
-	if o.CostHeader == "" {
-		return def
-	}
-	n, ok := decimalCost(costHeader)
-	if !ok {
-		return def
-	}
-	return n
+	return def
 }
+
+// Charges reports whether a response with status charges the limit.
+func (o *OnResponse) Charges(status int) bool { return o.Statuses.Empty() || o.Statuses.Has(status) }
+
+// HeaderCost reads a cost header's value: a decimal integer (no sign, no
+// space), capped at MaxLimitValue; false for any other value.
+func HeaderCost(v string) (int64, bool) { return decimalCost(v) }
 
 // decimalCost reads s, ASCII digits only (no sign, no space), capped at
 // MaxLimitValue.
@@ -84,7 +94,7 @@ func StatusCode(s string) int {
 // or a tier's for it and its endpoint overrides) with action, leased when
 // it or an override has a lease.
 func (p *parser) onResponse(v gjson.Result, path string, action Action, leased bool) *OnResponse {
-	if !p.object(v, path, "statuses", "cost_header") {
+	if !p.object(v, path, "statuses", "cost_header", "cost_body") {
 		return nil
 	}
 	o := &OnResponse{}
@@ -108,6 +118,13 @@ func (p *parser) onResponse(v gjson.Result, path string, action Action, leased b
 		if o.CostHeader = p.headerName(h, hp, ""); o.CostHeader == "" && p.err == nil {
 			p.fail(hp, "is empty (leave it out to charge the limit's cost)")
 		}
+	}
+	if b := v.Get("cost_body"); b.Exists() {
+		bp := join(path, "cost_body")
+		if o.CostHeader != "" && p.err == nil {
+			p.fail(bp, "set one of cost_header and cost_body, not both")
+		}
+		o.CostBody = p.costPath(b, bp)
 	}
 	switch {
 	case action == Throttle:
@@ -135,4 +152,37 @@ func statusRange(v gjson.Result) (lo, hi int, ok bool) {
 		}
 	}
 	return 0, 0, false
+}
+
+// Bounds of a cost_body path.
+const (
+	maxCostPathKeys   = 8
+	maxCostPathKeyLen = 64
+)
+
+// costPath reads a cost_body path: object keys joined by dots
+// (usage.total_tokens), each of letters, digits, _ and -.
+func (p *parser) costPath(v gjson.Result, path string) []string {
+	text := p.str(v, path, "")
+	if p.err != nil {
+		return nil
+	}
+	var keys []string
+	for _, k := range strings.Split(text, ".") {
+		ok := k != "" && len(k) <= maxCostPathKeyLen
+		for i := 0; i < len(k) && ok; i++ {
+			c := k[i]
+			ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+		}
+		if !ok {
+			p.fail(path, `%q is not a path of object keys such as "usage.total_tokens" (keys of 1 to %d letters, digits, _ and -, joined by dots)`, text, maxCostPathKeyLen)
+			return nil
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) > maxCostPathKeys {
+		p.fail(path, "%q has more than %d keys", text, maxCostPathKeys)
+		return nil
+	}
+	return keys
 }

@@ -121,6 +121,11 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"on_response status text", rule(`,"limit":1,"window":"1s","on_response":{"statuses":["401"]}`), "rules[1].on_response.statuses[0]", "got \"401\""},
 		{"on_response cost header empty", rule(`,"limit":1,"window":"1s","on_response":{"cost_header":""}`), "rules[1].on_response.cost_header", "is empty"},
 		{"on_response cost header name", rule(`,"limit":1,"window":"1s","on_response":{"cost_header":"x tokens"}`), "rules[1].on_response.cost_header", "not a valid header name"},
+		{"on_response cost both", rule(`,"limit":1,"window":"1s","on_response":{"cost_header":"x-t","cost_body":"usage.total_tokens"}`), "rules[1].on_response.cost_body", "not both"},
+		{"on_response cost body empty key", rule(`,"limit":1,"window":"1s","on_response":{"cost_body":"usage..total"}`), "rules[1].on_response.cost_body", "path of object keys"},
+		{"on_response cost body index", rule(`,"limit":1,"window":"1s","on_response":{"cost_body":"choices[0].n"}`), "rules[1].on_response.cost_body", "path of object keys"},
+		{"on_response cost body deep", rule(`,"limit":1,"window":"1s","on_response":{"cost_body":"a.b.c.d.e.f.g.h.i"}`), "rules[1].on_response.cost_body", "more than 8 keys"},
+		{"on_response cost body type", rule(`,"limit":1,"window":"1s","on_response":{"cost_body":5}`), "rules[1].on_response.cost_body", "string"},
 		{"on_response throttled", rule(`,"limit":1,"window":"1s","action":"throttle","on_response":{}`), "rules[1].on_response", "not throttled"},
 		{"on_response leased", rule(`,"limit":10,"window":"1s","lease":{"size":2},"on_response":{}`), "rules[1].on_response", "not leased"},
 		{"on_response in a category", `{"categories":[{"name":"c","paths":["/c"],"limit":1,"window":"1s","on_response":{}}]}`, "categories[0].on_response", "unknown field"},
@@ -285,7 +290,8 @@ func TestParseConfig_OnResponse(t *testing.T) {
   {"name": "logins", "scope": "ip", "limit": 5, "window": "15m", "on_response": {"statuses": [401, "5xx", 403]}},
   {"name": "tokens", "limit": 100000, "window": "1h", "algorithm": "fixed_window", "action": "log_only",
    "on_response": {"cost_header": "X-Usage-Tokens"}},
-  {"name": "plain", "limit": 1, "window": "1s"}]}`))
+  {"name": "plain", "limit": 1, "window": "1s"},
+  {"name": "llm", "limit": 100000, "window": "1h", "on_response": {"cost_body": "usageMetadata.total_token-count"}}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,8 +305,11 @@ func TestParseConfig_OnResponse(t *testing.T) {
 			t.Errorf("logins charges status %d: %v, want %v", code, !want, want)
 		}
 	}
-	if logins.CostHeader != "" || !tokens.Statuses.Empty() || tokens.CostHeader != "x-usage-tokens" {
+	if logins.CostHeader != "" || !tokens.Statuses.Empty() || tokens.CostHeader != "x-usage-tokens" || tokens.CostBody != nil {
 		t.Errorf("logins %+v, tokens %+v", logins, tokens)
+	}
+	if llm := c.Rules[3].OnResponse; !slices.Equal(llm.CostBody, []string{"usageMetadata", "total_token-count"}) || llm.CostHeader != "" {
+		t.Errorf("llm %+v", llm)
 	}
 }
 
@@ -312,27 +321,40 @@ func TestOnResponse_Charge(t *testing.T) {
 		name   string
 		o      OnResponse
 		status int
-		header string
+		cost   int64
+		found  bool
 		want   int64
 	}{
-		{"every status, the limit's cost", OnResponse{}, 200, "", 3},
-		{"a status charged", OnResponse{Statuses: some}, 401, "", 3},
-		{"a class charged", OnResponse{Statuses: some}, 503, "", 3},
-		{"a status not charged", OnResponse{Statuses: some}, 200, "", 0},
-		{"no status", OnResponse{Statuses: some}, 0, "", 0},
-		{"the header's cost", OnResponse{CostHeader: "x-cost"}, 200, "1234", 1234},
-		{"a cost of 0", OnResponse{CostHeader: "x-cost"}, 200, "0", 0},
-		{"leading zeros", OnResponse{CostHeader: "x-cost"}, 200, "007", 7},
-		{"capped", OnResponse{CostHeader: "x-cost"}, 200, "99999999999999999999999", MaxLimitValue},
-		{"no header: the limit's cost", OnResponse{CostHeader: "x-cost"}, 200, "", 3},
-		{"signed: the limit's cost", OnResponse{CostHeader: "x-cost"}, 200, "-5", 3},
-		{"spaced: the limit's cost", OnResponse{CostHeader: "x-cost"}, 200, " 5", 3},
-		{"decimal point: the limit's cost", OnResponse{CostHeader: "x-cost"}, 200, "1.5", 3},
-		{"header, status not charged", OnResponse{Statuses: some, CostHeader: "x-cost"}, 200, "50", 0},
+		{"every status, the limit's cost", OnResponse{}, 200, 0, false, 3},
+		{"a status charged", OnResponse{Statuses: some}, 401, 0, false, 3},
+		{"a class charged", OnResponse{Statuses: some}, 503, 0, false, 3},
+		{"a status not charged", OnResponse{Statuses: some}, 200, 0, false, 0},
+		{"no status", OnResponse{Statuses: some}, 0, 0, false, 0},
+		{"what the response said", OnResponse{CostHeader: "x-cost"}, 200, 1234, true, 1234},
+		{"a cost of 0", OnResponse{CostHeader: "x-cost"}, 200, 0, true, 0},
+		{"not said: the limit's cost", OnResponse{CostHeader: "x-cost"}, 200, 0, false, 3},
+		{"said, status not charged", OnResponse{Statuses: some, CostHeader: "x-cost"}, 200, 50, true, 0},
 	}
 	for _, tc := range tests {
-		if got := tc.o.Charge(tc.status, tc.header, 3); got != tc.want {
-			t.Errorf("%s: Charge(%d, %q) = %d, want %d", tc.name, tc.status, tc.header, got, tc.want)
+		if got := tc.o.Charge(tc.status, tc.cost, tc.found, 3); got != tc.want {
+			t.Errorf("%s: Charge(%d, %d, %v) = %d, want %d", tc.name, tc.status, tc.cost, tc.found, got, tc.want)
+		}
+	}
+}
+
+func TestHeaderCost(t *testing.T) {
+	tests := []struct {
+		v    string
+		want int64
+		ok   bool
+	}{
+		{"1234", 1234, true}, {"0", 0, true}, {"007", 7, true},
+		{"99999999999999999999999", MaxLimitValue, true},
+		{"", 0, false}, {"-5", 0, false}, {" 5", 0, false}, {"1.5", 0, false}, {"5 ", 0, false},
+	}
+	for _, tc := range tests {
+		if got, ok := HeaderCost(tc.v); got != tc.want || ok != tc.ok {
+			t.Errorf("HeaderCost(%q) = %d, %v; want %d, %v", tc.v, got, ok, tc.want, tc.ok)
 		}
 	}
 }

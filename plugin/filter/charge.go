@@ -1,14 +1,17 @@
 package filter
 
 import (
+	"strings"
+
 	"github.com/sluicehq/sluice/plugin/proxywasm"
 	"github.com/sluicehq/sluice/rules"
 )
 
-// Limits charged after the response (a rule's on_response, docs/config.md):
-// the request's check only asks whether they have anything left; once
-// the response's headers are in, one more call-out charges them what the
-// response cost. The response is not held for it: its answer only counts.
+// Limits charged after the response (on_response, docs/config.md): the
+// request's check only asks whether they have anything left; once the
+// response says what the request cost (its status and a header, or a
+// number in its body), one more call-out charges them. The response is not
+// held for it: its answer only counts.
 
 // chargedAfter reports whether limits has one charged after the response.
 func chargedAfter(limits []rules.PlannedLimit) bool {
@@ -20,23 +23,93 @@ func chargedAfter(limits []rules.PlannedLimit) bool {
 	return false
 }
 
-// charge sends the check that charges s's limits charged after the
-// response what the response cost (rules.OnResponse.Charge); nothing when
-// it cost none of them anything.
-func (s *Stream) charge() {
-	p, h := s.p, s.p.host
-	status := rules.StatusCode(h.ResponseHeader(":status"))
-	n := 0
+// bodyCost reads the cost of one limit from the response body.
+type bodyCost struct {
+	limit int // index in the plan's limits
+	cost  rules.BodyCost
+}
+
+// bodyCosts are a stream's; Write feeds each a part of the body.
+type bodyCosts []bodyCost
+
+func (b *bodyCosts) Write(p []byte) (int, error) {
+	for i := range *b {
+		(*b)[i].cost.Write(p)
+	}
+	return len(p), nil
+}
+
+// chargeHeaders works out, from the response's headers, what the stream's
+// limits charged after the response cost, and charges them; a limit whose
+// cost is in the body waits for it (endOfStream: there is none).
+func (s *Stream) chargeHeaders(endOfStream bool) {
+	h := s.p.host
+	s.status = rules.StatusCode(h.ResponseHeader(":status"))
+	s.bodies = s.bodies[:0]
+	sse := false
 	for i := range s.plan.Limits {
 		l := &s.plan.Limits[i]
-		if l.OnResponse == nil {
+		o := l.OnResponse
+		if o == nil {
 			continue
 		}
-		var cost string
-		if l.OnResponse.CostHeader != "" {
-			cost = h.ResponseHeader(l.OnResponse.CostHeader)
+		var n int64
+		var said bool
+		switch {
+		case o.CostHeader != "":
+			n, said = rules.HeaderCost(h.ResponseHeader(o.CostHeader))
+		case o.CostBody != nil && !endOfStream && o.Charges(s.status):
+			if len(s.bodies) == 0 {
+				sse = strings.HasPrefix(h.ResponseHeader("content-type"), "text/event-stream")
+			}
+			s.bodies = append(s.bodies, bodyCost{limit: i})
+			s.bodies[len(s.bodies)-1].cost.Reset(o.CostBody, sse)
+			continue
 		}
-		if l.Charge = l.OnResponse.Charge(status, cost, l.Spec.Cost); l.Charge > 0 {
+		l.Charge = o.Charge(s.status, n, said, l.Spec.Cost)
+	}
+	if len(s.bodies) == 0 {
+		s.charge()
+	}
+}
+
+// OnResponseBody reads the body of a response whose cost is in it; at its
+// end the stream's limits are charged.
+func (s *Stream) OnResponseBody(size int, endOfStream bool) proxywasm.Action {
+	if len(s.bodies) == 0 {
+		return proxywasm.Continue
+	}
+	if size > 0 {
+		s.p.host.ReadResponseBody(size, &s.bodies)
+	}
+	if endOfStream {
+		s.chargeBody()
+	}
+	return proxywasm.Continue
+}
+
+// chargeBody charges the limits whose cost was in the body, what it said,
+// with the others; at the body's end, or at the stream's when it ended
+// first (a response cut short, or ended by trailers).
+func (s *Stream) chargeBody() {
+	for i := range s.bodies {
+		b := &s.bodies[i]
+		l := &s.plan.Limits[b.limit]
+		n, said := b.cost.Cost()
+		l.Charge = l.OnResponse.Charge(s.status, n, said, l.Spec.Cost)
+	}
+	s.bodies = s.bodies[:0]
+	s.charge()
+}
+
+// charge sends the check that charges s's limits charged after the
+// response what they cost (PlannedLimit.Charge); nothing when it is
+// nothing for each.
+func (s *Stream) charge() {
+	p, h := s.p, s.p.host
+	n := 0
+	for i := range s.plan.Limits {
+		if l := &s.plan.Limits[i]; l.OnResponse != nil && l.Charge > 0 {
 			n++
 		}
 	}

@@ -2,6 +2,7 @@ package filter
 
 import (
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 
@@ -173,4 +174,122 @@ func TestStream_FailOpenSkipsResponse(t *testing.T) {
 	if h.resumed != 1 || !h.skipped[2] {
 		t.Errorf("resumed %d, response headers skipped %v", h.resumed, h.skipped[2])
 	}
+}
+
+const bodyChargeConfig = `{
+  "bridge": {"cluster": "bridge", "timeout": "150ms"},
+  "identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+  "rules": [
+    {"name": "llm", "match": {"paths": ["/v1/**"]}, "limit": 100000, "window": "1h",
+     "on_response": {"statuses": ["2xx"], "cost_body": "usage.total_tokens"}},
+    {"name": "calls", "match": {"paths": ["/v1/**"]}, "limit": 1000, "window": "1h", "on_response": {"cost_header": "x-cost"}}
+  ]
+}`
+
+// body runs s's body callbacks for parts, the last one ending the stream,
+// and returns the call-outs they sent.
+func (h *fakeHost) bodyParts(s *Stream, parts ...string) []call {
+	n := len(h.calls)
+	for i, part := range parts {
+		h.body = []byte(part)
+		s.OnResponseBody(len(part), i == len(parts)-1)
+	}
+	return h.calls[n:]
+}
+
+// charged decodes the one charge among calls: rule → cost.
+func charged(t *testing.T, calls []call) map[string]int64 {
+	t.Helper()
+	if len(calls) != 1 {
+		t.Fatalf("%d charges, want 1", len(calls))
+	}
+	req, err := rules.DecodeCheckRequest([]byte(calls[0].body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]int64{}
+	for _, l := range req.Limits {
+		m[l.Rule] = l.Spec.Cost
+	}
+	return m
+}
+
+// A limit whose cost is in the response body is charged at the body's
+// end, what its JSON (or the last data line of its event stream) says,
+// with the stream's other limits; a body cut short, at the stream's end,
+// with what it said so far; a status it does not charge, or a response
+// without a body, at once.
+func TestStream_ChargeFromBody(t *testing.T) {
+	h, p := startPlugin(t, bodyChargeConfig)
+	allowed := func() string {
+		return string(rules.AppendCheckResponse(nil, &rules.CheckResponse{Allowed: true, NowMS: h.nowMS, Decisions: []rules.Decision{
+			{Allowed: true, Limit: 100000, Remaining: 100000, ResetMS: h.nowMS + 60_000},
+			{Allowed: true, Limit: 1000, Remaining: 1000, ResetMS: h.nowMS + 60_000},
+		}}))
+	}
+	start := func(id uint32) *Stream {
+		s, _ := h.request(p, id, map[string]string{":path": "/v1/chat", "x-user-id": "alice"})
+		h.answer(p, "200", allowed())
+		return s
+	}
+	tests := []struct {
+		name    string
+		headers []string
+		parts   []string
+		done    bool // the stream ends before the body's end
+		want    map[string]int64
+	}{
+		{"a JSON answer", []string{"content-type", "application/json", "x-cost", "2"},
+			[]string{`{"id":"c","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":5,`, `"total_tokens":12}}`},
+			false, map[string]int64{"llm": 12, "calls": 2}},
+		{"an event stream", []string{"content-type", "text/event-stream; charset=utf-8"},
+			[]string{"data: {\"usage\":null}\n\ndata: {\"usage\":{\"total_tok", "ens\":7}}\n\ndata: [DONE]\n\n"},
+			false, map[string]int64{"llm": 7, "calls": 1}},
+		{"no number: the limit's cost", []string{"content-type", "application/json"}, []string{`{"usage":{}}`},
+			false, map[string]int64{"llm": 1, "calls": 1}},
+		{"cut short after the number", []string{"content-type", "application/json"}, []string{`{"usage":{"total_tokens":40},"id":`},
+			true, map[string]int64{"llm": 40, "calls": 1}},
+		{"cut short before it", []string{"content-type", "application/json"}, []string{`{"choices":[`},
+			true, map[string]int64{"llm": 1, "calls": 1}},
+	}
+	for i, tc := range tests {
+		s := start(uint32(10 + i))
+		if calls := h.respond(s, "200", tc.headers...); len(calls) != 0 {
+			t.Fatalf("%s: %d charges before the body", tc.name, len(calls))
+		}
+		var calls []call
+		if tc.done {
+			h.body = []byte(tc.parts[0])
+			s.OnResponseBody(len(tc.parts[0]), false)
+			n := len(h.calls)
+			s.OnDone()
+			calls = h.calls[n:]
+		} else {
+			calls = h.bodyParts(s, tc.parts...)
+			s.OnDone()
+		}
+		if got := charged(t, calls); !maps.Equal(got, tc.want) {
+			t.Errorf("%s: charged %v, want %v", tc.name, got, tc.want)
+		}
+	}
+
+	// A status the body's limit does not charge: the rest at once, the
+	// body not read.
+	s := start(20)
+	if got := charged(t, h.respond(s, "500", "x-cost", "3")); !maps.Equal(got, map[string]int64{"calls": 3}) {
+		t.Errorf("a 500: charged %v", got)
+	}
+	if calls := h.bodyParts(s, `{"usage":{"total_tokens":9}}`); len(calls) != 0 {
+		t.Errorf("a 500's body charged %d times", len(calls))
+	}
+	s.OnDone()
+	// No body at all: charged at the headers, the limit's cost.
+	s = start(21)
+	h.upstream = map[string]string{":status": "204"}
+	n := len(h.calls)
+	s.OnResponseHeaders(1, true)
+	if got := charged(t, h.calls[n:]); !maps.Equal(got, map[string]int64{"llm": 1, "calls": 1}) {
+		t.Errorf("no body: charged %v", got)
+	}
+	s.OnDone()
 }

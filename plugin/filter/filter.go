@@ -10,6 +10,7 @@
 package filter
 
 import (
+	"io"
 	"strconv"
 	"unsafe"
 
@@ -33,6 +34,9 @@ type Host interface {
 	// ResponseHeader is a header of the response whose headers callback
 	// is in progress, "" when it has none.
 	ResponseHeader(name string) string
+	// ReadResponseBody writes the first size bytes of the response body
+	// of the body callback in progress to w, in parts.
+	ReadResponseBody(size int, w io.Writer)
 	Property(path string) string
 	AddResponseHeader(name string, value []byte)
 	// SendLocalResponse answers stream contextID's request; headers is a
@@ -333,7 +337,7 @@ func (p *Plugin) NewHTTPContext(contextID uint32) proxywasm.HTTPContext {
 	s.state = stateNew
 	s.answered = false
 	s.heldAt, s.holdsPlace, s.noWait = -1, false, false
-	s.charges = false
+	s.charges, s.bodies = false, s.bodies[:0]
 	s.testPanicInCallout = false
 	s.requestID = s.requestID[:0]
 	s.respHeaders.Reset()

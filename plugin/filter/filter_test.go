@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +46,7 @@ type fakeHost struct {
 	skipped     map[uint32]bool    // streams that skip their response headers
 	beforeSet   func()             // runs once, at the next SharedSetCAS, before its write: another VM's moment
 	upstream    map[string]string  // the headers of the response being handled (ResponseHeader)
+	body        []byte             // the response body part being handled (ReadResponseBody)
 }
 
 type localResponse struct {
@@ -82,6 +84,11 @@ func (h *fakeHost) RequestPseudoHeaders() (string, string, string) {
 }
 func (h *fakeHost) Property(p string) string          { h.propReads++; return h.props[p] }
 func (h *fakeHost) ResponseHeader(name string) string { return h.upstream[name] }
+func (h *fakeHost) ReadResponseBody(size int, w io.Writer) {
+	for b := h.body[:min(size, len(h.body))]; len(b) > 0; b = b[min(3, len(b)):] {
+		w.Write(b[:min(3, len(b))]) // in parts, as a host may
+	}
+}
 func (h *fakeHost) AddResponseHeader(n string, v []byte) {
 	h.respHeaders = append(h.respHeaders, [2]string{n, string(v)})
 }

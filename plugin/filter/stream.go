@@ -56,8 +56,11 @@ type Stream struct {
 	dueMS, delayMS     int64
 	heldAt             int
 	// charges: the request was let through with limits charged after
-	// its response (charge.go).
+	// its response (charge.go); once its headers are in, its status, and
+	// the limits whose cost its body says.
 	charges bool
+	status  int
+	bodies  bodyCosts
 }
 
 // OnRequestHeaders decides what happens to the request.
@@ -404,14 +407,14 @@ func (s *Stream) finishFailure() {
 
 // OnResponseHeaders adds the rate limit headers of a request that passed,
 // and charges its limits charged after the response.
-func (s *Stream) OnResponseHeaders(int, bool) proxywasm.Action {
+func (s *Stream) OnResponseHeaders(_ int, endOfStream bool) proxywasm.Action {
 	for i := 0; i < s.respHeaders.N; i++ {
 		s.p.host.AddResponseHeader(s.respHeaders.Names[i], s.respHeaders.Values[i])
 	}
 	s.respHeaders.Reset()
 	if s.charges {
 		s.charges = false
-		s.charge()
+		s.chargeHeaders(endOfStream)
 	}
 	return proxywasm.Continue
 }
@@ -419,9 +422,14 @@ func (s *Stream) OnResponseHeaders(int, bool) proxywasm.Action {
 func (s *Stream) OnLog() {}
 
 // OnDone recycles the stream; an answer still in flight is dropped, and a
-// held request gives up its place (its slot at the bridge stays taken).
+// held request gives up its place (its slot at the bridge stays taken). A
+// response whose body was to say what it cost is charged now, when its
+// body did not end (cut short, or ended by trailers): what it said so far.
 func (s *Stream) OnDone() {
 	p := s.p
+	if len(s.bodies) > 0 {
+		s.chargeBody() // the body ended without its end of stream
+	}
 	p.forget(s)
 	if s.state == stateHeld {
 		p.unhold(s)

@@ -174,6 +174,7 @@ func TestRule_RoundTrip(t *testing.T) {
 		  "query":[{"name":"q","contains":"select"}]}}`,
 		`{"name":"k","limit":100000,"window":"1h","algorithm":"fixed_window","on_response":{"statuses":[200,"4xx"],"cost_header":"X-Usage-Tokens"}}`,
 		`{"name":"l","scope":"ip","limit":5,"window":"15m","on_response":{}}`,
+		`{"name":"m","limit":100000,"window":"1h","on_response":{"statuses":["2xx"],"cost_body":"usage.total_tokens"}}`,
 	} {
 		want, err := rules.ParseRule([]byte(body))
 		if err != nil {
