@@ -468,7 +468,7 @@ func (in *instance) buffer(t uint32) ([]byte, Status) {
 // when the map does not exist now, as Envoy's Context::getMap/getConstMap
 // answer: request headers until the request continues, response headers
 // during the response callback, call-out response headers during the
-// call-out callback, and no trailers (the host has no bodies).
+// call-out callback, and no trailers (the host passes none).
 func (in *instance) headerMap(t uint32) (*fields.Map, Status) {
 	s := in.streams[in.effective]
 	switch t {

@@ -21,6 +21,10 @@
 //     "reset".
 //   - A VM that traps stays failed; its requests get Options.FailurePolicy
 //     (Envoy's failure_policy).
+//   - The plugin reads each part of a response body in its body callback,
+//     the last part with the end of the stream, as Envoy's data frames
+//     come; it may read a body, not hold or change it. Request bodies are
+//     not passed to it.
 //
 // There is no mode with a fuller WASI: the plugin must run in Envoy, so a
 // gateway embedding it gains nothing from functions Envoy lacks, and a

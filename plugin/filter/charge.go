@@ -60,7 +60,7 @@ func (s *Stream) chargeHeaders(endOfStream bool) {
 			n, said = rules.HeaderCost(h.ResponseHeader(o.CostHeader))
 		case o.CostBody != nil && !endOfStream && o.Charges(s.status):
 			if len(s.bodies) == 0 {
-				sse = strings.HasPrefix(h.ResponseHeader("content-type"), "text/event-stream")
+				sse = isEventStream(h.ResponseHeader("content-type"))
 			}
 			s.bodies = append(s.bodies, bodyCost{limit: i})
 			s.bodies[len(s.bodies)-1].cost.Reset(o.CostBody, sse)
@@ -86,6 +86,14 @@ func (s *Stream) OnResponseBody(size int, endOfStream bool) proxywasm.Action {
 		s.chargeBody()
 	}
 	return proxywasm.Continue
+}
+
+// isEventStream reports whether a content type is text/event-stream,
+// parameters aside, in any case (media types are case-insensitive).
+func isEventStream(contentType string) bool {
+	const es = "text/event-stream"
+	return len(contentType) >= len(es) && strings.EqualFold(contentType[:len(es)], es) &&
+		(len(contentType) == len(es) || contentType[len(es)] == ';' || contentType[len(es)] == ' ')
 }
 
 // chargeBody charges the limits whose cost was in the body, what it said,

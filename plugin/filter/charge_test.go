@@ -293,3 +293,14 @@ func TestStream_ChargeFromBody(t *testing.T) {
 	}
 	s.OnDone()
 }
+
+func TestIsEventStream(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"text/event-stream": true, "text/event-stream; charset=utf-8": true, "Text/Event-Stream": true,
+		"text/event-streams": false, "application/json": false, "": false, "text/event": false,
+	} {
+		if got := isEventStream(ct); got != want {
+			t.Errorf("isEventStream(%q) = %v, want %v", ct, got, want)
+		}
+	}
+}

@@ -74,12 +74,13 @@ func onRequestHeaders(contextID, numHeaders uint32, endOfStream bool) Action {
 }
 
 // SkipResponseHeaders tells the binding that HTTP context contextID has
-// nothing to do on its response's headers: proxy_on_response_headers then
-// answers Continue for it without entering it. Every response passes the
-// filter, a reply it sent itself included, and entering a context costs a
-// callback's whole overhead (a recovery frame, the context's look-up, its
-// method) for nothing when, say, the filter answered the request or let it
-// through with no header to add.
+// nothing to do on its response: proxy_on_response_headers and
+// proxy_on_response_body then answer Continue for it without entering it.
+// Every response passes the filter, a reply it sent itself included, and
+// entering a context costs a callback's whole overhead (a recovery frame,
+// the context's look-up, its method) for nothing when, say, the filter
+// answered the request or let it through with no header to add; a body
+// comes in as many callbacks as it has parts.
 func SkipResponseHeaders(contextID uint32) {
 	if s := streams.ref(contextID); s != nil {
 		s.skipResponse = true

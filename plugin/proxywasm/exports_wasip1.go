@@ -139,6 +139,9 @@ func proxyOnResponseHeaders(contextID, numHeaders, endOfStream uint32) (a uint32
 
 //go:wasmexport proxy_on_response_body
 func proxyOnResponseBody(contextID, bodySize, endOfStream uint32) (a uint32) {
+	if responseStream(contextID) == nil {
+		return uint32(Continue)
+	}
 	enter()
 	defer func() {
 		if v := recover(); v != nil {
