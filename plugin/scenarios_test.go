@@ -153,7 +153,9 @@ const wasmConfig = `{
     {"name": "hot", "match": {"paths": ["/hot/**"]}, "scope": "global", "limit": 1099511627776, "window": "1h",
      "algorithm": "fixed_window", "lease": {"size": 1000000000, "ttl": "1m"}},
     {"name": "charged", "match": {"paths": ["/charged/**"]}, "limit": 1099511627776, "window": "1h",
-     "algorithm": "fixed_window", "on_response": {"cost_header": "x-cost"}}
+     "algorithm": "fixed_window", "on_response": {"cost_header": "x-cost"}},
+    {"name": "charged-body", "match": {"paths": ["/charged-body/**"]}, "limit": 1099511627776, "window": "1h",
+     "algorithm": "fixed_window", "on_response": {"cost_body": "usage.total_tokens"}}
   ],
   "exemptions": {"users": ["ops"]}
 }`

@@ -274,6 +274,48 @@ func BenchmarkWasm(b *testing.B) {
 	appendGuestRows(b, "wazero", aboveNs)
 }
 
+// BenchmarkWasmChargeBody measures what reading a language model's answer
+// for its usage (on_response's cost_body) costs the plugin on wazero: a
+// request charged after its response by a header, and one charged by a
+// 40 KiB JSON body; guest-ns/op is the plugin's own code, and
+// guest-ns/KiB what the body adds per KiB over the header case.
+func BenchmarkWasmChargeBody(b *testing.B) {
+	host := inProcessHost(b, &fakeBridge{counts: map[string]int64{}}, wasmhost.Options{
+		Workers: 1, PluginConfig: []byte(benchConfig), MeasureGuest: true, LogLevel: wasmhost.LogLevelInfo})
+	answer := []byte(`{"choices":[{"message":{"content":"` + strings.Repeat("lorem ipsum ", 3400) + `"}}],"usage":{"total_tokens":7}}`)
+	ctx := context.Background()
+	run := func(path string, n int) float64 {
+		g := host.GuestTime()
+		for range n {
+			s := host.NewStream(ctx, wasmhost.RequestInfo{Method: "GET", Path: path, SourceAddress: "198.51.100.7:1",
+				Headers: [][2]string{{"x-user-id", "alice"}}})
+			if _, err := s.RequestHeaders(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.ResponseHeaders(ctx, 200, [][2]string{{"content-type", "application/json"}, {"x-cost", "7"}}); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.ResponseBody(answer, true); err != nil {
+				b.Fatal(err)
+			}
+			s.Close()
+		}
+		return float64(host.GuestTime()-g) / float64(n)
+	}
+	var header float64
+	for _, c := range []struct{ name, path string }{{"header", "/charged/x"}, {"body", "/charged-body/x"}} {
+		b.Run(c.name, func(b *testing.B) {
+			g := run(c.path, b.N)
+			b.ReportMetric(g, "guest-ns/op")
+			if c.name == "header" {
+				header = g
+			} else if header > 0 {
+				b.ReportMetric((g-header)/(float64(len(answer))/1024), "guest-ns/KiB")
+			}
+		})
+	}
+}
+
 // cpuNanos is the CPU time (user + system) this process has used.
 func cpuNanos() int64 {
 	var ru syscall.Rusage
@@ -285,8 +327,8 @@ func cpuNanos() int64 {
 
 // The guest heap stays flat: after a warm-up, 300,000 requests over the
 // no-match, cache-hit, lease-hit and call-out paths, and call-outs that
-// charge a limit after the response, leave every VM's linear memory the
-// size it was. A request that kept even one byte would
+// charge a limit after the response, by a header or by what a 40 KiB body
+// says, leave every VM's linear memory the size it was. A request that kept even one byte would
 // grow it by several 64 KiB pages. make test-long runs two million
 // (TestLong_WasmHeapFlat).
 func TestWasm_HeapFlat(t *testing.T) { heapFlat(t, 300_000) }
@@ -303,7 +345,11 @@ func heapFlat(t *testing.T, n int) {
 		{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 		{Method: "GET", Path: "/hot/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 		{Method: "GET", Path: "/charged/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
+		{Method: "GET", Path: "/charged-body/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 	}
+	// A language model's answer of about 40 KiB, its usage at the end: read
+	// in parts larger than the guest's arena.
+	answer := []byte(`{"choices":[{"message":{"content":"` + strings.Repeat("lorem ipsum ", 3400) + `"}}],"usage":{"total_tokens":7}}`)
 	run := func(n int) {
 		for i := 0; i < n; i++ {
 			info := infos[[...]int{0, 1, 3}[i%3]] // no match, cache hit, lease hit
@@ -312,18 +358,25 @@ func heapFlat(t *testing.T, n int) {
 				info = infos[2] // a call-out now and then
 			case 25:
 				info = infos[4] // and one charged after its response
+			case 40:
+				info = infos[5] // and one charged what its body says
 			}
 			s := host.NewStream(ctx, info)
 			res, err := s.RequestHeaders(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if i%50 == 25 {
+			if i%50 == 25 || i%50 == 40 {
 				if res.Local != nil {
 					t.Fatalf("a charged request refused: %+v", res.Local)
 				}
-				if _, err := s.ResponseHeaders(ctx, 200, [][2]string{{"x-cost", "3"}}); err != nil {
+				if _, err := s.ResponseHeaders(ctx, 200, [][2]string{{"x-cost", "3"}, {"content-type", "application/json"}}); err != nil {
 					t.Fatal(err)
+				}
+				if i%50 == 40 {
+					if err := s.ResponseBody(answer, true); err != nil {
+						t.Fatal(err)
+					}
 				}
 			}
 			s.Close()
@@ -333,8 +386,8 @@ func heapFlat(t *testing.T, n int) {
 	before := host.MemorySizes()
 	run(n)
 	after := host.MemorySizes()
-	if c, _ := host.Metric("sluice_charges_total"); c < int64(n/50) {
-		t.Errorf("%d charges in %d requests, want one in 50", c, n)
+	if c, _ := host.Metric("sluice_charges_total"); c < int64(n/25) {
+		t.Errorf("%d charges in %d requests, want two in 50", c, n)
 	}
 	for i := range before {
 		if after[i] != before[i] {

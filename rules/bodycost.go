@@ -7,6 +7,8 @@ package rules
 // body passes in pieces and none of it is kept: a small state machine
 // follows the JSON and remembers only where it is.
 
+import "bytes"
+
 // BodyCost finds the number at a path of object keys in a JSON body, or
 // in the JSON of each "data:" line of an event stream, from the body's
 // pieces in order. Its zero value finds nothing; Reset starts a body.
@@ -222,9 +224,16 @@ func (b *BodyCost) json(p []byte) {
 				b.endValue()
 			default:
 				// Most of a model's answer is the text of a string: skip
-				// to its next quote or backslash at once.
-				for i++; i < len(p) && p[i] != '"' && p[i] != '\\'; i++ {
+				// to its next quote or backslash at once (IndexByte is
+				// the runtime's assembly, on WebAssembly too).
+				rest := p[i:]
+				if j := bytes.IndexByte(rest, '"'); j >= 0 {
+					rest = rest[:j]
 				}
+				if j := bytes.IndexByte(rest, '\\'); j >= 0 {
+					rest = rest[:j]
+				}
+				i += len(rest)
 				continue
 			}
 		case jStringEscape:
