@@ -327,7 +327,7 @@ func cpuNanos() int64 {
 
 // The guest heap stays flat: after a warm-up, 300,000 requests over the
 // no-match, cache-hit, lease-hit and call-out paths, and call-outs that
-// charge a limit after the response, by a header or by what a 40 KiB body
+// charge a limit after the response, by a header or by what a 20 KiB body
 // says, leave every VM's linear memory the size it was. A request that kept even one byte would
 // grow it by several 64 KiB pages. make test-long runs two million
 // (TestLong_WasmHeapFlat).
@@ -347,9 +347,9 @@ func heapFlat(t *testing.T, n int) {
 		{Method: "GET", Path: "/charged/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 		{Method: "GET", Path: "/charged-body/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "alice"}}},
 	}
-	// A language model's answer of about 40 KiB, its usage at the end: read
-	// in parts larger than the guest's arena.
-	answer := []byte(`{"choices":[{"message":{"content":"` + strings.Repeat("lorem ipsum ", 3400) + `"}}],"usage":{"total_tokens":7}}`)
+	// A language model's answer of about 20 KiB, its usage at the end: read
+	// in two parts.
+	answer := []byte(`{"choices":[{"message":{"content":"` + strings.Repeat("lorem ipsum ", 1700) + `"}}],"usage":{"total_tokens":7}}`)
 	run := func(n int) {
 		for i := 0; i < n; i++ {
 			info := infos[[...]int{0, 1, 3}[i%3]] // no match, cache hit, lease hit
