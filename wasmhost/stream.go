@@ -61,7 +61,7 @@ func (r Result) Get(name string) (string, bool) { return fields.Map(r.Headers).G
 
 // Stream is one HTTP request/response pair in a plugin context. Its methods
 // are called in order by one goroutine: RequestHeaders, then optionally
-// ResponseHeaders, then Close.
+// ResponseHeaders and ResponseBody for each part of the body, then Close.
 type Stream struct {
 	h    *Host
 	vm   *vm
