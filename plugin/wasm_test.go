@@ -325,13 +325,13 @@ func cpuNanos() int64 {
 	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
-// The guest heap stays flat: after a warm-up, 300,000 requests over the
+// The guest heap stays flat: after a warm-up, 200,000 requests over the
 // no-match, cache-hit, lease-hit and call-out paths, and call-outs that
 // charge a limit after the response, by a header or by what a 20 KiB body
-// says, leave every VM's linear memory the size it was. A request that kept even one byte would
-// grow it by several 64 KiB pages. make test-long runs two million
-// (TestLong_WasmHeapFlat).
-func TestWasm_HeapFlat(t *testing.T) { heapFlat(t, 300_000) }
+// says, leave every VM's linear memory the size it was. A request that
+// kept even one byte would grow it by three 64 KiB pages. make test-long
+// runs two million (TestLong_WasmHeapFlat).
+func TestWasm_HeapFlat(t *testing.T) { heapFlat(t, 200_000) }
 
 // heapFlat runs n requests after a warm-up of 20,000 and checks that no
 // VM's linear memory grew.
