@@ -46,7 +46,8 @@ func (s *Stream) chargeHeaders(endOfStream bool) {
 	h := s.p.host
 	s.status = rules.StatusCode(h.ResponseHeader(":status"))
 	s.bodies = s.bodies[:0]
-	sse := false
+	const unknown, readable, unreadable = 0, 1, 2
+	body, sse := unknown, false
 	for i := range s.plan.Limits {
 		l := &s.plan.Limits[i]
 		o := l.OnResponse
@@ -58,13 +59,20 @@ func (s *Stream) chargeHeaders(endOfStream bool) {
 		switch {
 		case o.CostHeader != "":
 			n, said = rules.HeaderCost(h.ResponseHeader(o.CostHeader))
-		case o.CostBody != nil && !endOfStream && o.Charges(s.status):
-			if len(s.bodies) == 0 {
-				sse = isEventStream(h.ResponseHeader("content-type"))
+		case o.CostBody != nil && o.Charges(s.status):
+			if body == unknown {
+				// A compressed body cannot be read for its cost.
+				body = unreadable
+				if enc := h.ResponseHeader("content-encoding"); !endOfStream && (enc == "" || strings.EqualFold(enc, "identity")) {
+					body, sse = readable, isEventStream(h.ResponseHeader("content-type"))
+				}
 			}
-			s.bodies = append(s.bodies, bodyCost{limit: i})
-			s.bodies[len(s.bodies)-1].cost.Reset(o.CostBody, sse)
-			continue
+			if body == readable {
+				s.bodies = append(s.bodies, bodyCost{limit: i})
+				s.bodies[len(s.bodies)-1].cost.Reset(o.CostBody, sse)
+				continue
+			}
+			h.IncCounter(s.p.m.bodyUnread)
 		}
 		l.Charge = o.Charge(s.status, n, said, l.Spec.Cost)
 	}
@@ -104,6 +112,9 @@ func (s *Stream) chargeBody() {
 		b := &s.bodies[i]
 		l := &s.plan.Limits[b.limit]
 		n, said := b.cost.Cost()
+		if !said {
+			s.p.host.IncCounter(s.p.m.bodyUnread)
+		}
 		l.Charge = l.OnResponse.Charge(s.status, n, said, l.Spec.Cost)
 	}
 	s.bodies = s.bodies[:0]

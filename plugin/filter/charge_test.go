@@ -292,6 +292,24 @@ func TestStream_ChargeFromBody(t *testing.T) {
 		t.Errorf("no body: charged %v", got)
 	}
 	s.OnDone()
+	// A compressed body cannot be read: charged at the headers, the
+	// limit's cost; an identity one is read.
+	s = start(22)
+	if got := charged(t, h.respond(s, "200", "content-encoding", "gzip")); !maps.Equal(got, map[string]int64{"llm": 1, "calls": 1}) {
+		t.Errorf("a compressed answer: charged %v", got)
+	}
+	s.OnDone()
+	s = start(23)
+	h.respond(s, "200", "content-encoding", "Identity")
+	if got := charged(t, h.bodyParts(s, `{"usage":{"total_tokens":3}}`)); !maps.Equal(got, map[string]int64{"llm": 3, "calls": 1}) {
+		t.Errorf("an identity-encoded answer: charged %v", got)
+	}
+	s.OnDone()
+	// Counted: the answers without a number, cut short before it, without
+	// a body, compressed.
+	if n := h.counters[MetricBodyUnread]; n != 4 {
+		t.Errorf("%d bodies unread, want 4", n)
+	}
 }
 
 func TestIsEventStream(t *testing.T) {

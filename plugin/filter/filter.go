@@ -114,9 +114,11 @@ const (
 	MetricThrottleTooLong = "sluice_throttle_too_long_total"
 	MetricThrottleFull    = "sluice_throttle_full_total"
 	// Limits charged after the response (charge.go): the call-outs that
-	// charged them, and those the bridge did not take.
+	// charged them, those the bridge did not take, and the responses
+	// whose body did not say what they cost.
 	MetricCharges      = "sluice_charges_total"
 	MetricChargeErrors = "sluice_charge_errors_total"
+	MetricBodyUnread   = "sluice_charge_body_unread_total"
 )
 
 // tokenCacheSlots bounds the verified-token cache of one VM (at most 2 KiB
@@ -128,7 +130,7 @@ type metrics struct {
 	policyApplied, policyRefused, policyErrors                                                                             uint32
 	leaseHits, leaseGrants, leaseRenewals, unitsGranted, unitsSpent, unitsReturned, unitsUnreturned                        uint32
 	throttled, throttleDelayMS, throttleDelay, throttleWaiting, throttleTooLong, throttleFull                              uint32
-	charges, chargeErrors                                                                                                  uint32
+	charges, chargeErrors, bodyUnread                                                                                      uint32
 }
 
 // Plugin is the root context of one VM.
@@ -211,6 +213,7 @@ func NewPlugin(host Host, contextID uint32) *Plugin {
 		throttleDelay: host.DefineHistogram(MetricThrottleDelay), throttleWaiting: host.DefineGauge(MetricThrottleWaiting),
 		throttleTooLong: host.DefineCounter(MetricThrottleTooLong), throttleFull: host.DefineCounter(MetricThrottleFull),
 		charges: host.DefineCounter(MetricCharges), chargeErrors: host.DefineCounter(MetricChargeErrors),
+		bodyUnread: host.DefineCounter(MetricBodyUnread),
 	}
 	return p
 }
