@@ -287,7 +287,8 @@ type engine interface {
 
 // splitHeaders splits the headers of engine.do into the request's and the
 // upstream response's: a name "upstream:x" is the response's header x,
-// and "upstream-body" its body, parts separated by "|". The response has a
+// and "upstream-body" its body, parts separated by "|" ("upstream-cut":
+// the body stops without the end of the stream). The response has a
 // content type besides, text/plain unless given.
 func splitHeaders(headers map[string]string) (request, upstream [][2]string, body []string) {
 	if _, ok := headers["upstream:content-type"]; !ok {
@@ -299,6 +300,7 @@ func splitHeaders(headers map[string]string) (request, upstream [][2]string, bod
 			upstream = append(upstream, [2]string{name, v})
 		case k == "upstream-body":
 			body = strings.Split(v, "|")
+		case k == "upstream-cut":
 		default:
 			request = append(request, [2]string{k, v})
 		}
@@ -782,6 +784,13 @@ func scenarioChargeOnResponse(t *testing.T, start startEngine) {
 	if o := h.do("/llm/chat", json, 200); o.status != 429 {
 		t.Errorf("a spent budget: %+v, want 429", o)
 	}
+	// An answer cut short after its usage is charged when its stream ends.
+	cut := map[string]string{"x-user-id": "erin", "upstream:content-type": "application/json", "upstream-cut": "1",
+		"upstream-body": `{"usage":{"total_tokens":12},|"choices":[`}
+	if o := h.do("/llm/chat", cut, 200); o.status != 200 {
+		t.Fatalf("an answer cut short: %+v", o)
+	}
+	charged(12)
 	if n := h.metric("sluice_charge_errors_total"); n != 0 || h.failures() != 0 {
 		t.Errorf("%d charge errors, %d VM failures", n, h.failures())
 	}

@@ -42,7 +42,7 @@ func (e *v8Engine) do(path string, headers map[string]string, upstreamStatus int
 	hdrs, upstream, body := splitHeaders(headers)
 	r, err := e.host.Do(context.Background(), v8host.Request{Path: path, Authority: "api.example.com", Headers: hdrs,
 		SourceAddress: "198.51.100.7:4242", RequestID: "rid-1",
-		UpstreamStatus: upstreamStatus, UpstreamHeaders: upstream, UpstreamBody: body})
+		UpstreamStatus: upstreamStatus, UpstreamHeaders: upstream, UpstreamBody: body, UpstreamCut: headers["upstream-cut"] != ""})
 	if err != nil {
 		e.t.Fatalf("request: %v", err)
 	}

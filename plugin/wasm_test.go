@@ -77,8 +77,9 @@ func (e *wazeroEngine) do(path string, headers map[string]string, upstreamStatus
 	if err != nil {
 		e.t.Fatalf("response headers: %v", err)
 	}
+	_, cut := headers["upstream-cut"]
 	for i, part := range body {
-		if err := s.ResponseBody([]byte(part), i == len(body)-1); err != nil {
+		if err := s.ResponseBody([]byte(part), i == len(body)-1 && !cut); err != nil {
 			e.t.Fatalf("response body: %v", err)
 		}
 	}

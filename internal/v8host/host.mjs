@@ -1189,12 +1189,14 @@ class Stream {
     for (const [k, v] of u.headers || []) h.push([lower(k), v]);
     const parts = (u.body || []).map((b) => enc.encode(b));
     const body = Buffer.concat(parts);
-    this.encode(h, parts.length === 0, { status: u.status, headers: h, body, local: false, details: 'via_upstream' }, parts);
+    this.encode(h, parts.length === 0 && !u.cut, { status: u.status, headers: h, body, local: false, details: 'via_upstream' },
+      parts, u.cut);
   }
 
   // Envoy Context::encodeHeaders, then encodeData for each body part
-  // (parts), which the plugin reads and lets pass.
-  encode(h, eos, result, parts) {
+  // (parts), which the plugin reads and lets pass; cut: the last part
+  // does not end the stream (the upstream reset it).
+  encode(h, eos, result, parts, cut) {
     this.responseStarted = true;
     this.responseFinal = h;
     const c = this.ctx;
@@ -1205,7 +1207,7 @@ class Stream {
     if (r === HeadersContinue || r === HeadersContinueAndEndStream) {
       c.responseHeaders = null;
       for (let i = 0; parts && i < parts.length && !this.result; i++) {
-        c.onResponseBody(parts[i], i === parts.length - 1);
+        c.onResponseBody(parts[i], i === parts.length - 1 && !cut);
       }
       this.finish(result);
       return;

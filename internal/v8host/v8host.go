@@ -102,10 +102,12 @@ type Request struct {
 	Protocol      string // default HTTP/1.1
 	// UpstreamStatus and UpstreamHeaders are the upstream's answer (200
 	// without headers by default), and UpstreamBody its body, in the parts
-	// it sends (none: the headers end the stream).
+	// it sends (none: the headers end the stream). UpstreamCut: the body
+	// stops after its parts, without the end of the stream (a reset).
 	UpstreamStatus  int
 	UpstreamHeaders [][2]string
 	UpstreamBody    []string
+	UpstreamCut     bool
 }
 
 // Response is what the client got.
@@ -331,7 +333,7 @@ func wireRequest(r Request) map[string]any {
 	if uh == nil {
 		uh = [][2]string{}
 	}
-	m["upstream"] = map[string]any{"status": status, "headers": uh, "body": r.UpstreamBody}
+	m["upstream"] = map[string]any{"status": status, "headers": uh, "body": r.UpstreamBody, "cut": r.UpstreamCut}
 	return m
 }
 
