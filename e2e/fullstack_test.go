@@ -112,6 +112,7 @@ func newStack(t *testing.T, config string) *stack {
 		// its JSON, written in two parts.
 		if n := r.URL.Query().Get("usage"); n != "" {
 			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Saw-Accept-Encoding", r.Header.Get("Accept-Encoding"))
 			w.WriteHeader(status)
 			io.WriteString(w, `{"choices":[{"message":{"content":"upstream"}}],`)
 			io.WriteString(w, `"usage":{"total_tokens":`+n+`}}`)
@@ -444,8 +445,10 @@ func TestFullStack_ChargeOnResponse(t *testing.T) {
 	waitFor(t, func() bool { return s.get("/login?status=200", ip).status == 429 })
 
 	// The usage in the answer's body, through the gateway's middleware.
-	if r := s.get("/llm/chat?usage=45", ip, "X-User-Id", "carol"); r.status != 200 || !strings.Contains(r.body, `"total_tokens":45`) {
-		t.Fatalf("an answer: %d %q", r.status, r.body)
+	// Go's client asks for gzip; the upstream must not see it.
+	if r := s.get("/llm/chat?usage=45", ip, "X-User-Id", "carol", "Accept-Encoding", "gzip"); r.status != 200 ||
+		!strings.Contains(r.body, `"total_tokens":45`) || r.h.Get("X-Saw-Accept-Encoding") != "" {
+		t.Fatalf("an answer: %d %q, the upstream saw Accept-Encoding %q", r.status, r.body, r.h.Get("X-Saw-Accept-Encoding"))
 	}
 	waitFor(t, func() bool {
 		r := s.get("/llm/chat?usage=0", ip, "X-User-Id", "carol")

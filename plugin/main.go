@@ -101,6 +101,8 @@ func (*abiHost) RequestPath() string {
 	return view(proxywasm.GetRequestHeaderBytes(":path"))
 }
 
+func (*abiHost) RemoveRequestHeader(name string) { _ = proxywasm.RemoveRequestHeader(name) }
+
 func (*abiHost) ResponseHeader(name string) string {
 	return view(proxywasm.GetResponseHeaderBytes(name))
 }

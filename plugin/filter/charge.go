@@ -23,6 +23,17 @@ func chargedAfter(limits []rules.PlannedLimit) bool {
 	return false
 }
 
+// readsBody reports whether limits has one whose cost is in the response
+// body (cost_body).
+func readsBody(limits []rules.PlannedLimit) bool {
+	for i := range limits {
+		if o := limits[i].OnResponse; o != nil && o.CostBody != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // bodyCost reads the cost of one limit from the response body.
 type bodyCost struct {
 	limit int // index in the plan's limits

@@ -322,3 +322,19 @@ func TestIsEventStream(t *testing.T) {
 		}
 	}
 }
+
+// A request whose cost its answer's body says goes upstream without
+// Accept-Encoding, so that the answer comes readable; other requests keep
+// theirs.
+func TestStream_ChargeFromBodyAsksUncompressed(t *testing.T) {
+	h, p := startPlugin(t, bodyChargeConfig)
+	h.request(p, 2, map[string]string{":path": "/v1/chat", "x-user-id": "alice", "accept-encoding": "gzip, br"})
+	if v, ok := h.reqHeaders["accept-encoding"]; ok {
+		t.Errorf("accept-encoding %q went upstream", v)
+	}
+	h, p = startPlugin(t, strings.ReplaceAll(chargeConfig, "%MODE%", "fail_open"))
+	h.request(p, 2, map[string]string{":path": "/v1/chat", "x-user-id": "alice", "accept-encoding": "gzip"})
+	if h.reqHeaders["accept-encoding"] != "gzip" {
+		t.Error("accept-encoding removed from a request whose cost is not in the body")
+	}
+}

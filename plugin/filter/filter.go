@@ -31,6 +31,9 @@ type Host interface {
 	// RequestPath is the :path header, for a request that may need no
 	// other header: without reading the others.
 	RequestPath() string
+	// RemoveRequestHeader removes a header of the request whose headers
+	// callback is in progress, before it goes upstream.
+	RemoveRequestHeader(name string)
 	// ResponseHeader is a header of the response whose headers callback
 	// is in progress, "" when it has none.
 	ResponseHeader(name string) string

@@ -84,6 +84,7 @@ func (h *fakeHost) RequestPseudoHeaders() (string, string, string) {
 }
 func (h *fakeHost) Property(p string) string          { h.propReads++; return h.props[p] }
 func (h *fakeHost) ResponseHeader(name string) string { return h.upstream[name] }
+func (h *fakeHost) RemoveRequestHeader(name string)   { delete(h.reqHeaders, name) }
 func (h *fakeHost) ReadResponseBody(size int, w io.Writer) {
 	for b := h.body[:min(size, len(h.body))]; len(b) > 0; b = b[min(3, len(b)):] {
 		w.Write(b[:min(3, len(b))]) // in parts, as a host may

@@ -142,6 +142,11 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		}
 	}
 	s.keepIdentity() // the answer comes after this callback
+	if readsBody(s.plan.Limits) {
+		// A compressed answer cannot be read for its cost: asking for one
+		// would let a client pay the rule's cost, not its answer's.
+		h.RemoveRequestHeader("accept-encoding")
+	}
 	s.prepareLeases()
 	s.prepareThrottle()
 	s.body = rules.AppendCheckRequest(s.body[:0], bytesString(s.requestID), bytesString(s.user), bytesString(s.endpoint), s.plan.Limits)
