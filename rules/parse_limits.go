@@ -40,7 +40,13 @@ func (p *parser) limitSpec(v gjson.Result, path string, def LimitSpec, defPenalt
 		// Only a token bucket has a capacity apart from its rate.
 		s.Burst = s.Limit
 	}
-	s.Cost = p.integer(v.Get("cost"), join(path, "cost"), max(s.Cost, 1), 1, MaxLimitValue)
+	// A limit charged after the response may cost 0: a response that does
+	// not say what it cost then charges nothing.
+	minCost := int64(1)
+	if v.Get("on_response").Exists() {
+		minCost = 0
+	}
+	s.Cost = p.integer(v.Get("cost"), join(path, "cost"), max(s.Cost, 1), minCost, MaxLimitValue)
 	if capacity := max(s.Limit, s.Burst); s.Cost > capacity && p.err == nil {
 		p.fail(join(path, "cost"), "is %d, more than the limit %d: no request could ever pass", s.Cost, capacity)
 	}

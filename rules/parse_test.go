@@ -121,6 +121,7 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"on_response status text", rule(`,"limit":1,"window":"1s","on_response":{"statuses":["401"]}`), "rules[1].on_response.statuses[0]", "got \"401\""},
 		{"on_response cost header empty", rule(`,"limit":1,"window":"1s","on_response":{"cost_header":""}`), "rules[1].on_response.cost_header", "is empty"},
 		{"on_response cost header name", rule(`,"limit":1,"window":"1s","on_response":{"cost_header":"x tokens"}`), "rules[1].on_response.cost_header", "not a valid header name"},
+		{"cost 0 without on_response", rule(`,"limit":1,"window":"1s","cost":0`), "rules[1].cost", "must be from 1"},
 		{"on_response cost both", rule(`,"limit":1,"window":"1s","on_response":{"cost_header":"x-t","cost_body":"usage.total_tokens"}`), "rules[1].on_response.cost_body", "not both"},
 		{"on_response cost body empty key", rule(`,"limit":1,"window":"1s","on_response":{"cost_body":"usage..total"}`), "rules[1].on_response.cost_body", "path of object keys"},
 		{"on_response cost body index", rule(`,"limit":1,"window":"1s","on_response":{"cost_body":"choices[0].n"}`), "rules[1].on_response.cost_body", "path of object keys"},
@@ -310,6 +311,30 @@ func TestParseConfig_OnResponse(t *testing.T) {
 	}
 	if llm := c.Rules[3].OnResponse; !slices.Equal(llm.CostBody, []string{"usageMetadata", "total_token-count"}) || llm.CostHeader != "" {
 		t.Errorf("llm %+v", llm)
+	}
+}
+
+// A limit charged after the response may cost 0, so that a response that
+// does not say what it cost charges nothing; a tier's endpoint overrides
+// inherit it.
+func TestParseConfig_OnResponseCostZero(t *testing.T) {
+	c, err := ParseConfig([]byte(`{
+  "tiers": {"list": [{"name": "free", "limit": 50000, "window": "1d", "cost": 0, "on_response": {"cost_body": "usage.total_tokens"},
+                      "endpoints": {"/v1/embeddings": 20000, "/v1/images/**": {"limit": 10000}, "/v1/audio/**": {"limit": 5000, "cost": 3}}}]},
+  "rules": [{"name": "r", "limit": 100, "window": "1h", "cost": 0, "on_response": {"cost_header": "x-cost"}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tier := c.Tiers.List[0]
+	got := []int64{c.Rules[0].Spec.Cost, tier.Spec.Cost}
+	for _, o := range tier.Endpoints {
+		got = append(got, o.Spec.Cost)
+	}
+	if want := []int64{0, 0, 0, 0, 3}; !slices.Equal(got, want) {
+		t.Errorf("costs %v, want %v", got, want)
+	}
+	if n := (&OnResponse{}).Charge(200, 0, false, c.Rules[0].Spec.Cost); n != 0 {
+		t.Errorf("a response that does not say charges %d", n)
 	}
 }
 

@@ -122,6 +122,9 @@ func (p *parser) endpointOverrides(v gjson.Result, path string, base LimitSpec, 
 				inherited.Burst = 0 // recomputed from the new limit unless given
 			}
 			o.Spec = p.limitSpec(e, ep, inherited, defPenalty)
+			if !e.Get("cost").Exists() {
+				o.Spec.Cost = base.Cost // the tier's, 0 included (on_response)
+			}
 			p.actionSpec(ep, action, &o.Spec)
 		}
 		if p.err == nil && looser(&o.Spec, &base) {
@@ -138,12 +141,15 @@ func (p *parser) endpointOverrides(v gjson.Result, path string, base LimitSpec, 
 // (its capacity) or more over time (its rate), counted in requests of their
 // cost. The algorithms are not compared, only these two numbers.
 func looser(o, t *LimitSpec) bool {
-	// capacity(o)/o.Cost > capacity(t)/t.Cost, multiplied out.
-	if greater(mul(capacity(o), t.Cost, 1), mul(capacity(t), o.Cost, 1)) {
+	// A cost of 0 (charged after the response, by what it says) counts
+	// as 1 here: the limits are compared in units.
+	oc, tc := max(o.Cost, 1), max(t.Cost, 1)
+	// capacity(o)/oc > capacity(t)/tc, multiplied out.
+	if greater(mul(capacity(o), tc, 1), mul(capacity(t), oc, 1)) {
 		return true
 	}
-	// o.Limit/(o.Cost·o.WindowMS) > t.Limit/(t.Cost·t.WindowMS)
-	return greater(mul(o.Limit, t.Cost, t.WindowMS), mul(t.Limit, o.Cost, o.WindowMS))
+	// o.Limit/(oc·o.WindowMS) > t.Limit/(tc·t.WindowMS)
+	return greater(mul(o.Limit, tc, t.WindowMS), mul(t.Limit, oc, o.WindowMS))
 }
 
 // capacity is how many units a limit lets through at once.

@@ -175,6 +175,7 @@ func TestRule_RoundTrip(t *testing.T) {
 		`{"name":"k","limit":100000,"window":"1h","algorithm":"fixed_window","on_response":{"statuses":[200,"4xx"],"cost_header":"X-Usage-Tokens"}}`,
 		`{"name":"l","scope":"ip","limit":5,"window":"15m","on_response":{}}`,
 		`{"name":"m","limit":100000,"window":"1h","on_response":{"statuses":["2xx"],"cost_body":"usage.total_tokens"}}`,
+		`{"name":"n","limit":100,"window":"1h","cost":0,"on_response":{"cost_header":"x-cost"}}`,
 	} {
 		want, err := rules.ParseRule([]byte(body))
 		if err != nil {
@@ -500,7 +501,7 @@ func TestStore_QueryRule(t *testing.T) {
 // 0006) through the store to the plugin.
 func TestStore_OnResponseRule(t *testing.T) {
 	s := open(t, pgtest.Shared(t).NewDatabase(t), time.Second)
-	body := `{"name":"tokens","limit":100000,"window":"1h","on_response":{"statuses":["2xx"],"cost_header":"x-usage-tokens"}}`
+	body := `{"name":"tokens","limit":100000,"window":"1h","cost":0,"on_response":{"statuses":["2xx"],"cost_header":"x-usage-tokens"}}`
 	if _, _, _, err := s.PutRule(context.Background(), mustRule(t, body), who); err != nil {
 		t.Fatal(err)
 	}
@@ -515,6 +516,9 @@ func TestStore_OnResponseRule(t *testing.T) {
 	}
 	if got := cfg.Rules[0].OnResponse; got == nil || !reflect.DeepEqual(*got, *want.OnResponse) {
 		t.Errorf("on_response from the store %+v, want %+v", got, want.OnResponse)
+	}
+	if cost := cfg.Rules[0].Spec.Cost; cost != 0 {
+		t.Errorf("cost from the store %d, want 0", cost)
 	}
 }
 
