@@ -18,10 +18,12 @@ type BodyCost struct {
 	cost  int64
 	found bool
 
-	// The event stream's line: whether it is a data line, and how much
-	// of its "data:" prefix was seen.
-	line   uint8
-	prefix int
+	// The event stream's line: whether it is a data line, how much of
+	// its "data:" prefix was seen, and whether its JSON has started (the
+	// one space after the prefix is not the JSON's).
+	line        uint8
+	prefix      int
+	dataStarted bool
 
 	// The JSON document being read (one per data line of a stream).
 	st      uint8
@@ -58,7 +60,7 @@ const (
 // Event stream line states.
 const (
 	lineStart uint8 = iota // at the start of a line, prefix bytes of "data:" seen
-	lineData               // in a data line's JSON, at its start when prefix is 0
+	lineData               // in a data line's JSON (dataStarted: past its start)
 	lineOther              // in a line that is not a data line
 )
 
@@ -96,17 +98,17 @@ func (b *BodyCost) Write(p []byte) {
 				b.prefix++
 				p = p[1:]
 				if b.prefix == len(data) {
-					b.line, b.prefix = lineData, 0
+					b.line, b.prefix, b.dataStarted = lineData, 0, false
 					b.startDocument()
 				}
 			default:
 				b.line = lineOther
 			}
 		case lineData:
-			if b.prefix == 0 && p[0] == ' ' { // the one space after "data:"
+			if !b.dataStarted && p[0] == ' ' { // the one space after "data:"
 				p = p[1:]
 			}
-			b.prefix = 1
+			b.dataStarted = true
 			end := indexLineEnd(p)
 			if end < 0 {
 				b.json(p)
@@ -203,7 +205,11 @@ func (b *BodyCost) json(p []byte) {
 				b.keyByte(c)
 			}
 		case jKeyHex:
-			b.code = b.code<<4 | rune(hexValue(c))
+			d := unhex(c)
+			if d < 0 {
+				b.key, d = -1, 0 // not JSON: no key of the path
+			}
+			b.code = b.code<<4 | rune(d)
 			if b.hex--; b.hex == 0 {
 				b.st = jKey
 				if b.code < 0x80 {
@@ -387,15 +393,3 @@ func (b *BodyCost) pop() {
 func (b *BodyCost) inArray() bool { return b.depth > 0 && b.arrays&(1<<(b.depth-1)) != 0 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
-
-func hexValue(c byte) byte {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0'
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10
-	case c >= 'A' && c <= 'F':
-		return c - 'A' + 10
-	}
-	return 0
-}

@@ -625,13 +625,11 @@ func TestHost_Middleware(t *testing.T) {
 
 // bodyLogs are the test guest's logs of its body mode (modeBody), in order.
 func bodyLogs(h *Host) []string {
-	var out []string
+	var msgs []string
 	for _, e := range h.Logs() {
-		if strings.HasPrefix(e.Message, "headers ") || strings.HasPrefix(e.Message, "body ") {
-			out = append(out, e.Message)
-		}
+		msgs = append(msgs, e.Message)
 	}
-	return out
+	return hosttest.BodyLogs(msgs)
 }
 
 // The plugin reads a response body as Envoy gives it: each part in its
@@ -641,28 +639,24 @@ func bodyLogs(h *Host) []string {
 // that the last goes with the stream's end; a response without a body
 // ends the stream at its headers.
 func TestStream_ResponseBody(t *testing.T) {
-	h := newHost(t, Options{Workers: 1})
-	s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", Host: "h", Headers: [][2]string{{"x-mode", "body"}}})
-	if _, err := s.RequestHeaders(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.ResponseHeaders(context.Background(), 200, nil); err != nil {
-		t.Fatal(err)
-	}
-	big := strings.Repeat("a", 40_000) + "z"
-	for _, part := range []struct {
-		b   string
-		eos bool
-	}{{`{"usage":`, false}, {big, false}, {"", true}} {
-		if err := s.ResponseBody([]byte(part.b), part.eos); err != nil {
+	for _, b := range hosttest.Bodies {
+		h := newHost(t, Options{Workers: 1})
+		s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", Host: "h", Headers: [][2]string{{"x-mode", "body"}}})
+		if _, err := s.RequestHeaders(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-	}
-	s.Close()
-	want := []string{"headers end_of_stream=false", `body 9 end_of_stream=false parts=9 {"usage":`,
-		"body 40001 end_of_stream=false parts=16384,16384,7233 aaaaaaaaaaaaaaaa...aaaaaaaaaaaaaaaz", "body 0 end_of_stream=true parts= "}
-	if got := bodyLogs(h); !slices.Equal(got, want) {
-		t.Errorf("the guest saw\n%q\nwant\n%q", got, want)
+		if _, err := s.ResponseHeaders(context.Background(), 200, nil); err != nil {
+			t.Fatal(err)
+		}
+		for i, part := range b.Parts {
+			if err := s.ResponseBody([]byte(part), i == len(b.Parts)-1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.Close()
+		if got := bodyLogs(h); !slices.Equal(got, b.Logs) {
+			t.Errorf("the guest saw\n%q\nwant\n%q", got, b.Logs)
+		}
 	}
 
 	for _, tc := range []struct {

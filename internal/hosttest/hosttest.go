@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,4 +185,38 @@ func ModuleImporting(module, name string, params, results []byte) []byte {
 	b = append(b, section(7, exp...)...)
 	b = append(b, section(10, 1, 2, 0, 0x0b)...) // its body: no locals, end
 	return b
+}
+
+// Body is an upstream's response body in parts, and what the guest
+// (x-mode: body) logs of it (BodyLogs) when a host passes it as Envoy
+// does: the headers with a body to follow, each part in a body callback,
+// the last with the end of the stream, a part larger than 16 KiB read in
+// parts of 16 KiB.
+type Body struct {
+	Parts []string
+	Logs  []string
+}
+
+// Bodies are the response bodies every host must pass as Envoy does.
+var Bodies = func() []Body {
+	big := strings.Repeat("a", 40_000) + "z"
+	const bigLog = "body 40001 end_of_stream=false parts=16384,16384,7233 aaaaaaaaaaaaaaaa...aaaaaaaaaaaaaaaz"
+	return []Body{
+		{[]string{`{"usage":`, big, "}"}, []string{"headers end_of_stream=false", `body 9 end_of_stream=false parts=9 {"usage":`,
+			bigLog, "body 1 end_of_stream=true parts=1 }"}},
+		{[]string{`{"usage":`, big, ""}, []string{"headers end_of_stream=false", `body 9 end_of_stream=false parts=9 {"usage":`,
+			bigLog, "body 0 end_of_stream=true parts= "}},
+	}
+}()
+
+// BodyLogs picks, from a host's log messages, those of the guest's body
+// mode, in order.
+func BodyLogs(messages []string) []string {
+	var out []string
+	for _, m := range messages {
+		if strings.HasPrefix(m, "headers ") || strings.HasPrefix(m, "body ") {
+			out = append(out, m)
+		}
+	}
+	return out
 }

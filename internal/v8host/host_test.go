@@ -244,35 +244,23 @@ func TestHost_LocalResponseThroughResponseCallback(t *testing.T) {
 // parts of 16 KiB; the client gets it whole. Headers alone end the stream
 // at the headers.
 func TestHost_ResponseBody(t *testing.T) {
-	logs := func(h *Host) []string {
-		var out []string
-		for _, e := range h.Logs() {
-			if strings.HasPrefix(e.Message, "headers ") || strings.HasPrefix(e.Message, "body ") {
-				out = append(out, e.Message)
-			}
-		}
-		return out
-	}
-	big := strings.Repeat("a", 40_000) + "z"
-	for _, tc := range []struct {
-		parts []string
-		want  []string
-	}{
-		{[]string{`{"usage":`, big, "}"}, []string{"headers end_of_stream=false", `body 9 end_of_stream=false parts=9 {"usage":`,
-			"body 40001 end_of_stream=false parts=16384,16384,7233 aaaaaaaaaaaaaaaa...aaaaaaaaaaaaaaaz", "body 1 end_of_stream=true parts=1 }"}},
-		{nil, []string{"headers end_of_stream=true"}},
-	} {
+	cases := append(slices.Clone(hosttest.Bodies), hosttest.Body{Parts: nil, Logs: []string{"headers end_of_stream=true"}})
+	for _, tc := range cases {
 		h := newHost(t, Options{})
 		r, err := h.Do(context.Background(), Request{Path: "/", Authority: "example.com", Headers: [][2]string{{"x-mode", "body"}},
-			UpstreamBody: tc.parts})
+			UpstreamBody: tc.Parts})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if string(r.Body) != strings.Join(tc.parts, "") {
-			t.Errorf("the client got %d bytes, want %d", len(r.Body), len(strings.Join(tc.parts, "")))
+		if string(r.Body) != strings.Join(tc.Parts, "") {
+			t.Errorf("the client got %d bytes, want %d", len(r.Body), len(strings.Join(tc.Parts, "")))
 		}
-		if got := logs(h); !slices.Equal(got, tc.want) {
-			t.Errorf("the guest saw\n%q\nwant\n%q", got, tc.want)
+		var msgs []string
+		for _, e := range h.Logs() {
+			msgs = append(msgs, e.Message)
+		}
+		if got := hosttest.BodyLogs(msgs); !slices.Equal(got, tc.Logs) {
+			t.Errorf("the guest saw\n%q\nwant\n%q", got, tc.Logs)
 		}
 	}
 }

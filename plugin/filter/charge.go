@@ -57,8 +57,7 @@ func (s *Stream) chargeHeaders(endOfStream bool) {
 	h := s.p.host
 	s.status = rules.StatusCode(h.ResponseHeader(":status"))
 	s.bodies = s.bodies[:0]
-	const unknown, readable, unreadable = 0, 1, 2
-	body, sse := unknown, false
+	checked, readable, sse := false, false, false
 	for i := range s.plan.Limits {
 		l := &s.plan.Limits[i]
 		o := l.OnResponse
@@ -71,14 +70,11 @@ func (s *Stream) chargeHeaders(endOfStream bool) {
 		case o.CostHeader != "":
 			n, said = rules.HeaderCost(h.ResponseHeader(o.CostHeader))
 		case o.CostBody != nil && o.Charges(s.status):
-			if body == unknown {
-				// A compressed body cannot be read for its cost.
-				body = unreadable
-				if enc := h.ResponseHeader("content-encoding"); !endOfStream && (enc == "" || strings.EqualFold(enc, "identity")) {
-					body, sse = readable, isEventStream(h.ResponseHeader("content-type"))
-				}
+			if !checked {
+				checked = true
+				readable, sse = s.readableBody(endOfStream)
 			}
-			if body == readable {
+			if readable {
 				s.bodies = append(s.bodies, bodyCost{limit: i})
 				s.bodies[len(s.bodies)-1].cost.Reset(o.CostBody, sse)
 				continue
@@ -90,6 +86,20 @@ func (s *Stream) chargeHeaders(endOfStream bool) {
 	if len(s.bodies) == 0 {
 		s.charge()
 	}
+}
+
+// readableBody reports whether the response has a body that can be read
+// for its cost (a compressed one cannot), and whether it is an event
+// stream.
+func (s *Stream) readableBody(endOfStream bool) (readable, sse bool) {
+	h := s.p.host
+	if endOfStream {
+		return false, false
+	}
+	if enc := h.ResponseHeader("content-encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		return false, false
+	}
+	return true, isEventStream(h.ResponseHeader("content-type"))
 }
 
 // OnResponseBody reads the body of a response whose cost is in it; at its

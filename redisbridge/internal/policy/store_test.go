@@ -457,12 +457,17 @@ func TestStore_TooManyRules(t *testing.T) {
 	}
 }
 
-// A throttle rule keeps its action and max_delay through the database:
-// the plugin reads them back from the policy the store serves.
-func TestStore_ThrottleRule(t *testing.T) {
+// storedRule puts the rule object body into a new store and returns the
+// rule the plugin reads back from the policy the store serves, and the
+// rule the plugin reads from body itself.
+func storedRule(t *testing.T, body string) (got, want rules.Rule) {
+	t.Helper()
 	s := open(t, pgtest.Shared(t).NewDatabase(t), time.Second)
-	hooks := mustRule(t, `{"name":"hooks","limit":50,"window":"1s","action":"throttle","max_delay":"4s"}`)
-	if _, _, _, err := s.PutRule(context.Background(), hooks, who); err != nil {
+	if _, _, _, err := s.PutRule(context.Background(), mustRule(t, body), who); err != nil {
+		t.Fatal(err)
+	}
+	want, err := rules.ParseRule([]byte(body))
+	if err != nil {
 		t.Fatal(err)
 	}
 	base, _ := rules.ParseConfig([]byte(`{}`))
@@ -470,7 +475,14 @@ func TestStore_ThrottleRule(t *testing.T) {
 	if err != nil || len(cfg.Rules) != 1 {
 		t.Fatalf("the plugin reads %s: %v", s.Snapshot().Doc, err)
 	}
-	if r := cfg.Rules[0]; r.Action != rules.Throttle || r.MaxDelayMS != 4000 || r.Spec.Algorithm != rules.TokenBucket {
+	return cfg.Rules[0], want
+}
+
+// A throttle rule keeps its action and max_delay through the database:
+// the plugin reads them back from the policy the store serves.
+func TestStore_ThrottleRule(t *testing.T) {
+	r, _ := storedRule(t, `{"name":"hooks","limit":50,"window":"1s","action":"throttle","max_delay":"4s"}`)
+	if r.Action != rules.Throttle || r.MaxDelayMS != 4000 || r.Spec.Algorithm != rules.TokenBucket {
 		t.Fatalf("rule %+v", r)
 	}
 }
@@ -478,47 +490,21 @@ func TestStore_ThrottleRule(t *testing.T) {
 // A rule's query conditions are stored (migration 0005) and the plugin
 // reads them back from the policy the store serves, as they were put.
 func TestStore_QueryRule(t *testing.T) {
-	s := open(t, pgtest.Shared(t).NewDatabase(t), time.Second)
-	body := `{"name":"csv","limit":10,"window":"1h","match":{"query":[{"name":"format","equals":"csv"},{"name":"page","present":false}]}}`
-	if _, _, _, err := s.PutRule(context.Background(), mustRule(t, body), who); err != nil {
-		t.Fatal(err)
-	}
-	want, err := rules.ParseRule([]byte(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, _ := rules.ParseConfig([]byte(`{}`))
-	cfg, _, err := base.WithPolicy(s.Snapshot().Doc)
-	if err != nil || len(cfg.Rules) != 1 {
-		t.Fatalf("the plugin reads %s: %v", s.Snapshot().Doc, err)
-	}
-	if got := cfg.Rules[0].Match; !reflect.DeepEqual(got, want.Match) {
-		t.Errorf("match from the store %+v, want %+v", got, want.Match)
+	got, want := storedRule(t, `{"name":"csv","limit":10,"window":"1h","match":{"query":[{"name":"format","equals":"csv"},{"name":"page","present":false}]}}`)
+	if !reflect.DeepEqual(got.Match, want.Match) {
+		t.Errorf("match from the store %+v, want %+v", got.Match, want.Match)
 	}
 }
 
 // A rule charged after the response keeps its on_response (migration
 // 0006) through the store to the plugin.
 func TestStore_OnResponseRule(t *testing.T) {
-	s := open(t, pgtest.Shared(t).NewDatabase(t), time.Second)
-	body := `{"name":"tokens","limit":100000,"window":"1h","cost":0,"on_response":{"statuses":["2xx"],"cost_header":"x-usage-tokens"}}`
-	if _, _, _, err := s.PutRule(context.Background(), mustRule(t, body), who); err != nil {
-		t.Fatal(err)
+	got, want := storedRule(t, `{"name":"tokens","limit":100000,"window":"1h","cost":0,"on_response":{"statuses":["2xx"],"cost_header":"x-usage-tokens"}}`)
+	if got.OnResponse == nil || !reflect.DeepEqual(*got.OnResponse, *want.OnResponse) {
+		t.Errorf("on_response from the store %+v, want %+v", got.OnResponse, want.OnResponse)
 	}
-	want, err := rules.ParseRule([]byte(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, _ := rules.ParseConfig([]byte(`{}`))
-	cfg, _, err := base.WithPolicy(s.Snapshot().Doc)
-	if err != nil || len(cfg.Rules) != 1 {
-		t.Fatalf("the plugin reads %s: %v", s.Snapshot().Doc, err)
-	}
-	if got := cfg.Rules[0].OnResponse; got == nil || !reflect.DeepEqual(*got, *want.OnResponse) {
-		t.Errorf("on_response from the store %+v, want %+v", got, want.OnResponse)
-	}
-	if cost := cfg.Rules[0].Spec.Cost; cost != 0 {
-		t.Errorf("cost from the store %d, want 0", cost)
+	if got.Spec.Cost != 0 {
+		t.Errorf("cost from the store %d, want 0", got.Spec.Cost)
 	}
 }
 
