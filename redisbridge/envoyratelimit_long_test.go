@@ -176,6 +176,8 @@ func compareWithEnvoyRatelimit(t *testing.T, bin string, addrs []string, inJSON 
 		}
 		minute := time.Now().Truncate(time.Minute)
 		var diffs []string
+		units := map[string]rlsv3.RateLimitResponse_RateLimit_Unit{}
+		merged := false // envoyproxy/ratelimit counted two units in one counter
 		for range 30 {
 			req := matchCall(rng)
 			a, err := ask(theirs, them.http, req)
@@ -187,6 +189,7 @@ func compareWithEnvoyRatelimit(t *testing.T, bin string, addrs []string, inJSON 
 				t.Fatalf("the bridge: %v", err)
 			}
 			calls++
+			merged = mergesUnits(units, req, a, time.Now()) || merged
 			// Refused, or would have been but for --rls-shadow-mode.
 			refusal := anyOver(a) || anyOver(b)
 			// A limit in shadow mode that goes over refuses nothing, but
@@ -216,7 +219,7 @@ func compareWithEnvoyRatelimit(t *testing.T, bin string, addrs []string, inJSON 
 				break
 			}
 		}
-		if !time.Now().Truncate(time.Minute).Equal(minute) {
+		if !time.Now().Truncate(time.Minute).Equal(minute) || merged {
 			continue // a window ended during the scenario
 		}
 		compared++
@@ -311,6 +314,42 @@ func anyOver(r *rlsv3.RateLimitResponse) bool {
 		}
 	}
 	return false
+}
+
+// mergesUnits tells whether envoyproxy/ratelimit's answer a to req
+// counted limits of two units in one counter, given units, those its
+// counters had earlier in the scenario (by key), which it adds to. Its key
+// is the entries and the start of the window, not the unit, so in the
+// first minute of an hour the minute and hour limits of the same entries
+// (burst, and burst with a limit override) share a counter, and in the
+// first hour of a day the hour and day limits do. The bridge's keys name
+// the unit (docs/bridge.md).
+func mergesUnits(units map[string]rlsv3.RateLimitResponse_RateLimit_Unit, req *rlsv3.RateLimitRequest, a *rlsv3.RateLimitResponse, now time.Time) bool {
+	seconds := map[rlsv3.RateLimitResponse_RateLimit_Unit]int64{
+		rlsv3.RateLimitResponse_RateLimit_SECOND: 1, rlsv3.RateLimitResponse_RateLimit_MINUTE: 60,
+		rlsv3.RateLimitResponse_RateLimit_HOUR: 3600, rlsv3.RateLimitResponse_RateLimit_DAY: 86400,
+	}
+	merged := false
+	for i, st := range a.Statuses {
+		if st.CurrentLimit == nil || i >= len(req.Descriptors) {
+			continue
+		}
+		unit := st.CurrentLimit.Unit
+		d := seconds[unit]
+		if d == 0 {
+			continue
+		}
+		key := req.Domain
+		for _, e := range req.Descriptors[i].Entries {
+			key += "\x00" + e.Key + "\x00" + e.Value
+		}
+		key += "\x00" + strconv.FormatInt(now.Unix()/d*d, 10)
+		if u, ok := units[key]; ok && u != unit {
+			merged = true
+		}
+		units[key] = unit
+	}
+	return merged
 }
 
 // shadowSpent tells whether r, the answer to req, says that
