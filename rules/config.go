@@ -321,6 +321,10 @@ type LimitSpec struct {
 	Cost      int64     // weight of one request, default 1
 	Penalty   *Penalty  // nil: none
 	Lease     Lease     // zero: never leased
+	// Months, when > 0, makes a fixed_window's windows calendar months
+	// (UTC): each starts on the 1st of a month, every Months months
+	// from January (ValidMonths). WindowMS is then Months × MonthMS.
+	Months int64
 }
 
 // Lease lets a proxy hold part of a limit's quota and spend it without a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // ParseDurationMS parses "250ms", "30s", "1m", "1h", "1d" (and combinations
@@ -53,6 +54,45 @@ func ParseDurationMS(s string) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// Calendar windows: a limit's window of "1mo", "2mo", "3mo", "4mo", "6mo"
+// or "12mo" is calendar months in UTC (see LimitSpec.Months); a number
+// of months that divides a year, so that each year starts a window.
+const (
+	MaxWindowMonths = 12
+	// MonthMS is a calendar month's nominal length, where a window needs
+	// one (a penalty's block, RateLimit-Policy): 30.5 days, so that twelve
+	// are MaxWindowMS. Windows themselves end on the 1st.
+	MonthMS = MaxWindowMS / MaxWindowMonths
+)
+
+// ParseWindow parses a limit's window: a duration (ParseDurationMS), or
+// calendar months ("1mo"), returned as months with ms their nominal
+// length.
+func ParseWindow(s string) (ms, months int64, err error) {
+	if n, ok := strings.CutSuffix(s, "mo"); ok && n != "" && strings.Trim(n, "0123456789") == "" {
+		months, _ = strconv.ParseInt(n, 10, 64)
+		if !ValidMonths(months) || n[0] == '0' {
+			return 0, 0, fmt.Errorf(`invalid window %q: calendar months are "1mo", "2mo", "3mo", "4mo", "6mo" or "12mo"`, s)
+		}
+		return months * MonthMS, months, nil
+	}
+	ms, err = ParseDurationMS(s)
+	return ms, 0, err
+}
+
+// ValidMonths tells whether a window may hold n calendar months: n
+// divides a year.
+func ValidMonths(n int64) bool { return n >= 1 && n <= MaxWindowMonths && MaxWindowMonths%n == 0 }
+
+// AppendWindow appends s's window as configuration writes it: "1mo" for
+// a calendar month, else as AppendDurationMS.
+func (s *LimitSpec) AppendWindow(dst []byte) []byte {
+	if s.Months > 0 {
+		return append(strconv.AppendInt(dst, s.Months, 10), "mo"...)
+	}
+	return AppendDurationMS(dst, s.WindowMS)
 }
 
 // FormatDurationMS renders ms in the largest whole unit: 60000 → "1m".

@@ -170,7 +170,7 @@ func (c *Config) AppendDenyBodyStart(dst []byte, l *PlannedLimit, d *Decision, n
 		dst = append(dst, `"Rate limit exceeded: `...)
 		dst = strconv.AppendInt(dst, d.Limit, 10)
 		dst = append(dst, " requests per "...)
-		dst = AppendDurationMS(dst, l.Spec.WindowMS)
+		dst = l.Spec.AppendWindow(dst)
 		dst = append(dst, ` allowed."`...)
 	}
 	dst = append(dst, `,"details":{"limit":`...)

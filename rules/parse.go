@@ -182,6 +182,25 @@ func (p *parser) duration(v gjson.Result, path string, def, lo, hi int64) int64 
 	return ms
 }
 
+// window reads a limit's window (ParseWindow): its length, and its
+// calendar months (0: a duration).
+func (p *parser) window(v gjson.Result, path string) (ms, months int64) {
+	if v.Type != gjson.String {
+		p.fail(path, `must be a duration string such as "30s", "1h", or calendar months such as "1mo"`)
+		return 0, 0
+	}
+	ms, months, err := ParseWindow(v.Str)
+	switch {
+	case err != nil:
+		p.fail(path, "%v", err)
+		return 0, 0
+	case months == 0 && (ms < 1 || ms > MaxWindowMS):
+		p.fail(path, "must be from %s to %s, got %s", FormatDurationMS(1), FormatDurationMS(MaxWindowMS), v.Str)
+		return 0, 0
+	}
+	return ms, months
+}
+
 func (p *parser) strings(v gjson.Result, path string, each func(s, path string) string) []string {
 	if !v.Exists() {
 		return nil

@@ -27,9 +27,15 @@ func (p *parser) limitSpec(v gjson.Result, path string, def LimitSpec, defPenalt
 	if s.Limit == 0 && p.err == nil {
 		p.fail(join(path, "limit"), "is required (requests per window, > 0)")
 	}
-	s.WindowMS = p.duration(v.Get("window"), join(path, "window"), s.WindowMS, 1, MaxWindowMS)
+	if w := v.Get("window"); w.Exists() {
+		s.WindowMS, s.Months = p.window(w, join(path, "window"))
+	}
 	if s.WindowMS == 0 && p.err == nil {
 		p.fail(join(path, "window"), `is required (a duration such as "1m")`)
+	}
+	if s.Months > 0 && s.Algorithm != FixedWindow && p.err == nil {
+		// Only a fixed window resets at a point in time; the others slide.
+		p.fail(join(path, "algorithm"), `is %s: a window of calendar months ("1mo") needs "algorithm": "fixed_window"`, s.Algorithm)
 	}
 	if b := v.Get("burst"); b.Exists() {
 		if s.Algorithm != TokenBucket {
@@ -98,6 +104,8 @@ func (p *parser) checkLease(s *LimitSpec, path string) {
 	}
 	lp := join(path, "lease")
 	switch capacity := max(s.Limit, s.Burst); {
+	case s.Months > 0:
+		p.fail(lp, "a limit of calendar months is never leased (a grant lasts its ttl, and such a window is a month)")
 	case s.Penalty != nil:
 		p.fail(lp, `a limit with a penalty is never leased (its violations are counted by the bridge); set "penalty": {"enabled": false} on it or drop the lease`)
 	case s.Lease.Size < s.Cost:
@@ -185,6 +193,8 @@ func (p *parser) actionSpec(path string, a Action, s *LimitSpec) {
 	case a != Throttle:
 	case s.Algorithm == SlidingWindow:
 		p.fail(join(path, "algorithm"), "a throttle limit needs token_bucket, fixed_window or sliding_log: sliding_window estimates its count and cannot reserve a request's slot")
+	case s.Months > 0:
+		p.fail(join(path, "window"), "a throttle limit needs a window of fixed length, not calendar months")
 	case s.Lease.Size > 0:
 		p.fail(join(path, "lease"), "a throttle limit is never leased (each request it holds reserves its own slot at the bridge)")
 	}

@@ -127,6 +127,16 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"on_response cost body index", rule(`,"limit":1,"window":"1s","on_response":{"cost_body":"choices[0].n"}`), "rules[1].on_response.cost_body", "path of object keys"},
 		{"on_response cost body deep", rule(`,"limit":1,"window":"1s","on_response":{"cost_body":"a.b.c.d.e.f.g.h.i"}`), "rules[1].on_response.cost_body", "more than 8 keys"},
 		{"on_response cost body type", rule(`,"limit":1,"window":"1s","on_response":{"cost_body":5}`), "rules[1].on_response.cost_body", "string"},
+		{"months, default algorithm", rule(`,"limit":1,"window":"1mo"`), "rules[1].algorithm", `needs "algorithm": "fixed_window"`},
+		{"months, token bucket", rule(`,"limit":1,"window":"1mo","algorithm":"token_bucket"`), "rules[1].algorithm", "is token_bucket"},
+		{"months not dividing a year", rule(`,"limit":1,"window":"5mo","algorithm":"fixed_window"`), "rules[1].window", `"6mo" or "12mo"`},
+		{"zero months", rule(`,"limit":1,"window":"0mo","algorithm":"fixed_window"`), "rules[1].window", "calendar months are"},
+		{"months with a leading zero", rule(`,"limit":1,"window":"01mo","algorithm":"fixed_window"`), "rules[1].window", "calendar months are"},
+		{"months and days", rule(`,"limit":1,"window":"1mo1d","algorithm":"fixed_window"`), "rules[1].window", `unit "mo"`},
+		{"months leased", rule(`,"limit":10,"window":"1mo","algorithm":"fixed_window","lease":{"size":2}`), "rules[1].lease", "calendar months is never leased"},
+		{"months throttled", rule(`,"limit":10,"window":"1mo","algorithm":"fixed_window","action":"throttle"`), "rules[1].window", "a throttle limit needs a window of fixed length"},
+		{"months inherited by a sliding override", `{"tiers":{"list":[{"name":"f","limit":500,"window":"1mo","algorithm":"fixed_window","endpoints":{"/a":{"limit":2,"algorithm":"sliding_window"}}}]}}`,
+			`tiers.list[0].endpoints["/a"].algorithm`, "is sliding_window"},
 		{"on_response throttled", rule(`,"limit":1,"window":"1s","action":"throttle","on_response":{}`), "rules[1].on_response", "not throttled"},
 		{"on_response leased", rule(`,"limit":10,"window":"1s","lease":{"size":2},"on_response":{}`), "rules[1].on_response", "not leased"},
 		{"on_response in a category", `{"categories":[{"name":"c","paths":["/c"],"limit":1,"window":"1s","on_response":{}}]}`, "categories[0].on_response", "unknown field"},
@@ -411,6 +421,53 @@ func TestParseDurationMS(t *testing.T) {
 	}
 	if FormatDurationMS(60_000) != "1m" || FormatDurationMS(90_000) != "90s" || FormatDurationMS(1500) != "1500ms" {
 		t.Error("FormatDurationMS")
+	}
+}
+
+func TestParseWindow(t *testing.T) {
+	tests := []struct {
+		in         string
+		ms, months int64
+		ok         bool
+	}{
+		{"1h", 3600_000, 0, true}, {"1mo", MonthMS, 1, true}, {"3mo", 3 * MonthMS, 3, true}, {"12mo", MaxWindowMS, 12, true},
+		{"2mo", 2 * MonthMS, 2, true}, {"4mo", 4 * MonthMS, 4, true}, {"6mo", 6 * MonthMS, 6, true},
+		{"5mo", 0, 0, false}, {"0mo", 0, 0, false}, {"24mo", 0, 0, false}, {"mo", 0, 0, false}, {"012mo", 0, 0, false},
+		{"1.5mo", 0, 0, false}, {"-1mo", 0, 0, false}, {"1mo1d", 0, 0, false}, {"999999999999999999mo", 0, 0, false},
+	}
+	for _, tc := range tests {
+		ms, months, err := ParseWindow(tc.in)
+		if (err == nil) != tc.ok || ms != tc.ms || months != tc.months {
+			t.Errorf("ParseWindow(%q) = %d, %d, %v; want %d, %d, ok=%v", tc.in, ms, months, err, tc.ms, tc.months, tc.ok)
+		}
+	}
+}
+
+// A tier of calendar months: its endpoint overrides inherit the months
+// unless they give a window of their own, and the 429 body speaks of it.
+func TestParseConfig_CalendarMonths(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"tiers": {"list": [{"name": "pro", "limit": 100000, "window": "1mo", "algorithm": "fixed_window",
+  "endpoints": {"/export": {"limit": 50}, "/burst": {"limit": 2, "window": "1h"}}}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tier := c.Tiers.List[0]
+	if tier.Spec.Months != 1 || tier.Spec.WindowMS != MonthMS {
+		t.Errorf("tier: %+v", tier.Spec)
+	}
+	for _, e := range tier.Endpoints {
+		want := int64(1)
+		if e.Match.Raw == "/burst" {
+			want = 0
+		}
+		if e.Spec.Months != want {
+			t.Errorf("%s: months %d, want %d (%+v)", e.Match.Raw, e.Spec.Months, want, e.Spec)
+		}
+	}
+	l := PlannedLimit{Rule: "tier.pro", Spec: &tier.Spec}
+	body := string(c.AppendDenyBodyStart(nil, &l, &Decision{Limit: 100000, ResetMS: 1_800_000_000_000}, 1_799_000_000_000))
+	if !strings.Contains(body, "100000 requests per 1mo allowed") {
+		t.Errorf("429 body: %s", body)
 	}
 }
 

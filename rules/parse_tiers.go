@@ -173,7 +173,7 @@ func greater(x, y [2]uint64) bool { return x[0] > y[0] || x[0] == y[0] && x[1] >
 // describeSpec renders a limit for error messages: "20 per 1m", with the
 // burst and cost when they matter.
 func describeSpec(s *LimitSpec) string {
-	d := strconv.FormatInt(s.Limit, 10) + " per " + FormatDurationMS(s.WindowMS)
+	d := strconv.FormatInt(s.Limit, 10) + " per " + string(s.AppendWindow(nil))
 	if s.Algorithm == TokenBucket && s.Burst != s.Limit {
 		d += " (burst " + strconv.FormatInt(s.Burst, 10) + ")"
 	}

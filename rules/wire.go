@@ -340,7 +340,13 @@ func appendLimitHead(dst []byte, rule string, s *LimitSpec, logOnly, perUser boo
 	dst = append(dst, `,"algorithm":"`...)
 	dst = append(dst, s.Algorithm.String()...)
 	dst = appendInt(dst, `","limit":`, s.Limit)
-	dst = appendInt(dst, `,"window_ms":`, s.WindowMS)
+	if s.Months > 0 {
+		// Not window_ms: a bridge that does not know calendar months
+		// refuses the check rather than count an epoch-aligned window.
+		dst = appendInt(dst, `,"window_months":`, s.Months)
+	} else {
+		dst = appendInt(dst, `,"window_ms":`, s.WindowMS)
+	}
 	dst = appendInt(dst, `,"burst":`, s.Burst)
 	dst = appendInt(dst, `,"cost":`, s.Cost)
 	if logOnly {
@@ -361,13 +367,14 @@ type limitHead struct {
 	rule             string
 	alg              Algorithm
 	limit, window    int64
+	months           int64
 	burst, cost      int64
 	logOnly, perUser bool
 	text             string
 }
 
 func newLimitHead(rule string, s *LimitSpec, logOnly, perUser bool) *limitHead {
-	return &limitHead{rule: rule, alg: s.Algorithm, limit: s.Limit, window: s.WindowMS, burst: s.Burst, cost: s.Cost,
+	return &limitHead{rule: rule, alg: s.Algorithm, limit: s.Limit, window: s.WindowMS, months: s.Months, burst: s.Burst, cost: s.Cost,
 		logOnly: logOnly, perUser: perUser, text: string(appendLimitHead(nil, rule, s, logOnly, perUser))}
 }
 
@@ -393,7 +400,7 @@ func peekOf(s *LimitSpec) LimitSpec {
 // rendering it does); another one, even equal, is rendered anew.
 func (h *limitHead) fits(rule string, s *LimitSpec, logOnly, perUser bool) bool {
 	return h != nil && len(h.rule) == len(rule) && unsafe.StringData(h.rule) == unsafe.StringData(rule) &&
-		h.alg == s.Algorithm && h.limit == s.Limit && h.window == s.WindowMS && h.burst == s.Burst && h.cost == s.Cost &&
+		h.alg == s.Algorithm && h.limit == s.Limit && h.window == s.WindowMS && h.months == s.Months && h.burst == s.Burst && h.cost == s.Cost &&
 		h.logOnly == logOnly && h.perUser == perUser
 }
 
@@ -513,7 +520,7 @@ func firstField(dst *gjson.Result, v gjson.Result) {
 
 // wireLimitFields are the fields of one limit object.
 type wireLimitFields struct {
-	key, rule, algorithm, limit, window, burst, cost, logOnly, perUser, fill, maxDelay, penalty, lease, ret gjson.Result
+	key, rule, algorithm, limit, window, months, burst, cost, logOnly, perUser, fill, maxDelay, penalty, lease, ret gjson.Result
 }
 
 func decodeLimit(v gjson.Result, l *LimitRequest) error {
@@ -533,6 +540,8 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 			firstField(&f.limit, v)
 		case "window_ms":
 			firstField(&f.window, v)
+		case "window_months":
+			firstField(&f.months, v)
 		case "burst":
 			firstField(&f.burst, v)
 		case "cost":
@@ -571,8 +580,23 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 	if l.Spec.Limit, err = wireIntField(f.limit, "limit", 1, MaxLimitValue, 0); err != nil {
 		return err
 	}
-	if l.Spec.WindowMS, err = wireIntField(f.window, "window_ms", 1, MaxWindowMS, 0); err != nil {
-		return err
+	switch {
+	case !f.months.Exists():
+		if l.Spec.WindowMS, err = wireIntField(f.window, "window_ms", 1, MaxWindowMS, 0); err != nil {
+			return err
+		}
+	case f.window.Exists():
+		return errors.New("window_months: a limit has window_ms or window_months, not both")
+	case alg != FixedWindow:
+		return errors.New("window_months: only a fixed_window limit has calendar months")
+	default:
+		if l.Spec.Months, err = wireIntField(f.months, "window_months", 1, MaxWindowMonths, 0); err != nil {
+			return err
+		}
+		if !ValidMonths(l.Spec.Months) {
+			return errors.New("window_months: must be 1, 2, 3, 4, 6 or 12")
+		}
+		l.Spec.WindowMS = l.Spec.Months * MonthMS
 	}
 	if l.Spec.Burst, err = wireIntField(f.burst, "burst", 1, MaxLimitValue, l.Spec.Limit); err != nil {
 		return err
@@ -650,6 +674,13 @@ func decodeLimit(v gjson.Result, l *LimitRequest) error {
 		}
 	}
 	switch {
+	case l.Throttle && l.Spec.Months > 0:
+		return errors.New("max_delay_ms: a limit of calendar months is not throttled")
+	case l.Spec.Months > 0 && l.Spec.Lease.Size > 0:
+		return errors.New("lease: a limit of calendar months is not leased")
+	case l.Spec.Months > 0 && f.ret.Exists():
+		// A proxy returns a lease under the spec it was granted with.
+		return errors.New("lease_return: a limit of calendar months holds no lease")
 	case l.Throttle && l.Spec.Lease.Size > 0:
 		return errors.New("lease: a throttle limit is not leased")
 	case l.Fill && l.Spec.Lease.Size > 0:

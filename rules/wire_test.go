@@ -109,6 +109,27 @@ func TestCheckRequest_FillRoundTrip(t *testing.T) {
 	}
 }
 
+// A limit of calendar months goes as window_months, never window_ms, so
+// that a bridge that does not know them refuses it.
+func TestCheckRequest_MonthsRoundTrip(t *testing.T) {
+	in := CheckRequest{RequestID: "r", User: "alice", Limits: []LimitRequest{
+		{Key: "rl:{u:alice}:monthly", Rule: "monthly", PerUser: true,
+			Spec: LimitSpec{Algorithm: FixedWindow, Limit: 100_000, WindowMS: 3 * MonthMS, Months: 3, Burst: 100_000, Cost: 1}},
+		{Key: "rl:{g}:all", Rule: "all", Spec: LimitSpec{Algorithm: FixedWindow, Limit: 10, WindowMS: 1000, Burst: 10, Cost: 1}},
+	}}
+	body := AppendCheckRequestFrom(nil, &in)
+	if !strings.Contains(string(body), `"limit":100000,"window_months":3,"burst"`) || strings.Count(string(body), `"window_ms"`) != 1 {
+		t.Errorf("months not sent as window_months alone:\n%s", body)
+	}
+	got, err := DecodeCheckRequest(body)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, body)
+	}
+	if !reflect.DeepEqual(got, in) {
+		t.Errorf("round trip:\n got %+v\nwant %+v\n%s", got, in, body)
+	}
+}
+
 // A limit charged after the response is asked at cost 0, as a fill limit,
 // before its request, from the head its rule rendered; the charge after
 // the response carries what the response cost, log_only and without its
@@ -197,6 +218,13 @@ func TestDecodeCheckRequest_Errors(t *testing.T) {
 		{"max delay sliding window", `{"limits":[{"key":"k","algorithm":"sliding_window","limit":1,"window_ms":1000,"max_delay_ms":5}]}`, "limits[0].max_delay_ms: a sliding_window limit"},
 		{"max delay lease", lim(`,"max_delay_ms":5,"lease":{"size":1,"ttl_ms":100}`), "limits[0].lease: a throttle limit is not leased"},
 		{"fill string", lim(`,"fill":1`), "limits[0].fill: must be a boolean"},
+		{"months and window", lim(`,"window_months":1`), "limits[0].window_months: a limit has window_ms or window_months, not both"},
+		{"months of a token bucket", `{"limits":[{"key":"k","algorithm":"token_bucket","limit":1,"window_months":1}]}`, "limits[0].window_months: only a fixed_window"},
+		{"five months", `{"limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_months":5}]}`, "limits[0].window_months: must be 1, 2, 3, 4, 6 or 12"},
+		{"months zero", `{"limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_months":0}]}`, "limits[0].window_months: must be an integer from 1 to 12"},
+		{"months throttled", `{"limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_months":1,"max_delay_ms":5}]}`, "limits[0].max_delay_ms: a limit of calendar months"},
+		{"months lease return", `{"limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_months":1,"lease_return":{"tag":1,"granted":5,"units":1}}]}`, "limits[0].lease_return: a limit of calendar months"},
+		{"months leased", `{"limits":[{"key":"k","algorithm":"fixed_window","limit":1,"window_months":1,"lease":{"size":1,"ttl_ms":100}}]}`, "limits[0].lease: a limit of calendar months"},
 		{"fill negative cost", lim(`,"fill":true,"cost":-1`), "limits[0].cost: must be an integer from 0 to"},
 		{"zero cost, fill false", lim(`,"fill":false,"cost":0`), "limits[0].cost: must be an integer from 1 to"},
 		{"fill max delay", lim(`,"fill":true,"max_delay_ms":5`), "limits[0].max_delay_ms: a fill limit is not throttled"},
