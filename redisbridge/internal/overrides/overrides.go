@@ -39,7 +39,9 @@ type Override struct {
 func (o *Override) Apply(spec rules.LimitSpec) rules.LimitSpec {
 	spec.Algorithm = o.Algorithm
 	spec.Limit = o.Limit
-	spec.WindowMS = o.WindowMS
+	// An override's window is in seconds: one of calendar months it
+	// replaces counts in windows of that length.
+	spec.WindowMS, spec.Months = o.WindowMS, 0
 	spec.Burst = o.Burst
 	if spec.Burst <= 0 {
 		spec.Burst = o.Limit

@@ -24,6 +24,7 @@ import (
 type harness struct {
 	name  string
 	s     Store
+	now   *atomic.Int64 // the clock, in unix ms
 	sleep func(ms int64)
 	// keys lists every stored key with its remaining time to live in ms.
 	keys func(t *testing.T) map[string]int64
@@ -33,7 +34,7 @@ func memoryHarness() *harness {
 	now := fakeNow()
 	m := NewMemory(MemoryOptions{Now: now.Load})
 	return &harness{
-		name: "memory", s: m,
+		name: "memory", s: m, now: now,
 		sleep: func(ms int64) { now.Add(ms) },
 		keys: func(t *testing.T) map[string]int64 {
 			out := map[string]int64{}
@@ -63,7 +64,7 @@ func redisHarness(t *testing.T, split bool) *harness {
 		name = "redis-split"
 	}
 	return &harness{
-		name: name, s: s,
+		name: name, s: s, now: now,
 		sleep: func(ms int64) { now.Add(ms) },
 		keys: func(t *testing.T) map[string]int64 {
 			ctx := context.Background()

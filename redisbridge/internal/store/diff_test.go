@@ -65,6 +65,9 @@ func (s diffStep) String() string {
 	for _, l := range s.req.Limits {
 		fmt.Fprintf(&b, "\n    %s %s limit %d window %d burst %d cost %d log_only %v", l.Key, l.Spec.Algorithm,
 			l.Spec.Limit, l.Spec.WindowMS, l.Spec.Burst, l.Spec.Cost, l.LogOnly)
+		if l.Spec.Months > 0 {
+			fmt.Fprintf(&b, " months %d", l.Spec.Months)
+		}
 		if l.Throttle {
 			fmt.Fprintf(&b, " max_delay %d", l.MaxDelayMS)
 		}
@@ -106,7 +109,10 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int, 
 		t.Fatal(err)
 	}
 	now := fakeNow()
-	now.Store(time.Now().UnixMilli())
+	// Twenty seconds before a month ends: limits of calendar months see
+	// one end.
+	tm := time.Now().UTC()
+	now.Store(time.Date(tm.Year(), tm.Month()+1, 1, 0, 0, 0, 0, time.UTC).UnixMilli() - 20_000)
 	mem := NewMemory(MemoryOptions{Now: now.Load})
 	rs, err := NewRedis(RedisOptions{URL: srv.URL, Timeout: 10 * time.Second, script: clockScript(t, now.Load)})
 	if err != nil {
@@ -174,6 +180,11 @@ func compareStores(t *testing.T, srv *redistest.Server, seed uint64, steps int, 
 			} else if rng.IntN(20) == 0 {
 				g := 1 + rng.Int64N(5)
 				l.Return = rules.LeaseReturn{Tag: rng.Int64N(3) - 1 + now.Load()/l.Spec.WindowMS, Granted: g, Units: rng.Int64N(g + 1)}
+			}
+			// Calendar months, where the wire takes them.
+			if l.Spec.Algorithm == rules.FixedWindow && !l.Throttle && l.Spec.Lease.Size == 0 && l.Return == (rules.LeaseReturn{}) && rng.IntN(3) == 0 {
+				l.Spec.Months = []int64{1, 12}[rng.IntN(2)]
+				l.Spec.WindowMS = l.Spec.Months * rules.MonthMS
 			}
 			req.Limits[i] = l
 		}

@@ -198,7 +198,7 @@ func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, 
 		if req.Op == rules.OpRenew {
 			m.spec.Cost = 0
 		}
-		m.key = l.Key + algSuffix(l.Spec.Algorithm)
+		m.key = l.Key + keySuffix(&l.Spec)
 		keys = append(keys, m.key)
 		if p := l.Spec.Penalty; p != nil && p.Enabled {
 			m.vkey, m.bkey = l.Key+suffixViolations, l.Key+suffixBlock
@@ -477,7 +477,8 @@ func (s *Memory) slidingLog(m *memLimit, now int64) {
 func (s *Memory) fixedWindow(m *memLimit, now int64) {
 	limit, W := m.spec.Limit, m.spec.WindowMS
 	m.cap = limit
-	idx := now / W
+	idx := m.spec.FixedWindowIndex(now)
+	end := m.spec.FixedWindowStart(idx + 1)
 	cur := fwCount(s.get(m.key, now), idx, limit, false)
 	if m.fill {
 		m.fillCost(limit - cur)
@@ -493,7 +494,7 @@ func (s *Memory) fixedWindow(m *memLimit, now int64) {
 		m.remaining = max(0, limit-cur)
 	}
 	if after > 0 {
-		m.reset = (idx + 1) * W
+		m.reset = end
 	} else {
 		m.reset = now
 	}
@@ -501,11 +502,11 @@ func (s *Memory) fixedWindow(m *memLimit, now int64) {
 		if cost > limit {
 			m.retry = W
 		} else {
-			m.retry = (idx+1)*W - now
+			m.retry = end - now
 		}
 	}
 	m.w, m.c = idx, after
-	m.ttl = (idx+1)*W - now + 1000
+	m.ttl = end - now + 1000
 }
 
 // fwCount is a fixed window's count in window idx (check.lua's fwCount):
@@ -823,7 +824,7 @@ func (s *Memory) violate(m *memLimit, now int64) {
 func (s *Memory) Peek(_ context.Context, _ time.Time, l *rules.LimitRequest) (rules.Decision, error) {
 	spec := l.Spec
 	spec.Cost = 0
-	ls := []memLimit{{spec: spec, key: l.Key + algSuffix(spec.Algorithm)}}
+	ls := []memLimit{{spec: spec, key: l.Key + keySuffix(&spec)}}
 	keys := []string{ls[0].key}
 	if p := spec.Penalty; p != nil && p.Enabled {
 		ls[0].vkey, ls[0].bkey = l.Key+suffixViolations, l.Key+suffixBlock

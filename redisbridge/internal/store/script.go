@@ -29,7 +29,8 @@ import (
 //	ARGV  violations cap, number of specs, then per spec: algorithm id,
 //	      limit, window_ms, burst, cost, flags (1: log_only, 2: fill, 4: quota),
 //	      lease size (0: none), lease ttl_ms, max_delay_ms (-1: not
-//	      throttled), penalty window_ms (0: no penalty) [, threshold,
+//	      throttled), calendar months (0: none; a fixed window's),
+//	      penalty window_ms (0: no penalty) [, threshold,
 //	      number of multipliers, multipliers...]; then the number of
 //	      checks, then per check: its number of limits (negative: a peek,
 //	      which writes nothing but lease returns), then per limit: its
@@ -126,7 +127,7 @@ func scriptAlgorithm(a rules.Algorithm) int64 {
 // ARGV and reply layout of check.lua.
 const (
 	checkHeadArgs  = 3  // violations cap, number of specs, number of checks
-	specArgs       = 10 // algorithm .. penalty window_ms
+	specArgs       = 11 // algorithm .. penalty window_ms
 	penaltyArgs    = 2  // threshold, number of multipliers (then the multipliers)
 	checkArgs      = 1  // per check: number of limits (negative: a peek)
 	limitArgs      = 1  // per limit: its spec's number (negative: a return follows)
@@ -216,7 +217,7 @@ func (t *specTable) number(cs []*call) {
 func sameSpec(a, b *rules.LimitRequest) bool {
 	sa, sb := &a.Spec, &b.Spec
 	if specFlags(a) != specFlags(b) || scriptAlgorithm(sa.Algorithm) != scriptAlgorithm(sb.Algorithm) ||
-		sa.Limit != sb.Limit || sa.WindowMS != sb.WindowMS || sa.Burst != sb.Burst || sa.Cost != sb.Cost ||
+		sa.Limit != sb.Limit || sa.WindowMS != sb.WindowMS || sa.Months != sb.Months || sa.Burst != sb.Burst || sa.Cost != sb.Cost ||
 		leaseOf(a) != leaseOf(b) || a.MaxDelay() != b.MaxDelay() {
 		return false
 	}
@@ -267,7 +268,7 @@ func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable)
 	for _, c := range cs {
 		for j := range c.limits() {
 			l := c.limit(j)
-			w.bulk(l.Key, algSuffix(l.Spec.Algorithm))
+			w.bulk(l.Key, keySuffix(&l.Spec))
 			if _, ok := penalized(l); ok {
 				w.bulk(l.Key, suffixViolations)
 				w.bulk(l.Key, suffixBlock)
@@ -288,6 +289,7 @@ func writeCheck(w argWriter, sc *luaScript, cs []*call, eval bool, t *specTable)
 		w.int(lease.Size)
 		w.int(lease.TTLMS)
 		w.int(l.MaxDelay())
+		w.int(sp.Months)
 		if p, ok := penalized(l); ok {
 			w.int(p.DetectionWindowMS)
 			w.int(p.ViolationThreshold)
@@ -464,7 +466,7 @@ func writeRefund(w argWriter, ls []rules.LimitRequest, idx []int, ds []rules.Dec
 	w.int(int64(n))
 	for _, i := range idx {
 		if ds[i].Allowed {
-			w.bulk(ls[i].Key, algSuffix(ls[i].Spec.Algorithm))
+			w.bulk(ls[i].Key, keySuffix(&ls[i].Spec))
 		}
 	}
 	w.int(int64(n))

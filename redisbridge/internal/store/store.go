@@ -45,8 +45,11 @@ const (
 	suffixBlock      = ":b"
 )
 
-func algSuffix(a rules.Algorithm) string {
-	switch a {
+// keySuffix is the suffix of a limit's counter key: its algorithm's, and
+// for a fixed window of calendar months, which counts windows of another
+// kind, its own.
+func keySuffix(s *rules.LimitSpec) string {
+	switch s.Algorithm {
 	case rules.TokenBucket:
 		return ":tb"
 	case rules.SlidingWindow:
@@ -54,10 +57,13 @@ func algSuffix(a rules.Algorithm) string {
 	case rules.SlidingLog:
 		return ":sl"
 	case rules.FixedWindow:
+		if s.Months > 0 {
+			return ":fm"
+		}
 		return ":fw"
 	}
-	return ":x" + strconv.Itoa(int(a))
+	return ":x" + strconv.Itoa(int(s.Algorithm))
 }
 
 // allSuffixes lists every key a base key may own, for Reset.
-var allSuffixes = [...]string{":tb", ":sw", ":sl", ":fw", suffixViolations, suffixBlock}
+var allSuffixes = [...]string{":tb", ":sw", ":sl", ":fw", ":fm", suffixViolations, suffixBlock}

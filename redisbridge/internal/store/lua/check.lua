@@ -272,6 +272,34 @@ local function tokensNow(s, limit, W, cap)
   return cap
 end
 
+-- A fixed window of calendar months (UTC; months > 0, see script.go)
+-- holds months months, counted from January 1970; any other, W ms from
+-- the epoch. fwIndex is the index of the window holding t (ms), fwStart
+-- when window idx starts: rules.LimitSpec's FixedWindowIndex and
+-- FixedWindowStart, with the days of a month reckoned by Howard
+-- Hinnant's civil calendar algorithms (eras of 400 years from March).
+local function fwIndex(t, W, months)
+  if months == 0 then return floor(t / W) end
+  local z = floor(t / 86400000) + 719468
+  local era = floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local mp = floor((5 * (doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))) + 2) / 153)
+  -- mp counts months from March: January and February end the year.
+  return floor(((era * 400 + yoe - 1970) * 12 + mp + 2) / months)
+end
+
+local function fwStart(idx, W, months)
+  if months == 0 then return idx * W end
+  local m = idx * months + 10 -- months from March 1969
+  local y = 1969 + floor(m / 12)
+  local mp = m - floor(m / 12) * 12
+  local era = floor(y / 400)
+  local yoe = y - era * 400
+  local doe = yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + floor((153 * mp + 2) / 5)
+  return (era * 146097 + doe - 719468) * 86400000
+end
+
 -- fwCount is a fixed window's count in window idx: the units counted from
 -- the stored window w on; a window after idx (the clock went back) counts
 -- as this one. Only a throttle limit's count runs on into later windows
@@ -303,7 +331,7 @@ end
 -- log), and the cost it decided (a fill limit's, see fillCost). One
 -- function for the four algorithms: a script call builds each of its
 -- functions anew, which a batch of one check notices.
-local function decideLimit(alg, key, limit, W, cap, cost, fill)
+local function decideLimit(alg, key, limit, W, cap, cost, fill, months)
   local s
   if alg ~= 3 then s = fields(key, alg) end
   if alg == 1 then -- token bucket: HASH tokens, ts, g (leases)
@@ -371,15 +399,16 @@ local function decideLimit(alg, key, limit, W, cap, cost, fill)
     return ok, remaining, reset, retry, limit, after, 0, 0, count, cost
   end
   -- fixed window: HASH w (window index), c (count, see fwCount)
-  local idx = floor(now / W)
+  local idx = fwIndex(now, W, months)
+  local ends = fwStart(idx + 1, W, months)
   local cur = fwCount(s, idx, limit, false)
   if fill then cost = fillCost(limit - cur, cost) end
   local ok = cur + cost <= limit
   local after, reset, retry = cur, now, 0
   if ok then after = cur + cost end
-  if after > 0 then reset = (idx + 1) * W end
+  if after > 0 then reset = ends end
   if not ok then
-    if cost > limit then retry = W else retry = (idx + 1) * W - now end
+    if cost > limit then retry = W else retry = ends - now end
   end
   local remaining = max(0, limit - after)
   if fill then remaining = max(0, limit - cur) end
@@ -471,7 +500,7 @@ end
 
 -- consume writes what an allowed limit takes, with the lease of ln units
 -- and tag lt granted with it. i is the limit's place in its check.
-local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count, ln, lt)
+local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count, ln, lt, months)
   if alg == 1 then
     tbSet(key, after, limit, W, cap)
   elseif alg == 2 then
@@ -501,7 +530,7 @@ local function consume(i, alg, key, limit, W, cap, cost, after, idx, prev, count
   else
     local s = cache[key]
     if not s[5] then nd = nd + 1; dirty[nd] = key end
-    s[1], s[2], s[5] = idx, after, (idx + 1) * W - now + 1000
+    s[1], s[2], s[5] = idx, after, fwStart(idx + 1, W, months) - now + 1000
   end
 end
 
@@ -527,19 +556,19 @@ local out, o = {now}, 2
 
 -- The specs the batch's limits refer to, each sent once per call:
 -- {alg, limit, window, burst, cost, log_only, penalty window, threshold,
--- multipliers, lease size, lease ttl, max delay, fill, quota}.
+-- multipliers, lease size, lease ttl, max delay, fill, quota, months}.
 -- A log-only limit is never a quota limit: it denies nothing.
 local SP, a = {}, 3
 for i = 1, tonumber(ARGV[2]) do
   local flags = tonumber(ARGV[a + 5])
   local sp = {tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), flags % 2 == 1, tonumber(ARGV[a + 9]), 0, false,
+    tonumber(ARGV[a + 4]), flags % 2 == 1, tonumber(ARGV[a + 10]), 0, false,
     tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]), flags % 4 >= 2,
-    flags % 2 == 0 and flags >= 4}
+    flags % 2 == 0 and flags >= 4, tonumber(ARGV[a + 9])}
   -- A sliding window estimates: it is never throttled (script.go sends
   -- none; this keeps a slip from reading its HASH as a log).
   if sp[1] == 2 then sp[12] = -1 end
-  a = a + 10
+  a = a + 11
   if sp[7] > 0 then
     local mult = {}
     for j = 1, tonumber(ARGV[a + 1]) do mult[j] = tonumber(ARGV[a + 1 + j]) end
@@ -584,7 +613,7 @@ local function checkOne(sp, key, vkey, bkey, write, ru, rt, rg)
   if ru > 0 then leasing().giveBack(alg, key, limit, W, sp[4], rt, rg, ru) end
   if sp[12] >= 0 then return throttleOne(sp, key, vkey, bkey, write) end
   local ok, remaining, reset, retry, cap, after, idx, prev, count
-  ok, remaining, reset, retry, cap, after, idx, prev, count, cost = decideLimit(alg, key, limit, W, sp[4], cost, sp[13])
+  ok, remaining, reset, retry, cap, after, idx, prev, count, cost = decideLimit(alg, key, limit, W, sp[4], cost, sp[13], sp[15])
   local blocked = false
   if pw > 0 then
     local b = tonumber(call('GET', bkey))
@@ -597,7 +626,7 @@ local function checkOne(sp, key, vkey, bkey, write, ru, rt, rg)
       if sp[10] > 0 and not logOnly and pw == 0 then
         ln, lt, lg, after, remaining, reset = leasing().lease(alg, sp, key, cap, cost, after, remaining, reset, idx)
       end
-      consume(1, alg, key, limit, W, cap, cost, after, idx, prev, count, ln, lg)
+      consume(1, alg, key, limit, W, cap, cost, after, idx, prev, count, ln, lg, sp[15])
     elseif not allowed and pw > 0 and not blocked then
       retry, reset = violate(vkey, bkey, pw, sp[8], sp[9], W, retry, reset)
     end
@@ -629,7 +658,7 @@ local function checkMany(n, write)
       if not l.ok then l.retry = sp[3] end
     else
       l.ok, l.remaining, l.reset, l.retry, l.cap, l.after, l.idx, l.prev, l.count, l.cost =
-        decideLimit(sp[1], l.key, sp[2], sp[3], sp[4], sp[5], sp[13])
+        decideLimit(sp[1], l.key, sp[2], sp[3], sp[4], sp[5], sp[13], sp[15])
     end
     l.blocked = false
     if l.bkey then
@@ -671,7 +700,7 @@ local function checkMany(n, write)
                 leasing().lease(sp[1], sp, l.key, l.cap, sp[5], l.after, l.remaining, l.reset, l.idx)
             end
           end
-          consume(i, sp[1], l.key, sp[2], sp[3], l.cap, l.cost, l.after, l.idx, l.prev, l.count, l.ln, l.lg)
+          consume(i, sp[1], l.key, sp[2], sp[3], l.cap, l.cost, l.after, l.idx, l.prev, l.count, l.ln, l.lg, sp[15])
         end
       elseif not l.ok and not sp[6] and l.vkey and not l.blocked then
         l.retry, l.reset = violate(l.vkey, l.bkey, sp[7], sp[8], sp[9], sp[3], l.retry, l.reset)
