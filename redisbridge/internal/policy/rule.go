@@ -38,6 +38,9 @@ type Rule struct {
 	MaxDelayMS int64
 	Priority   int
 	Enabled    bool
+	// WindowMonths is a window of calendar months; 0: WindowMS alone
+	// (migrations/0007_rule_window_months.sql).
+	WindowMonths int64
 
 	CreatedAt, UpdatedAt time.Time
 	UpdatedBy            string
@@ -56,7 +59,7 @@ func ParseRule(body []byte) (Rule, error) {
 	root := gjson.ParseBytes(body)
 	r := Rule{
 		Name: pr.Name, Scope: pr.Scope.String(), Algorithm: pr.Spec.Algorithm.String(),
-		Limit: pr.Spec.Limit, WindowMS: pr.Spec.WindowMS, Cost: pr.Spec.Cost,
+		Limit: pr.Spec.Limit, WindowMS: pr.Spec.WindowMS, WindowMonths: pr.Spec.Months, Cost: pr.Spec.Cost,
 		Methods: pr.Match.Methods, Hosts: pr.Match.Hosts,
 		Action: pr.Action.String(), Priority: pr.Priority, Enabled: pr.Enabled, MaxDelayMS: pr.MaxDelayMS,
 	}
@@ -159,8 +162,9 @@ type matchDoc struct {
 func (r Rule) MarshalJSON() ([]byte, error) {
 	d := ruleDoc{
 		Name: r.Name, Scope: r.Scope, Action: r.Action, Priority: r.Priority, Enabled: r.Enabled,
-		Algorithm: r.Algorithm, Limit: r.Limit, Window: rules.FormatDurationMS(r.WindowMS),
-		Burst: r.Burst, Cost: r.Cost, Penalty: r.Penalty, Lease: r.Lease, OnResponse: r.OnResponse,
+		Algorithm: r.Algorithm, Limit: r.Limit,
+		Window: string((&rules.LimitSpec{WindowMS: r.WindowMS, Months: r.WindowMonths}).AppendWindow(nil)),
+		Burst:  r.Burst, Cost: r.Cost, Penalty: r.Penalty, Lease: r.Lease, OnResponse: r.OnResponse,
 	}
 	if r.MaxDelayMS > 0 {
 		d.MaxDelay = rules.FormatDurationMS(r.MaxDelayMS)

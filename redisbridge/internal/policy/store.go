@@ -364,12 +364,12 @@ func load(ctx context.Context, conn *pgx.Conn) (*Snapshot, error) {
 	return snap, nil
 }
 
-const ruleColumns = "name, scope, algorithm, limit_count, window_ms, burst, cost, paths, methods, hosts, headers, query, penalty, lease, on_response, action, max_delay_ms, priority, enabled, created_at, updated_at, updated_by"
+const ruleColumns = "name, scope, algorithm, limit_count, window_ms, window_months, burst, cost, paths, methods, hosts, headers, query, penalty, lease, on_response, action, max_delay_ms, priority, enabled, created_at, updated_at, updated_by"
 
 func scanRule(row pgx.CollectableRow) (Rule, error) {
 	var r Rule
 	var burst, maxDelay *int64
-	err := row.Scan(&r.Name, &r.Scope, &r.Algorithm, &r.Limit, &r.WindowMS, &burst, &r.Cost, &r.Paths, &r.Methods,
+	err := row.Scan(&r.Name, &r.Scope, &r.Algorithm, &r.Limit, &r.WindowMS, &r.WindowMonths, &burst, &r.Cost, &r.Paths, &r.Methods,
 		&r.Hosts, &r.Headers, &r.Query, &r.Penalty, &r.Lease, &r.OnResponse, &r.Action, &maxDelay, &r.Priority, &r.Enabled, &r.CreatedAt, &r.UpdatedAt, &r.UpdatedBy)
 	if burst != nil {
 		r.Burst = *burst

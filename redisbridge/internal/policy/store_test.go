@@ -176,6 +176,8 @@ func TestRule_RoundTrip(t *testing.T) {
 		`{"name":"l","scope":"ip","limit":5,"window":"15m","on_response":{}}`,
 		`{"name":"m","limit":100000,"window":"1h","on_response":{"statuses":["2xx"],"cost_body":"usage.total_tokens"}}`,
 		`{"name":"n","limit":100,"window":"1h","cost":0,"on_response":{"cost_header":"x-cost"}}`,
+		`{"name":"o","limit":100000,"window":"1mo","algorithm":"fixed_window"}`,
+		`{"name":"p","scope":"tenant","limit":9000000,"window":"12mo","algorithm":"fixed_window","cost":0,"on_response":{"cost_header":"x-cost"}}`,
 	} {
 		want, err := rules.ParseRule([]byte(body))
 		if err != nil {
@@ -493,6 +495,15 @@ func TestStore_QueryRule(t *testing.T) {
 	got, want := storedRule(t, `{"name":"csv","limit":10,"window":"1h","match":{"query":[{"name":"format","equals":"csv"},{"name":"page","present":false}]}}`)
 	if !reflect.DeepEqual(got.Match, want.Match) {
 		t.Errorf("match from the store %+v, want %+v", got.Match, want.Match)
+	}
+}
+
+// A rule of calendar months keeps them (migration 0007) through the store
+// to the plugin.
+func TestStore_CalendarMonthsRule(t *testing.T) {
+	got, want := storedRule(t, `{"name":"plan","limit":100000,"window":"3mo","algorithm":"fixed_window"}`)
+	if got.Spec.Months != 3 || got.Spec != want.Spec {
+		t.Errorf("spec from the store %+v, want %+v", got.Spec, want.Spec)
 	}
 }
 

@@ -131,13 +131,13 @@ func (s *Store) PutRule(ctx context.Context, r Rule, c Change) (prev Rule, had b
 		if r.MaxDelayMS > 0 {
 			maxDelay = &r.MaxDelayMS
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO sluice_rules (name, scope, algorithm, limit_count, window_ms, burst, cost, paths, methods, hosts, headers, penalty, action, priority, enabled, updated_by, lease, max_delay_ms, query, on_response)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
+		if _, err := tx.Exec(ctx, `INSERT INTO sluice_rules (name, scope, algorithm, limit_count, window_ms, burst, cost, paths, methods, hosts, headers, penalty, action, priority, enabled, updated_by, lease, max_delay_ms, query, on_response, window_months)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
 ON CONFLICT (name) DO UPDATE SET scope = $2, algorithm = $3, limit_count = $4, window_ms = $5, burst = $6, cost = $7,
     paths = $8, methods = $9, hosts = $10, headers = $11, penalty = $12, action = $13, priority = $14, enabled = $15,
-    updated_at = now(), updated_by = $16, lease = $17, max_delay_ms = $18, query = $19, on_response = $20`,
+    updated_at = now(), updated_by = $16, lease = $17, max_delay_ms = $18, query = $19, on_response = $20, window_months = $21`,
 			r.Name, r.Scope, r.Algorithm, r.Limit, r.WindowMS, burst, r.Cost, nonNil(r.Paths), nonNil(r.Methods), nonNil(r.Hosts),
-			nullJSON(r.Headers), nullJSON(r.Penalty), r.Action, r.Priority, r.Enabled, c.Who, nullJSON(r.Lease), maxDelay, nullJSON(r.Query), nullJSON(r.OnResponse)); err != nil {
+			nullJSON(r.Headers), nullJSON(r.Penalty), r.Action, r.Priority, r.Enabled, c.Who, nullJSON(r.Lease), maxDelay, nullJSON(r.Query), nullJSON(r.OnResponse), r.WindowMonths); err != nil {
 			return nil, err
 		}
 		a := &auditEntry{action: ActionRulePut, target: r.Name, after: jsonOf(r)}
