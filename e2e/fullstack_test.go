@@ -403,6 +403,40 @@ func TestFullStack_FailureModes(t *testing.T) {
 // charged each response's usage, capped at what is left, and then
 // refuses; failed logins are charged, successful ones are not. Requests
 // of 0 tokens cost nothing, so they can watch a charge land.
+// A quota of calendar months, through the plugin, the bridge and Redis:
+// its 429 speaks of the month and resets on the next 1st (UTC, by Redis's
+// clock, which is this machine's).
+func TestFullStack_CalendarMonths(t *testing.T) {
+	s := newStack(t, `{
+  "identity": {"sources": [{"type": "header", "header": "x-user-id"}], "client_ip": {"trusted_proxy_depth": 1}},
+  "rules": [{"name": "plan", "match": {"paths": ["/api/v1/plan"]}, "limit": 3, "window": "1mo", "algorithm": "fixed_window"}],
+  "headers": {"draft": true}
+}`)
+	nextFirst := func() int64 {
+		now := time.Now().UTC()
+		return time.Date(now.Year(), now.Month()+1, 1, 0, 0, 0, 0, time.UTC).Unix()
+	}
+	before := nextFirst()
+	for i := 1; i <= 3; i++ {
+		if r := s.get("/api/v1/plan", "203.0.113.70", "X-User-Id", "planner"); r.status != 200 {
+			t.Fatalf("request %d: %d %s", i, r.status, r.body)
+		}
+	}
+	r := s.get("/api/v1/plan", "203.0.113.70", "X-User-Id", "planner")
+	after := nextFirst()
+	reset, _ := strconv.ParseInt(r.h.Get("X-RateLimit-Reset"), 10, 64)
+	if r.status != 429 || (reset != before && reset != after) {
+		t.Fatalf("4th: %d, X-RateLimit-Reset %d, want the next 1st, %d", r.status, reset, after)
+	}
+	retry, _ := strconv.ParseInt(r.h.Get("Retry-After"), 10, 64)
+	if d := reset - time.Now().Unix(); retry < d-2 || retry > d+2 {
+		t.Errorf("Retry-After %d, want about %d (to the next 1st)", retry, d)
+	}
+	if !strings.Contains(r.body, "3 requests per 1mo allowed") || r.h.Get("RateLimit-Policy") != `"plan";q=3;w=2635200` {
+		t.Errorf("429: %s, RateLimit-Policy %q", r.body, r.h.Get("RateLimit-Policy"))
+	}
+}
+
 func TestFullStack_ChargeOnResponse(t *testing.T) {
 	s := newStack(t, `{
   "bridge": {"cluster": "sluice_bridge", "timeout": "500ms"},
