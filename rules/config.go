@@ -452,6 +452,11 @@ type DenyConfig struct {
 type LocalCacheConfig struct {
 	Enabled    bool  // default true
 	MaxEntries int64 // default 10000
+	// MaxHoldMS bounds how long a denial is answered from the cache
+	// before the bridge is asked again, default a minute: a limit raised,
+	// a counter reset or an override set at the bridge then takes effect
+	// within it, though the denial's retry time be weeks away.
+	MaxHoldMS int64
 }
 
 // ShortestLeaseTTLMS is the shortest lease ttl of any limit of c, 0 when

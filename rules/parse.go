@@ -340,11 +340,12 @@ func (p *parser) throttleConfig(v gjson.Result, path string) ThrottleConfig {
 }
 
 func (p *parser) localCache(v gjson.Result, path string) LocalCacheConfig {
-	c := LocalCacheConfig{Enabled: true, MaxEntries: 10_000}
-	if !v.Exists() || !p.object(v, path, "enabled", "max_entries") {
+	c := LocalCacheConfig{Enabled: true, MaxEntries: 10_000, MaxHoldMS: 60_000}
+	if !v.Exists() || !p.object(v, path, "enabled", "max_entries", "max_hold") {
 		return c
 	}
 	c.Enabled = p.boolean(v.Get("enabled"), join(path, "enabled"), true)
 	c.MaxEntries = p.integer(v.Get("max_entries"), join(path, "max_entries"), c.MaxEntries, 1, 1_000_000)
+	c.MaxHoldMS = p.duration(v.Get("max_hold"), join(path, "max_hold"), c.MaxHoldMS, 1000, MaxWindowMS)
 	return c
 }

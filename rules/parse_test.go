@@ -239,6 +239,7 @@ func TestParseConfig_Errors(t *testing.T) {
 		{"header prefix", `{"headers":{"prefix":"X Rate"}}`, "headers.prefix", "not a valid"},
 		{"deny status", `{"deny":{"status":200}}`, "deny.status", "must be from 400"},
 		{"cache entries", `{"local_cache":{"max_entries":0}}`, "local_cache.max_entries", "must be from 1"},
+		{"cache hold", `{"local_cache":{"max_hold":"500ms"}}`, "local_cache.max_hold", "must be from 1s"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

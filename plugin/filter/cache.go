@@ -18,10 +18,11 @@ import (
 
 const cachePrefix = "sluice.oc."
 
-// cachedDenial finds an enforced limit of s that is cached as over limit;
-// h is its key's hash, and memo tells that the VM's own rendering of the
-// refusal (refusals[h%refusalSlots]) is of that key and configuration.
-func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, h uint64, memo, ok bool) {
+// cachedDenial finds an enforced limit of s that is cached as over limit,
+// and answered from the cache until hold; h is its key's hash, and memo
+// tells that the VM's own rendering of the refusal
+// (refusals[h%refusalSlots]) is of that key and configuration.
+func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, hold int64, h uint64, memo, ok bool) {
 	for i := range s.plan.Limits {
 		l := &s.plan.Limits[i]
 		if l.Action == rules.LogOnly {
@@ -32,20 +33,21 @@ func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, h uint64, mem
 		// answers without asking the host for shared data.
 		r := &p.refusals[h%refusalSlots]
 		memo := r.cfg == s.cfg && string(r.key) == string(l.Key)
-		if memo && r.until > s.nowMS {
-			return i, rules.Decision{Limit: r.limit, ResetMS: r.resetMS, RetryAfterMS: r.until - s.nowMS}, h, true, true
+		if memo && r.hold > s.nowMS {
+			return i, rules.Decision{Limit: r.limit, ResetMS: r.resetMS, RetryAfterMS: r.until - s.nowMS}, r.hold, h, true, true
 		}
 		v, _ := p.host.SharedGetCAS(p.slotName(h, s.cfg.LocalCache.MaxEntries))
 		e := &p.entry
-		if !parseSlot(v, e) || string(e.key) != string(l.Key) || e.until <= s.nowMS {
+		if !parseSlot(v, e) || string(e.key) != string(l.Key) || e.hold <= s.nowMS {
 			continue
 		}
-		return i, rules.Decision{Limit: e.limit, ResetMS: e.reset, RetryAfterMS: e.until - s.nowMS}, h, memo, true
+		return i, rules.Decision{Limit: e.limit, ResetMS: e.reset, RetryAfterMS: e.until - s.nowMS}, e.hold, h, memo, true
 	}
-	return 0, rules.Decision{}, 0, false, false
+	return 0, rules.Decision{}, 0, 0, false, false
 }
 
-// cacheDenial remembers that key is over its limit until the retry time.
+// cacheDenial remembers that key is over its limit until the retry time,
+// to be answered from the cache for local_cache.max_hold at most.
 func (p *Plugin) cacheDenial(cfg *rules.Config, key []byte, d *rules.Decision, nowMS int64) {
 	if d.RetryAfterMS <= 0 || len(key) > 0xffff {
 		return
@@ -68,6 +70,7 @@ func (p *Plugin) cacheDenial(cfg *rules.Config, key []byte, d *rules.Decision, n
 			*e = slotEntry{key: key}
 		}
 		e.until, e.limit, e.reset = nowMS+d.RetryAfterMS, d.Limit, d.ResetMS
+		e.hold = nowMS + min(d.RetryAfterMS, cfg.LocalCache.MaxHoldMS)
 		if p.write(k, e, cas) {
 			p.sendEvicted(cfg, back)
 			return

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -479,6 +480,42 @@ func TestStream_DeniedThenCached(t *testing.T) {
 	h.request(p, 5, map[string]string{"x-user-id": "bob"})
 	if len(h.calls) != calls+2 {
 		t.Error("expired cache entry still used")
+	}
+}
+
+// A denial is answered from the cache for local_cache.max_hold at most,
+// then the bridge is asked again (a limit raised or a counter reset there
+// takes effect), while the 429s still show the denial's whole retry time.
+func TestStream_CachedDenialHeld(t *testing.T) {
+	h, p := startPlugin(t, strings.Replace(strings.ReplaceAll(testConfig, "%MODE%", "fail_open"),
+		`"exemptions"`, `"local_cache": {"max_hold": "9500ms"}, "exemptions"`, 1))
+	bob := map[string]string{"x-user-id": "bob"}
+	// The hold ends between two refusals of one second that show one
+	// Retry-After, where the VM answers the second from its rendering.
+	t0 := h.nowMS + 300
+	h.nowMS = t0
+	h.request(p, 2, bob)
+	h.answer(p, "200", denyAnswer(h.nowMS)) // retry in 40 s
+	calls := len(h.calls)
+	for id, at := range []int64{4_500, 9_200, 9_400, 9_499} {
+		h.nowMS = t0 + at
+		h.local = nil
+		if _, a := h.request(p, uint32(3+id), bob); a != proxywasm.Pause || len(h.calls) != calls || h.local == nil {
+			t.Fatalf("%d ms after the denial: action %v, call-outs %d→%d", at, a, calls, len(h.calls))
+		}
+		if want := strconv.FormatInt((40_000-at+999)/1000, 10); h.local.headers["Retry-After"] != want {
+			t.Errorf("%d ms after the denial: Retry-After %q, want %s", at, h.local.headers["Retry-After"], want)
+		}
+	}
+	h.nowMS = t0 + 9_500
+	h.request(p, 7, bob)
+	if len(h.calls) != calls+1 {
+		t.Fatalf("held past max_hold: call-outs %d→%d", calls, len(h.calls))
+	}
+	// The bridge now lets bob through (his limit was raised): so does the proxy.
+	h.answer(p, "200", allowAnswer(h.nowMS))
+	if h.resumed != 1 {
+		t.Fatalf("allowed by the bridge, resumed %d", h.resumed)
 	}
 }
 

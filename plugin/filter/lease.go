@@ -34,14 +34,15 @@ import (
 // int64, little endian:
 //
 //	key length (2 bytes), key
-//	denial: until, limit, reset (until 0: none)
+//	denial: until, limit, reset, hold (until 0: none; hold, when the
+//	cache stops answering it, at most until)
 //	with leases: renewing (when a renewal was asked for, local ms; 0:
 //	none), algorithm, limit, window, burst (the spec the leases were
 //	granted under, to hand them back), the limit headers show, then two
 //	leases of: expires, start (local ms), units left, units granted,
 //	tag, remaining and reset (the store's, at the grant)
 const (
-	denialLen = 3 * 8
+	denialLen = 4 * 8
 	leaseHead = 6 * 8
 	subLen    = 7 * 8
 	leaseLen  = leaseHead + 2*subLen
@@ -67,6 +68,7 @@ func (l *leaseSub) spendable(now int64) bool {
 type slotEntry struct {
 	key                 []byte
 	until, limit, reset int64 // the over-limit cache's denial
+	hold                int64 // answered from the cache until then
 	leased              bool  // the lease part is present
 	renewing            int64
 	alg, slimit, window int64
@@ -92,7 +94,7 @@ func parseSlot(v []byte, e *slotEntry) bool {
 	}
 	e.key = v[2 : 2+n]
 	r := v[2+n:]
-	e.until, e.limit, e.reset = get64(r, 0), get64(r, 1), get64(r, 2)
+	e.until, e.limit, e.reset, e.hold = get64(r, 0), get64(r, 1), get64(r, 2), get64(r, 3)
 	if !e.leased {
 		e.sub = [2]leaseSub{}
 		e.renewing = 0
@@ -113,7 +115,7 @@ func appendSlot(dst []byte, e *slotEntry) []byte {
 	le := binary.LittleEndian
 	dst = le.AppendUint16(dst, uint16(len(e.key)))
 	dst = append(dst, e.key...)
-	for _, n := range [...]int64{e.until, e.limit, e.reset} {
+	for _, n := range [...]int64{e.until, e.limit, e.reset, e.hold} {
 		dst = le.AppendUint64(dst, uint64(n))
 	}
 	if !e.leased {

@@ -24,6 +24,7 @@ type refusal struct {
 	key   []byte
 	gen   uint32 // counts the keys the slot held, for refusalTag
 	until int64  // the cache entry's retry time
+	hold  int64  // the cache entry's, when it stops answering
 	retry int64  // the Retry-After seconds it shows
 	// The reply: its headers, serialized, and its body up to the request id.
 	headers []byte
@@ -39,21 +40,22 @@ type refusal struct {
 }
 
 // refuseCached answers s with a 429 for limit i, which the over-limit cache
-// holds as refused (decision d); h is the key's hash, and memo tells that
+// holds as refused (decision d) until hold; h is the key's hash, and memo tells that
 // the VM's rendering of its refusal is of this key and configuration.
-func (s *Stream) refuseCached(i int, d *rules.Decision, h uint64, memo bool) {
+func (s *Stream) refuseCached(i int, d *rules.Decision, hold int64, h uint64, memo bool) {
 	p, cfg := s.p, s.cfg
 	l := &s.plan.Limits[i]
 	r := &p.refusals[h%refusalSlots]
 	if !memo {
 		p.reportRefusals(r, s.nowMS) // what is pending belongs to the key leaving
-		r.cfg, r.key, r.until = cfg, append(r.key[:0], l.Key...), 0
+		r.cfg, r.key, r.until, r.hold = cfg, append(r.key[:0], l.Key...), 0, 0
 		if r.gen++; r.gen == 0 {
 			// Wrapped: a tag the plan cache keeps could name this key
 			// as the one the slot holds.
 			p.plans.Reset()
 		}
 	}
+	r.hold = hold
 	until, retry := s.nowMS+d.RetryAfterMS, rules.RetryAfterSeconds(d, s.nowMS)
 	if r.until != until || r.retry != retry {
 		r.until, r.retry = until, retry
@@ -116,7 +118,7 @@ func (s *Stream) refuseAgain(kept *rules.Plan, tag uint64) bool {
 		}
 	}
 	now := s.now()
-	if r.until <= now || now/1000 > r.eventSec ||
+	if r.hold <= now || now/1000 > r.eventSec ||
 		r.retry != rules.RetryAfterSeconds(&rules.Decision{RetryAfterMS: r.until - now}, now) {
 		return false
 	}

@@ -131,10 +131,10 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		return proxywasm.Continue
 	}
 	if s.cfg.LocalCache.Enabled {
-		if i, d, hash, memo, ok := p.cachedDenial(s); ok {
+		if i, d, hold, hash, memo, ok := p.cachedDenial(s); ok {
 			h.IncCounter(p.m.cacheHits)
 			h.IncCounter(p.m.denied)
-			s.refuseCached(i, &d, hash, memo)
+			s.refuseCached(i, &d, hold, hash, memo)
 			if !cached {
 				p.plans.Keep(s.cfg, &s.req, &s.plan, p.refusalTag(hash, i))
 			}
