@@ -364,6 +364,9 @@ type configBody struct {
 	Endpoint      string `json:"endpoint"`
 	Limit         *int64 `json:"limit"`
 	WindowSeconds *int64 `json:"window_seconds"`
+	// WindowMonths, in place of window_seconds: a fixed_window of
+	// calendar months.
+	WindowMonths  *int64 `json:"window_months"`
 	Algorithm     string `json:"algorithm"`
 	BurstCapacity *int64 `json:"burst_capacity,omitempty"`
 }
@@ -389,8 +392,14 @@ func (s *Server) handlePutConfig(w http.ResponseWriter, r *http.Request, who str
 		e = invalid(codeInvalidAlgorithm, "algorithm", "required: token_bucket, sliding_window, sliding_log or fixed_window")
 	case c.Limit == nil || *c.Limit < 1 || *c.Limit > rules.MaxLimitValue:
 		e = invalid(codeInvalidLimit, "limit", "required, from 1 to 1099511627776")
-	case c.WindowSeconds == nil || *c.WindowSeconds < 1 || *c.WindowSeconds > rules.MaxWindowMS/1000:
-		e = invalid(codeInvalidLimit, "window_seconds", "required, from 1 to 31622400")
+	case c.WindowMonths != nil && c.WindowSeconds != nil:
+		e = invalid(codeInvalidLimit, "window_months", "window_seconds or window_months, not both")
+	case c.WindowMonths != nil && !rules.ValidMonths(*c.WindowMonths):
+		e = invalid(codeInvalidLimit, "window_months", "1, 2, 3, 4, 6 or 12")
+	case c.WindowMonths != nil && alg != rules.FixedWindow:
+		e = invalid(codeInvalidLimit, "window_months", "calendar months need algorithm fixed_window")
+	case c.WindowMonths == nil && (c.WindowSeconds == nil || *c.WindowSeconds < 1 || *c.WindowSeconds > rules.MaxWindowMS/1000):
+		e = invalid(codeInvalidLimit, "window_seconds", "required (or window_months), from 1 to 31622400")
 	case c.BurstCapacity != nil && (*c.BurstCapacity < 1 || *c.BurstCapacity > rules.MaxLimitValue):
 		e = invalid(codeInvalidLimit, "burst_capacity", "from 1 to 1099511627776")
 	}
@@ -398,9 +407,12 @@ func (s *Server) handlePutConfig(w http.ResponseWriter, r *http.Request, who str
 		writeError(w, r, e)
 		return
 	}
-	o := overrides.Override{
-		User: c.UserID, Endpoint: c.Endpoint, Algorithm: alg, Limit: *c.Limit,
-		WindowMS: *c.WindowSeconds * 1000, UpdatedMS: time.Now().UnixMilli(),
+	o := overrides.Override{User: c.UserID, Endpoint: c.Endpoint, Algorithm: alg, Limit: *c.Limit, UpdatedMS: time.Now().UnixMilli()}
+	if c.WindowMonths != nil {
+		o.Months = *c.WindowMonths
+		o.WindowMS = o.Months * rules.MonthMS
+	} else {
+		o.WindowMS = *c.WindowSeconds * 1000
 	}
 	if c.BurstCapacity != nil {
 		o.Burst = *c.BurstCapacity

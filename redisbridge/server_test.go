@@ -288,6 +288,48 @@ func TestServer_BatchIdempotent(t *testing.T) {
 	}
 }
 
+// An override may give a user a quota of calendar months: the API keeps
+// window_months, and the user's per-user limits then end on the 1st; a
+// throttle limit so overridden refuses rather than holds.
+func TestServer_OverrideOfCalendarMonths(t *testing.T) {
+	ts := startServer(t, testSettings()) // 2026-01-01T00:00:00.123Z
+	for _, body := range []string{
+		`{"user_id":"acme","endpoint":"*","limit":2,"window_seconds":60,"window_months":1,"algorithm":"fixed_window"}`,
+		`{"user_id":"acme","endpoint":"*","limit":2,"window_months":5,"algorithm":"fixed_window"}`,
+		`{"user_id":"acme","endpoint":"*","limit":2,"window_months":1,"algorithm":"token_bucket"}`,
+	} {
+		if r := do(t, nil, "PUT", ts.URL+"/v1/rate-limit/config", body, adminHdr...); r.status != 400 || r.errCode(t) != codeInvalidLimit {
+			t.Fatalf("%s: %d %s", body, r.status, r.body)
+		}
+	}
+	r := do(t, nil, "PUT", ts.URL+"/v1/rate-limit/config", `{"user_id":"acme","endpoint":"*","limit":2,"window_months":1,"algorithm":"fixed_window"}`, adminHdr...)
+	if r.status != 200 || r.json(t)["window_months"] != 1.0 || r.json(t)["window_seconds"] != nil {
+		t.Fatalf("put: %d %s", r.status, r.body)
+	}
+	pl := limit("rl:{u:acme}:api", rules.TokenBucket, 100)
+	pl.PerUser, pl.Throttle, pl.MaxDelayMS = true, true, 30_000
+	wire := string(rules.AppendCheckRequestFrom(nil, &rules.CheckRequest{User: "acme", Endpoint: "/v1/x", Limits: []rules.LimitRequest{pl}}))
+	feb := time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	for i, allowed := range []bool{true, true, false} {
+		var cr rules.CheckResponse
+		r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", wire)
+		if err := rules.DecodeCheckResponse(r.body, 1, &cr); err != nil {
+			t.Fatalf("check %d: %v %s", i, err, r.body)
+		}
+		if d := cr.Decisions[0]; cr.Allowed != allowed || cr.DelayMS != 0 || d.Limit != 2 || d.ResetMS != feb {
+			t.Fatalf("check %d: %+v, want allowed %v, not held, reset on February 1", i, cr, allowed)
+		}
+	}
+	// Nor is a leased limit so overridden leased.
+	leased := limit("rl:{u:acme}:hot", rules.FixedWindow, 100)
+	leased.PerUser, leased.Spec.Lease = true, rules.Lease{Size: 10, TTLMS: 1000}
+	var cr rules.CheckResponse
+	r = do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", string(rules.AppendCheckRequestFrom(nil, &rules.CheckRequest{User: "acme", Endpoint: "/v1/x", Limits: []rules.LimitRequest{leased}})))
+	if err := rules.DecodeCheckResponse(r.body, 1, &cr); err != nil || !cr.Allowed || cr.Decisions[0].Lease.Units != 0 || cr.Decisions[0].ResetMS != feb {
+		t.Fatalf("leased limit of calendar months: %+v %v", cr, err)
+	}
+}
+
 func TestServer_AdminAuthConfigResetAudit(t *testing.T) {
 	set := testSettings()
 	set.AuditLog = filepath.Join(t.TempDir(), "audit.log")

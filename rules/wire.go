@@ -60,9 +60,11 @@ type LimitRequest struct {
 
 // MaxDelay is the limit's max_delay_ms as the wire and the stores carry
 // it: -1 when it is not throttled. A sliding window estimates its count,
-// so it never is (a per-user override may have made a throttle limit one).
+// and a window of calendar months has no fixed length to reserve slots
+// in, so neither ever is (a per-user override may have made a throttle
+// limit one).
 func (l *LimitRequest) MaxDelay() int64 {
-	if !l.Throttle || l.Fill || l.Quota || l.Spec.Algorithm == SlidingWindow {
+	if !l.Throttle || l.Fill || l.Quota || l.Spec.Algorithm == SlidingWindow || l.Spec.Months > 0 {
 		return -1
 	}
 	return l.MaxDelayMS

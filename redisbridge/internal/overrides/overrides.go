@@ -33,15 +33,16 @@ type Override struct {
 	WindowMS  int64
 	Burst     int64 // token bucket capacity; 0: Limit
 	UpdatedMS int64 // unix ms of the write
+	// Months makes a fixed_window's windows calendar months
+	// (rules.LimitSpec.Months); WindowMS is then their nominal length.
+	Months int64
 }
 
 // Apply returns spec with o's values.
 func (o *Override) Apply(spec rules.LimitSpec) rules.LimitSpec {
 	spec.Algorithm = o.Algorithm
 	spec.Limit = o.Limit
-	// An override's window is in seconds: one of calendar months it
-	// replaces counts in windows of that length.
-	spec.WindowMS, spec.Months = o.WindowMS, 0
+	spec.WindowMS, spec.Months = o.WindowMS, o.Months
 	spec.Burst = o.Burst
 	if spec.Burst <= 0 {
 		spec.Burst = o.Limit
@@ -50,19 +51,24 @@ func (o *Override) Apply(spec rules.LimitSpec) rules.LimitSpec {
 }
 
 // MarshalJSON writes o as the config API shows it: user_id, endpoint,
-// limit, window_seconds, algorithm, burst_capacity (when set) and
-// updated_at (RFC 3339). The API's answers and the audit trail use it.
+// limit, window_seconds or window_months, algorithm, burst_capacity (when
+// set) and updated_at (RFC 3339). The API's answers and the audit trail
+// use it.
 func (o Override) MarshalJSON() ([]byte, error) {
 	v := struct {
 		User      string `json:"user_id"`
 		Endpoint  string `json:"endpoint"`
 		Limit     int64  `json:"limit"`
-		Window    int64  `json:"window_seconds"`
+		Window    int64  `json:"window_seconds,omitempty"`
+		Months    int64  `json:"window_months,omitempty"`
 		Algorithm string `json:"algorithm"`
 		Burst     int64  `json:"burst_capacity,omitempty"`
 		Updated   string `json:"updated_at"`
-	}{o.User, o.Endpoint, o.Limit, o.WindowMS / 1000, o.Algorithm.String(), o.Burst,
+	}{o.User, o.Endpoint, o.Limit, o.WindowMS / 1000, o.Months, o.Algorithm.String(), o.Burst,
 		time.UnixMilli(o.UpdatedMS).UTC().Format(time.RFC3339)}
+	if o.Months > 0 {
+		v.Window = 0
+	}
 	return json.Marshal(v)
 }
 
@@ -72,7 +78,8 @@ func (o *Override) Valid() bool {
 	return o.User != "" && o.Endpoint != "" && o.Algorithm.String() != "" &&
 		o.Limit >= 1 && o.Limit <= rules.MaxLimitValue &&
 		o.WindowMS >= 1 && o.WindowMS <= rules.MaxWindowMS &&
-		o.Burst >= 0 && o.Burst <= rules.MaxLimitValue
+		o.Burst >= 0 && o.Burst <= rules.MaxLimitValue &&
+		(o.Months == 0 || rules.ValidMonths(o.Months) && o.Algorithm == rules.FixedWindow && o.WindowMS == o.Months*rules.MonthMS)
 }
 
 // Backend is where overrides are kept. Versions order the backend's

@@ -39,7 +39,7 @@ type Rule struct {
 	Priority   int
 	Enabled    bool
 	// WindowMonths is a window of calendar months; 0: WindowMS alone
-	// (migrations/0007_rule_window_months.sql).
+	// (migrations/0007_window_months.sql).
 	WindowMonths int64
 
 	CreatedAt, UpdatedAt time.Time

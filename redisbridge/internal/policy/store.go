@@ -389,14 +389,14 @@ func scanRule(row pgx.CollectableRow) (Rule, error) {
 	return r, err
 }
 
-const overrideColumns = "user_id, endpoint, algorithm, limit_count, window_ms, burst, updated_at"
+const overrideColumns = "user_id, endpoint, algorithm, limit_count, window_ms, burst, updated_at, window_months"
 
 func scanOverride(row pgx.CollectableRow) (overrides.Override, error) {
 	var o overrides.Override
 	var alg string
 	var burst *int64
 	var at time.Time
-	err := row.Scan(&o.User, &o.Endpoint, &alg, &o.Limit, &o.WindowMS, &burst, &at)
+	err := row.Scan(&o.User, &o.Endpoint, &alg, &o.Limit, &o.WindowMS, &burst, &at, &o.Months)
 	o.Algorithm, _ = rules.ParseAlgorithm(alg)
 	if burst != nil {
 		o.Burst = *burst

@@ -507,6 +507,25 @@ func TestStore_CalendarMonthsRule(t *testing.T) {
 	}
 }
 
+// An override of calendar months keeps them (migration 0007) through the
+// database to a bridge that loads it.
+func TestStore_CalendarMonthsOverride(t *testing.T) {
+	url := pgtest.Shared(t).NewDatabase(t)
+	o := overrides.Override{User: "acme", Endpoint: "*", Algorithm: rules.FixedWindow, Limit: 2_000_000, WindowMS: rules.MonthMS, Months: 1, UpdatedMS: 1_767_225_600_000}
+	a := overrides.New(open(t, url, time.Second).Overrides(), nil)
+	defer a.Close()
+	<-a.Loaded()
+	if _, _, err := a.Put(WithChange(context.Background(), who), o); err != nil {
+		t.Fatal(err)
+	}
+	b := overrides.New(open(t, url, time.Second).Overrides(), nil)
+	defer b.Close()
+	<-b.Loaded()
+	if got, ok := b.Get("acme", "*"); !ok || got != o {
+		t.Fatalf("loaded %+v %v, want %+v", got, ok, o)
+	}
+}
+
 // A rule charged after the response keeps its on_response (migration
 // 0006) through the store to the plugin.
 func TestStore_OnResponseRule(t *testing.T) {

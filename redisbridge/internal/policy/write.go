@@ -248,10 +248,10 @@ func (b backend) Put(ctx context.Context, o overrides.Override) (prev overrides.
 		if o.Burst > 0 {
 			burst = &o.Burst
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO sluice_overrides (user_id, endpoint, algorithm, limit_count, window_ms, burst, updated_at, updated_by)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (user_id, endpoint) DO UPDATE SET algorithm = $3, limit_count = $4, window_ms = $5, burst = $6, updated_at = $7, updated_by = $8`,
-			o.User, o.Endpoint, o.Algorithm.String(), o.Limit, o.WindowMS, burst, time.UnixMilli(o.UpdatedMS), c.Who); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO sluice_overrides (user_id, endpoint, algorithm, limit_count, window_ms, burst, updated_at, updated_by, window_months)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (user_id, endpoint) DO UPDATE SET algorithm = $3, limit_count = $4, window_ms = $5, burst = $6, updated_at = $7, updated_by = $8, window_months = $9`,
+			o.User, o.Endpoint, o.Algorithm.String(), o.Limit, o.WindowMS, burst, time.UnixMilli(o.UpdatedMS), c.Who, o.Months); err != nil {
 			return nil, err
 		}
 		a := &auditEntry{action: ActionOverridePut, target: o.User + " " + o.Endpoint, after: jsonOf(o)}

@@ -47,6 +47,7 @@ type storedOverride struct {
 	WindowMS  int64  `json:"window_ms"`
 	Burst     int64  `json:"burst,omitempty"`
 	UpdatedMS int64  `json:"updated_ms"`
+	Months    int64  `json:"window_months,omitempty"`
 	// Strategy is the algorithm as bridges before the rename to
 	// "algorithm" wrote it; read so that their overrides stay in force.
 	Strategy string `json:"strategy,omitempty"`
@@ -60,7 +61,7 @@ func overrideField(user, endpoint string) string {
 func encodeOverride(o overrides.Override) ([]byte, error) {
 	return json.Marshal(storedOverride{
 		User: o.User, Endpoint: o.Endpoint, Algorithm: o.Algorithm.String(), Limit: o.Limit,
-		WindowMS: o.WindowMS, Burst: o.Burst, UpdatedMS: o.UpdatedMS,
+		WindowMS: o.WindowMS, Burst: o.Burst, UpdatedMS: o.UpdatedMS, Months: o.Months,
 	})
 }
 
@@ -76,7 +77,7 @@ func decodeOverride(raw []byte) (overrides.Override, bool) {
 	alg, _ := rules.ParseAlgorithm(name)
 	o := overrides.Override{
 		User: so.User, Endpoint: so.Endpoint, Algorithm: alg, Limit: so.Limit,
-		WindowMS: so.WindowMS, Burst: so.Burst, UpdatedMS: so.UpdatedMS,
+		WindowMS: so.WindowMS, Burst: so.Burst, UpdatedMS: so.UpdatedMS, Months: so.Months,
 	}
 	return o, o.Valid()
 }

@@ -58,6 +58,14 @@ func TestRedisOverrides_ReachOtherBridges(t *testing.T) {
 	if got, ok := c.Get("u1", "/e"); !ok || got != o {
 		t.Fatalf("a bridge started later: %+v %v", got, ok)
 	}
+	// One of calendar months keeps them.
+	m := overrides.Override{User: "u3", Endpoint: "*", Algorithm: rules.FixedWindow, Limit: 5000, WindowMS: 3 * rules.MonthMS, Months: 3, UpdatedMS: 8}
+	if _, _, err := c.Put(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := newSet().Get("u3", "*"); !ok || got != m {
+		t.Fatalf("months read back: %+v %v, want %+v", got, ok, m)
+	}
 	// A delete reaches the other bridges the same way.
 	if prev, had, err := c.Delete(context.Background(), "u1", "/e"); err != nil || !had || prev != o {
 		t.Fatalf("Delete: %+v %v %v", prev, had, err)

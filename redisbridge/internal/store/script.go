@@ -411,9 +411,10 @@ func specFlags(l *rules.LimitRequest) int64 {
 }
 
 // leaseOf is the lease l asks for: none for a fill limit, whose cost is
-// not known before it is decided.
+// not known before it is decided, nor for one of calendar months (a
+// per-user override may have made a leased limit one).
 func leaseOf(l *rules.LimitRequest) rules.Lease {
-	if l.Fill {
+	if l.Fill || l.Spec.Months > 0 {
 		return rules.Lease{}
 	}
 	return l.Spec.Lease
