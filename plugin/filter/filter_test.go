@@ -671,8 +671,12 @@ func BenchmarkStream(b *testing.B) {
 	}
 	b.Run("no-match", func(b *testing.B) { run(b, with("/health"), nil) })
 	b.Run("cache-hit", func(b *testing.B) {
-		p.cacheDenial(p.cfg, []byte("rl:{u:alice}:api"), &rules.Decision{Limit: 10, ResetMS: 1 << 50, RetryAfterMS: 1 << 49}, 0)
+		p.cacheDenial(p.cfg, []byte("rl:{u:alice}:api"), &rules.Decision{Limit: 10, ResetMS: 1 << 50, RetryAfterMS: 1 << 49}, h.nowMS)
+		locals := h.locals
 		run(b, with("/api/v1/items"), nil)
+		if h.locals-locals != b.N {
+			b.Fatalf("%d of %d requests refused from the cache", h.locals-locals, b.N)
+		}
 	})
 	b.Run("lease-hit", func(b *testing.B) {
 		// A proxy of its own: a leased rule, a lease that outlasts the run.
