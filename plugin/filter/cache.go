@@ -19,10 +19,12 @@ import (
 const cachePrefix = "sluice.oc."
 
 // cachedDenial finds an enforced limit of s that is cached as over limit,
-// and answered from the cache until hold; h is its key's hash, and memo
-// tells that the VM's own rendering of the refusal
-// (refusals[h%refusalSlots]) is of that key and configuration.
-func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, hold int64, h uint64, memo, ok bool) {
+// and answered from the cache until hold; with held, one whose hold
+// ended too, until its retry time (the bridge was asked again and did not
+// answer). h is its key's hash, and memo tells that the VM's own
+// rendering of the refusal (refusals[h%refusalSlots]) is of that key and
+// configuration.
+func (p *Plugin) cachedDenial(s *Stream, held bool) (i int, d rules.Decision, hold int64, h uint64, memo, ok bool) {
 	for i := range s.plan.Limits {
 		l := &s.plan.Limits[i]
 		if l.Action == rules.LogOnly {
@@ -33,12 +35,12 @@ func (p *Plugin) cachedDenial(s *Stream) (i int, d rules.Decision, hold int64, h
 		// answers without asking the host for shared data.
 		r := &p.refusals[h%refusalSlots]
 		memo := r.cfg == s.cfg && string(r.key) == string(l.Key)
-		if memo && r.hold > s.nowMS {
+		if memo && (r.hold > s.nowMS || held && r.until > s.nowMS) {
 			return i, rules.Decision{Limit: r.limit, ResetMS: r.resetMS, RetryAfterMS: r.until - s.nowMS}, r.hold, h, true, true
 		}
 		v, _ := p.host.SharedGetCAS(p.slotName(h, s.cfg.LocalCache.MaxEntries))
 		e := &p.entry
-		if !parseSlot(v, e) || string(e.key) != string(l.Key) || e.hold <= s.nowMS {
+		if !parseSlot(v, e) || string(e.key) != string(l.Key) || e.hold <= s.nowMS && (!held || e.until <= s.nowMS) {
 			continue
 		}
 		return i, rules.Decision{Limit: e.limit, ResetMS: e.reset, RetryAfterMS: e.until - s.nowMS}, e.hold, h, memo, true

@@ -508,10 +508,23 @@ func TestStream_CachedDenialHeld(t *testing.T) {
 		}
 	}
 	h.nowMS = t0 + 9_500
+	h.local = nil
 	h.request(p, 7, bob)
 	if len(h.calls) != calls+1 {
 		t.Fatalf("held past max_hold: call-outs %d→%d", calls, len(h.calls))
 	}
+	// The bridge does not answer (fail_open): the denial still refuses
+	// until its retry time, and is asked about again on the next request.
+	p.OnHTTPCallResponse(uint32(len(h.calls)), 0, 0, 0)
+	if h.local == nil || h.local.status != 429 || h.local.headers["Retry-After"] != "31" || h.resumed != 0 || h.counters[MetricBridgeErrors] != 1 {
+		t.Fatalf("bridge down past the hold: local %+v resumed %d bridge errors %d", h.local, h.resumed, h.counters[MetricBridgeErrors])
+	}
+	h.local, h.dispatchErr = nil, errors.New("no cluster")
+	if _, a := h.request(p, 8, bob); a != proxywasm.Pause || h.local == nil || h.local.status != 429 {
+		t.Fatalf("dispatch failed past the hold: action %v local %+v", a, h.local)
+	}
+	h.dispatchErr = nil
+	h.request(p, 9, bob)
 	// The bridge now lets bob through (his limit was raised): so does the proxy.
 	h.answer(p, "200", allowAnswer(h.nowMS))
 	if h.resumed != 1 {

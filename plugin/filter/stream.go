@@ -131,7 +131,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		return proxywasm.Continue
 	}
 	if s.cfg.LocalCache.Enabled {
-		if i, d, hold, hash, memo, ok := p.cachedDenial(s); ok {
+		if i, d, hold, hash, memo, ok := p.cachedDenial(s, false); ok {
 			h.IncCounter(p.m.cacheHits)
 			h.IncCounter(p.m.denied)
 			s.refuseCached(i, &d, hold, hash, memo)
@@ -155,8 +155,8 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	callID, err := h.Dispatch(b.Cluster, s.callHdrs, s.body, b.TimeoutMS)
 	if err != nil {
 		s.fail("dispatch failed: " + err.Error())
-		if s.cfg.FailureMode == rules.FailClosed {
-			return proxywasm.Pause // answered with the local 503
+		if s.answered {
+			return proxywasm.Pause // answered with a local 503 or 429
 		}
 		return proxywasm.Continue
 	}
@@ -387,6 +387,16 @@ func (s *Stream) fail(reason string) {
 	s.releasePlace()
 	s.p.host.IncCounter(s.p.m.bridgeErrors)
 	s.backendError(reason)
+	// A denial the cache holds past its hold (the bridge was asked again
+	// for it) still refuses until its retry time.
+	if s.cfg.LocalCache.Enabled {
+		if i, d, hold, hash, memo, ok := s.p.cachedDenial(s, true); ok {
+			s.p.host.IncCounter(s.p.m.cacheHits)
+			s.p.host.IncCounter(s.p.m.denied)
+			s.refuseCached(i, &d, hold, hash, memo)
+			return
+		}
+	}
 	if s.cfg.FailureMode == rules.FailClosed {
 		s.state = stateDone
 		s.p.host.IncCounter(s.p.m.failClosed)
@@ -404,7 +414,7 @@ func (s *Stream) fail(reason string) {
 
 // finishFailure resumes a paused request after fail_open.
 func (s *Stream) finishFailure() {
-	if s.cfg.FailureMode == rules.FailOpen {
+	if s.cfg.FailureMode == rules.FailOpen && !s.answered {
 		s.answered = true
 		s.p.host.ResumeRequest()
 	}
