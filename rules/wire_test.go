@@ -98,15 +98,23 @@ func TestCheckRequest_FillRoundTrip(t *testing.T) {
 				Spec: LimitSpec{Algorithm: FixedWindow, Limit: 1000, WindowMS: 3600_000, Burst: 1000, Cost: cost}},
 			{Key: "rl:{g}:all", Rule: "all", Spec: LimitSpec{Algorithm: TokenBucket, Limit: 10, WindowMS: 1000, Burst: 10, Cost: 1}},
 		}}
-		body := AppendCheckRequestFrom(nil, &in)
-		got, err := DecodeCheckRequest(body)
-		if err != nil {
-			t.Fatalf("%v\n%s", err, body)
-		}
-		if !reflect.DeepEqual(got, in) {
-			t.Errorf("round trip:\n got %+v\nwant %+v\n%s", got, in, body)
-		}
+		roundTrip(t, &in)
 	}
+}
+
+// roundTrip encodes in, requires it to decode to in, and returns the
+// encoding.
+func roundTrip(t *testing.T, in *CheckRequest) []byte {
+	t.Helper()
+	body := AppendCheckRequestFrom(nil, in)
+	got, err := DecodeCheckRequest(body)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, body)
+	}
+	if !reflect.DeepEqual(got, *in) {
+		t.Errorf("round trip:\n got %+v\nwant %+v\n%s", got, *in, body)
+	}
+	return body
 }
 
 // A limit of calendar months goes as window_months, never window_ms, so
@@ -117,16 +125,9 @@ func TestCheckRequest_MonthsRoundTrip(t *testing.T) {
 			Spec: LimitSpec{Algorithm: FixedWindow, Limit: 100_000, WindowMS: 3 * MonthMS, Months: 3, Burst: 100_000, Cost: 1}},
 		{Key: "rl:{g}:all", Rule: "all", Spec: LimitSpec{Algorithm: FixedWindow, Limit: 10, WindowMS: 1000, Burst: 10, Cost: 1}},
 	}}
-	body := AppendCheckRequestFrom(nil, &in)
+	body := roundTrip(t, &in)
 	if !strings.Contains(string(body), `"limit":100000,"window_months":3,"burst"`) || strings.Count(string(body), `"window_ms"`) != 1 {
 		t.Errorf("months not sent as window_months alone:\n%s", body)
-	}
-	got, err := DecodeCheckRequest(body)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, body)
-	}
-	if !reflect.DeepEqual(got, in) {
-		t.Errorf("round trip:\n got %+v\nwant %+v\n%s", got, in, body)
 	}
 }
 

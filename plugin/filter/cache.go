@@ -35,17 +35,26 @@ func (p *Plugin) cachedDenial(s *Stream, held bool) (i int, d rules.Decision, ho
 		// answers without asking the host for shared data.
 		r := &p.refusals[h%refusalSlots]
 		memo := r.cfg == s.cfg && string(r.key) == string(l.Key)
-		if memo && (r.hold > s.nowMS || held && r.until > s.nowMS) {
+		if memo && answers(r.hold, r.until, held, s.nowMS) {
 			return i, rules.Decision{Limit: r.limit, ResetMS: r.resetMS, RetryAfterMS: r.until - s.nowMS}, r.hold, h, true, true
 		}
 		v, _ := p.host.SharedGetCAS(p.slotName(h, s.cfg.LocalCache.MaxEntries))
 		e := &p.entry
-		if !parseSlot(v, e) || string(e.key) != string(l.Key) || e.hold <= s.nowMS && (!held || e.until <= s.nowMS) {
+		if !parseSlot(v, e) || string(e.key) != string(l.Key) || !answers(e.hold, e.until, held, s.nowMS) {
 			continue
 		}
 		return i, rules.Decision{Limit: e.limit, ResetMS: e.reset, RetryAfterMS: e.until - s.nowMS}, e.hold, h, memo, true
 	}
 	return 0, rules.Decision{}, 0, 0, false, false
+}
+
+// answers tells whether a cached denial held until hold and retried at
+// until answers at now: until hold, or with held until its retry time.
+func answers(hold, until int64, held bool, now int64) bool {
+	if held {
+		return until > now
+	}
+	return hold > now
 }
 
 // cacheDenial remembers that key is over its limit until the retry time,

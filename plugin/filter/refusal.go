@@ -40,10 +40,13 @@ type refusal struct {
 }
 
 // refuseCached answers s with a 429 for limit i, which the over-limit cache
-// holds as refused (decision d) until hold; h is the key's hash, and memo tells that
-// the VM's rendering of its refusal is of this key and configuration.
+// holds as refused (decision d) until hold, counted as a cache hit and a
+// denial; h is the key's hash, and memo tells that the VM's rendering of
+// its refusal is of this key and configuration.
 func (s *Stream) refuseCached(i int, d *rules.Decision, hold int64, h uint64, memo bool) {
 	p, cfg := s.p, s.cfg
+	p.host.IncCounter(p.m.cacheHits)
+	p.host.IncCounter(p.m.denied)
 	l := &s.plan.Limits[i]
 	r := &p.refusals[h%refusalSlots]
 	if !memo {

@@ -132,8 +132,6 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	}
 	if s.cfg.LocalCache.Enabled {
 		if i, d, hold, hash, memo, ok := p.cachedDenial(s, false); ok {
-			h.IncCounter(p.m.cacheHits)
-			h.IncCounter(p.m.denied)
 			s.refuseCached(i, &d, hold, hash, memo)
 			if !cached {
 				p.plans.Keep(s.cfg, &s.req, &s.plan, p.refusalTag(hash, i))
@@ -391,8 +389,6 @@ func (s *Stream) fail(reason string) {
 	// for it) still refuses until its retry time.
 	if s.cfg.LocalCache.Enabled {
 		if i, d, hold, hash, memo, ok := s.p.cachedDenial(s, true); ok {
-			s.p.host.IncCounter(s.p.m.cacheHits)
-			s.p.host.IncCounter(s.p.m.denied)
 			s.refuseCached(i, &d, hold, hash, memo)
 			return
 		}
