@@ -172,8 +172,11 @@ type Plugin struct {
 	unmatched int
 	// uncounted is how many requests refuseAgain answered that the
 	// requests, denied and local cache hits counters do not count yet:
-	// they are added once a tick (countRefusals).
+	// they are added once a tick (countDeferred).
 	uncounted int64
+	// unlimited is how many requests no limit applied to that the
+	// requests counter does not count yet (countDeferred).
+	unlimited int64
 	// Leases (lease.go): renewals and returns in flight, leases this VM
 	// installed, and scratch for changing slots.
 	leaseCalls    [leaseCallSlots]leaseCall
@@ -257,9 +260,10 @@ func (p *Plugin) OnPluginStart(int) bool {
 	return true
 }
 
-// OnPluginDone counts the refusals not counted yet: the VM is going away.
+// OnPluginDone counts what is not counted yet (countDeferred): the VM is
+// going away.
 func (p *Plugin) OnPluginDone() bool {
-	p.countRefusals()
+	p.countDeferred()
 	return true
 }
 
@@ -306,7 +310,7 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 	return proxywasm.Continue
 }
 
-// OnTick counts the refusals not counted yet (countRefusals) and resumes
+// OnTick counts what is not counted yet (countDeferred) and resumes
 // the held requests that are due. Once a period (the tick fires more often
 // while requests are held) it follows the host's log level, reports the
 // refusals from the over-limit cache that no later refusal has reported,
@@ -314,7 +318,7 @@ func (p *Plugin) OnPanic(_ uint32, ctx proxywasm.HTTPContext, _ any) proxywasm.A
 // ended still hold, and asks the bridge for its policy (rules_from).
 func (p *Plugin) OnTick() {
 	now := p.host.NowNanos() / 1e6
-	p.countRefusals()
+	p.countDeferred()
 	p.throttleTick(now)
 	if now >= p.thr.slowAt {
 		p.thr.slowAt = now + int64(p.basePeriod)

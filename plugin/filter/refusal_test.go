@@ -130,16 +130,11 @@ func FuzzStream_PlanCache(f *testing.F) {
 	})
 }
 
-// counted is h's counters as p's next tick leaves them: with the refusals
-// from the plan cache that it counts (countRefusals).
+// counted is h's counters as p's next tick leaves them, with what p
+// counts there (countDeferred).
 func counted(h *fakeHost, p *Plugin) map[string]int64 {
-	c := maps.Clone(h.counters)
-	if n := p.uncounted; n > 0 {
-		for _, m := range []string{MetricRequests, MetricDenied, MetricCacheHits} {
-			c[m] += n
-		}
-	}
-	return c
+	p.countDeferred()
+	return maps.Clone(h.counters)
 }
 
 // fuzzPlanConfig: on /api/v1/items a request has three limits, the

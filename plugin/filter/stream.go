@@ -88,7 +88,7 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	// headers are read; while they mostly were not, that call would come
 	// on top of reading them, and is not made.
 	if p.unmatched > pathFirstShare && !s.cfg.MayApply(h.RequestPath()) {
-		h.IncCounter(p.m.requests)
+		p.unlimited++
 		p.notePathFirst(true)
 		h.SkipResponseHeaders(s.id)
 		return proxywasm.Continue
@@ -116,8 +116,13 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	} else {
 		p.plans.Evaluate(s.cfg, &s.req, &s.plan)
 	}
-	h.IncCounter(p.m.requests)
-	p.notePathFirst(!s.plan.Exempt && len(s.plan.Limits) == 0)
+	unlimited := !s.plan.Exempt && len(s.plan.Limits) == 0
+	p.notePathFirst(unlimited)
+	if unlimited {
+		p.unlimited++
+	} else {
+		h.IncCounter(p.m.requests)
+	}
 	if s.plan.Exempt {
 		h.IncCounter(p.m.exempt)
 	}
