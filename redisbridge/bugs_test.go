@@ -49,6 +49,23 @@ func TestServer_StatusDescribesTheCheckCounter(t *testing.T) {
 	}
 }
 
+// TestServer_StatusBlocked: status says blocked while a further unit
+// would be refused, whatever the algorithm, and not before.
+func TestServer_StatusBlocked(t *testing.T) {
+	ts := startServer(t, testSettings())
+	for _, alg := range []string{"fixed_window", "token_bucket", "sliding_window", "sliding_log"} {
+		params := "algorithm=" + alg + "&limit=2&window_seconds=60"
+		check := `{"user_id":"` + alg + `","endpoint":"/x","algorithm":"` + alg + `","limit":2,"window_seconds":60}`
+		for i, want := range []bool{false, false, true} {
+			st := do(t, nil, "GET", ts.URL+"/v1/rate-limit/status/"+alg+"/x?"+params, "")
+			if v := st.json(t); st.status != 200 || v["blocked"] != want || v["remaining"] != float64(2-i) {
+				t.Fatalf("%s after %d checks: %d %s, want blocked %v", alg, i, st.status, st.body, want)
+			}
+			do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", check)
+		}
+	}
+}
+
 // readAudit returns the audit records written so far.
 func readAudit(t *testing.T, path string) []map[string]any {
 	t.Helper()

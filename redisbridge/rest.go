@@ -353,7 +353,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 		"user_id": req.User, "endpoint": req.Endpoint, "limit": d.Limit, "remaining": d.Remaining,
 		"reset_at": seconds(d.ResetMS), "algorithm": l.Spec.Algorithm.String(),
 		"usage_percentage": math.Round(float64(d.Limit-d.Remaining)/float64(d.Limit)*10000) / 100,
-		"blocked":          !d.Allowed && d.Remaining == 0 && d.RetryAfterMS > 0,
+		"blocked":          !d.Allowed, // Peek: whether one more unit would pass
 	})
 	writeResponse(w, &out)
 }
