@@ -31,7 +31,10 @@ type restParams struct {
 	Algorithm     string `json:"algorithm"`
 	Limit         *int64 `json:"limit"`
 	WindowSeconds *int64 `json:"window_seconds"`
-	Cost          *int64 `json:"cost"`
+	// WindowMonths, in place of window_seconds: a fixed_window of
+	// calendar months, the quota of a monthly plan.
+	WindowMonths *int64 `json:"window_months"`
+	Cost         *int64 `json:"cost"`
 }
 
 // restResult is the answer to a REST check.
@@ -135,11 +138,12 @@ func (s *Server) restRequest(prefix string, p *restParams) (rules.CheckRequest, 
 		}
 		spec.Limit, spec.Burst = *p.Limit, *p.Limit
 	}
-	if p.WindowSeconds != nil {
-		if *p.WindowSeconds < 1 || *p.WindowSeconds > rules.MaxWindowMS/1000 {
-			return rules.CheckRequest{}, invalid(codeInvalidLimit, prefix+"window_seconds", "must be from 1 to 31622400")
+	if p.WindowSeconds != nil || p.WindowMonths != nil {
+		w, e := restWindow(prefix, p.WindowSeconds, p.WindowMonths, spec.Algorithm)
+		if e != nil {
+			return rules.CheckRequest{}, e
 		}
-		spec.WindowMS = *p.WindowSeconds * 1000
+		spec.WindowMS, spec.Months = w.WindowMS, w.Months
 	}
 	if p.Cost != nil {
 		if *p.Cost < 1 || *p.Cost > rules.MaxLimitValue {
@@ -150,6 +154,28 @@ func (s *Server) restRequest(prefix string, p *restParams) (rules.CheckRequest, 
 	return rules.CheckRequest{User: p.UserID, Endpoint: p.Endpoint, Limits: []rules.LimitRequest{{
 		Key: restKey(p.UserID, p.Endpoint), Rule: "api", Spec: spec, PerUser: true,
 	}}}, nil
+}
+
+// restWindow reads a window given as window_seconds, or as window_months
+// (calendar months, for a fixed_window limit; alg is the limit's
+// algorithm), as the spec holds it. prefix names the check in errors.
+// Without either, window_seconds is named as required.
+func restWindow(prefix string, seconds, months *int64, alg rules.Algorithm) (rules.LimitSpec, *apiError) {
+	switch {
+	case months != nil && seconds != nil:
+		return rules.LimitSpec{}, invalid(codeInvalidLimit, prefix+"window_months", "window_seconds or window_months, not both")
+	case months != nil && !rules.ValidMonths(*months):
+		return rules.LimitSpec{}, invalid(codeInvalidLimit, prefix+"window_months", "1, 2, 3, 4, 6 or 12")
+	case months != nil && alg != rules.FixedWindow:
+		return rules.LimitSpec{}, invalid(codeInvalidLimit, prefix+"window_months", "calendar months need algorithm fixed_window")
+	case months != nil:
+		return rules.LimitSpec{Months: *months, WindowMS: *months * rules.MonthMS}, nil
+	case seconds == nil:
+		return rules.LimitSpec{}, invalid(codeInvalidLimit, prefix+"window_seconds", "required (or window_months), from 1 to 31622400")
+	case *seconds < 1 || *seconds > rules.MaxWindowMS/1000:
+		return rules.LimitSpec{}, invalid(codeInvalidLimit, prefix+"window_seconds", "must be from 1 to 31622400")
+	}
+	return rules.LimitSpec{WindowMS: *seconds * 1000}, nil
 }
 
 // restDecide decides a REST check.
@@ -285,7 +311,7 @@ func pathEndpoint(r *http.Request) string {
 
 // statusQuery are the query parameters of status: those of a check that
 // choose its counter and spec.
-var statusQuery = []string{"algorithm", "limit", "window_seconds"}
+var statusQuery = []string{"algorithm", "limit", "window_seconds", "window_months"}
 
 // statusParams reads the status request as the REST check it describes.
 func statusParams(r *http.Request) (restParams, *apiError) {
@@ -299,7 +325,7 @@ func statusParams(r *http.Request) (restParams, *apiError) {
 		case renamed[name] != "":
 			return p, invalid(codeInvalidInput, name, "renamed: use "+renamed[name])
 		case !slices.Contains(statusQuery, name):
-			return p, invalid(codeInvalidInput, name, "unknown parameter; status takes algorithm, limit and window_seconds")
+			return p, invalid(codeInvalidInput, name, "unknown parameter; status takes algorithm, limit, window_seconds and window_months")
 		case len(vs) > 1:
 			return p, invalid(codeInvalidInput, name, "given more than once")
 		}
@@ -308,7 +334,7 @@ func statusParams(r *http.Request) (restParams, *apiError) {
 	for _, f := range []struct {
 		name string
 		dst  **int64
-	}{{"limit", &p.Limit}, {"window_seconds", &p.WindowSeconds}} {
+	}{{"limit", &p.Limit}, {"window_seconds", &p.WindowSeconds}, {"window_months", &p.WindowMonths}} {
 		if !q.Has(f.name) {
 			continue
 		}
@@ -322,8 +348,8 @@ func statusParams(r *http.Request) (restParams, *apiError) {
 }
 
 // handleStatus answers GET /v1/rate-limit/status/{user_id}/{endpoint...}:
-// the counter a REST check with the same algorithm, limit and
-// window_seconds uses, as that check would see it (overrides applied),
+// the counter a REST check with the same algorithm, limit and window
+// (window_seconds or window_months) uses, as that check would see it (overrides applied),
 // without consuming.
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	p, e := statusParams(r)
@@ -392,28 +418,19 @@ func (s *Server) handlePutConfig(w http.ResponseWriter, r *http.Request, who str
 		e = invalid(codeInvalidAlgorithm, "algorithm", "required: token_bucket, sliding_window, sliding_log or fixed_window")
 	case c.Limit == nil || *c.Limit < 1 || *c.Limit > rules.MaxLimitValue:
 		e = invalid(codeInvalidLimit, "limit", "required, from 1 to 1099511627776")
-	case c.WindowMonths != nil && c.WindowSeconds != nil:
-		e = invalid(codeInvalidLimit, "window_months", "window_seconds or window_months, not both")
-	case c.WindowMonths != nil && !rules.ValidMonths(*c.WindowMonths):
-		e = invalid(codeInvalidLimit, "window_months", "1, 2, 3, 4, 6 or 12")
-	case c.WindowMonths != nil && alg != rules.FixedWindow:
-		e = invalid(codeInvalidLimit, "window_months", "calendar months need algorithm fixed_window")
-	case c.WindowMonths == nil && (c.WindowSeconds == nil || *c.WindowSeconds < 1 || *c.WindowSeconds > rules.MaxWindowMS/1000):
-		e = invalid(codeInvalidLimit, "window_seconds", "required (or window_months), from 1 to 31622400")
 	case c.BurstCapacity != nil && (*c.BurstCapacity < 1 || *c.BurstCapacity > rules.MaxLimitValue):
 		e = invalid(codeInvalidLimit, "burst_capacity", "from 1 to 1099511627776")
+	}
+	var window rules.LimitSpec
+	if e == nil {
+		window, e = restWindow("", c.WindowSeconds, c.WindowMonths, alg)
 	}
 	if e != nil {
 		writeError(w, r, e)
 		return
 	}
-	o := overrides.Override{User: c.UserID, Endpoint: c.Endpoint, Algorithm: alg, Limit: *c.Limit, UpdatedMS: time.Now().UnixMilli()}
-	if c.WindowMonths != nil {
-		o.Months = *c.WindowMonths
-		o.WindowMS = o.Months * rules.MonthMS
-	} else {
-		o.WindowMS = *c.WindowSeconds * 1000
-	}
+	o := overrides.Override{User: c.UserID, Endpoint: c.Endpoint, Algorithm: alg, Limit: *c.Limit,
+		WindowMS: window.WindowMS, Months: window.Months, UpdatedMS: time.Now().UnixMilli()}
 	if c.BurstCapacity != nil {
 		o.Burst = *c.BurstCapacity
 	}

@@ -330,6 +330,54 @@ func TestServer_OverrideOfCalendarMonths(t *testing.T) {
 	}
 }
 
+// A REST check may count calendar months (window_months, fixed_window):
+// it, a batch and status end its window on the 1st, apart from a counter
+// of seconds of the same user and endpoint; a bad window names its field.
+func TestServer_RESTCheckOfCalendarMonths(t *testing.T) {
+	set := testSettings()
+	now := fakeClock(&set) // 2026-01-01T00:00:00.123Z
+	ts := startServer(t, set)
+	for _, tc := range []struct{ method, path, body, field string }{
+		{"POST", "/v1/rate-limit/check", `{"user_id":"acme","endpoint":"/e","algorithm":"fixed_window","window_seconds":60,"window_months":1}`, "window_months"},
+		{"POST", "/v1/rate-limit/check", `{"user_id":"acme","endpoint":"/e","algorithm":"fixed_window","window_months":5}`, "window_months"},
+		{"POST", "/v1/rate-limit/check", `{"user_id":"acme","endpoint":"/e","algorithm":"token_bucket","window_months":1}`, "window_months"},
+		{"POST", "/v1/rate-limit/check", `{"user_id":"acme","endpoint":"/e","window_months":1}`, "window_months"}, // the default algorithm slides
+		{"POST", "/v1/rate-limit/check", `{"user_id":"acme","endpoint":"/e","window_seconds":0}`, "window_seconds"},
+		{"POST", "/v1/rate-limit/batch-check", `{"checks":[{"user_id":"acme","endpoint":"/e","algorithm":"fixed_window","window_months":7}]}`, "checks[0].window_months"},
+		{"GET", "/v1/rate-limit/status/acme/e?algorithm=fixed_window&window_months=0", "", "window_months"},
+	} {
+		r := do(t, nil, tc.method, ts.URL+tc.path, tc.body)
+		if r.status != 400 || r.errCode(t) != codeInvalidLimit || !strings.Contains(string(r.body), `"field":"`+tc.field+`"`) {
+			t.Errorf("%s %s: %d %s, want 400 naming %s", tc.path, tc.body, r.status, r.body, tc.field)
+		}
+	}
+	feb := time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)
+	check := `{"user_id":"acme","endpoint":"/e","algorithm":"fixed_window","limit":2,"window_months":1}`
+	for i, want := range []int{200, 200, 429} {
+		r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", check)
+		if r.status != want || r.json(t)["reset_at"] != float64(feb.Unix()) {
+			t.Fatalf("check %d: %d %s, want %d resetting on February 1", i, r.status, r.body, want)
+		}
+		if want == 429 && (r.json(t)["retry_after"] != float64(31*24*3600) || r.header.Get("Retry-After") != "2678400") {
+			t.Fatalf("check %d: %s %v, want a retry on February 1", i, r.body, r.header)
+		}
+	}
+	st := do(t, nil, "GET", ts.URL+"/v1/rate-limit/status/acme/e?algorithm=fixed_window&limit=2&window_months=1", "")
+	if st.status != 200 || st.json(t)["remaining"] != 0.0 || st.json(t)["blocked"] != true || st.json(t)["reset_at"] != float64(feb.Unix()) {
+		t.Fatalf("status: %d %s", st.status, st.body)
+	}
+	// 31 days of seconds are another counter: a window of months counts apart.
+	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", `{"user_id":"acme","endpoint":"/e","algorithm":"fixed_window","limit":2,"window_seconds":2678400}`); r.status != 200 {
+		t.Fatalf("check of seconds: %d %s", r.status, r.body)
+	}
+	now.Store(feb.UnixMilli())
+	r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/batch-check", `{"checks":[`+check+`]}`)
+	mar := float64(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC).Unix())
+	if res := r.json(t)["results"].([]any)[0].(map[string]any); r.status != 200 || res["allowed"] != true || res["remaining"] != 1.0 || res["reset_at"] != mar {
+		t.Fatalf("batch on February 1: %d %s", r.status, r.body)
+	}
+}
+
 func TestServer_AdminAuthConfigResetAudit(t *testing.T) {
 	set := testSettings()
 	set.AuditLog = filepath.Join(t.TempDir(), "audit.log")
