@@ -138,10 +138,10 @@ func (s *Stream) refuseAgain(kept *rules.Plan, tag uint64) bool {
 // applied to, to requests. A refusal it answers is repeated many times a
 // second, and three counter increments, three guest-host crossings, were
 // about a tenth of its time on wazero; a request no limit applies to,
-// which may be most of a proxy's, makes two host calls and no more, one
-// of them the increment. Counted here, the counters stay in step
-// (requests is still at least allowed + denied + ...) and lag by at most
-// a tick, a second.
+// which may be most of a proxy's, made two host calls, one of them the
+// increment (a sixth of its time). Counted here, the counters stay in
+// step (requests is still at least allowed + denied + ...) and lag by at
+// most a tick, a second.
 func (p *Plugin) countDeferred() {
 	if n := p.uncounted; n > 0 {
 		p.uncounted = 0
