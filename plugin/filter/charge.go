@@ -193,9 +193,8 @@ func (p *Plugin) chargeResponse(calloutID uint32, numHeaders, bodySize int) bool
 // sent again: the bridge may have taken it before the failure showed.
 func (p *Plugin) chargeFailed(reason string) {
 	p.host.IncCounter(p.m.chargeErrors)
-	b := append(p.event[:0], `{"timestamp":"`...)
-	b = appendTimestamp(b, p.host.NowNanos()/1e6)
-	b = append(b, `","event_type":"charge_error","reason":`...)
+	b := appendEventStart(p.event[:0], "charge_error", p.host.NowNanos()/1e6)
+	b = append(b, `,"reason":`...)
 	b = rules.AppendJSONString(b, reason)
 	b = append(b, '}')
 	p.event = b

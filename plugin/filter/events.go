@@ -20,11 +20,8 @@ func (s *Stream) eventHead(b []byte, typ string) []byte {
 // appendEventHead writes what every event starts with: when, what, which
 // request, where and who.
 func appendEventHead(b []byte, typ string, nowMS int64, requestID, endpoint, user string, ip netip.Addr) []byte {
-	b = append(b, `{"timestamp":"`...)
-	b = appendTimestamp(b, nowMS)
-	b = append(b, `","event_type":"`...)
-	b = append(b, typ...)
-	b = append(b, `","request_id":`...)
+	b = appendEventStart(b, typ, nowMS)
+	b = append(b, `,"request_id":`...)
 	b = rules.AppendJSONString(b, requestID)
 	b = append(b, `,"endpoint":`...)
 	b = rules.AppendJSONString(b, endpoint)
@@ -34,6 +31,15 @@ func appendEventHead(b []byte, typ string, nowMS int64, requestID, endpoint, use
 	if ip.IsValid() {
 		b = ip.AppendTo(b) // digits, dots, colons: nothing to escape
 	}
+	return append(b, '"')
+}
+
+// appendEventStart writes when and what, for an event of no request.
+func appendEventStart(b []byte, typ string, nowMS int64) []byte {
+	b = append(b, `{"timestamp":"`...)
+	b = appendTimestamp(b, nowMS)
+	b = append(b, `","event_type":"`...)
+	b = append(b, typ...)
 	return append(b, '"')
 }
 
