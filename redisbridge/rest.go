@@ -139,11 +139,10 @@ func (s *Server) restRequest(prefix string, p *restParams) (rules.CheckRequest, 
 		spec.Limit, spec.Burst = *p.Limit, *p.Limit
 	}
 	if p.WindowSeconds != nil || p.WindowMonths != nil {
-		w, e := restWindow(prefix, p.WindowSeconds, p.WindowMonths, spec.Algorithm)
-		if e != nil {
+		var e *apiError
+		if spec.WindowMS, spec.Months, e = restWindow(prefix, p.WindowSeconds, p.WindowMonths, spec.Algorithm); e != nil {
 			return rules.CheckRequest{}, e
 		}
-		spec.WindowMS, spec.Months = w.WindowMS, w.Months
 	}
 	if p.Cost != nil {
 		if *p.Cost < 1 || *p.Cost > rules.MaxLimitValue {
@@ -158,24 +157,25 @@ func (s *Server) restRequest(prefix string, p *restParams) (rules.CheckRequest, 
 
 // restWindow reads a window given as window_seconds, or as window_months
 // (calendar months, for a fixed_window limit; alg is the limit's
-// algorithm), as the spec holds it. prefix names the check in errors.
-// Without either, window_seconds is named as required.
-func restWindow(prefix string, seconds, months *int64, alg rules.Algorithm) (rules.LimitSpec, *apiError) {
+// algorithm), as a spec holds it: its length and its months (0: none).
+// prefix names the check in errors. Without either, window_seconds is
+// named as required.
+func restWindow(prefix string, seconds, months *int64, alg rules.Algorithm) (windowMS, n int64, e *apiError) {
 	switch {
 	case months != nil && seconds != nil:
-		return rules.LimitSpec{}, invalid(codeInvalidLimit, prefix+"window_months", "window_seconds or window_months, not both")
+		return 0, 0, invalid(codeInvalidLimit, prefix+"window_months", "window_seconds or window_months, not both")
 	case months != nil && !rules.ValidMonths(*months):
-		return rules.LimitSpec{}, invalid(codeInvalidLimit, prefix+"window_months", "1, 2, 3, 4, 6 or 12")
+		return 0, 0, invalid(codeInvalidLimit, prefix+"window_months", "1, 2, 3, 4, 6 or 12")
 	case months != nil && alg != rules.FixedWindow:
-		return rules.LimitSpec{}, invalid(codeInvalidLimit, prefix+"window_months", "calendar months need algorithm fixed_window")
+		return 0, 0, invalid(codeInvalidLimit, prefix+"window_months", "calendar months need algorithm fixed_window")
 	case months != nil:
-		return rules.LimitSpec{Months: *months, WindowMS: *months * rules.MonthMS}, nil
+		return *months * rules.MonthMS, *months, nil
 	case seconds == nil:
-		return rules.LimitSpec{}, invalid(codeInvalidLimit, prefix+"window_seconds", "required (or window_months), from 1 to 31622400")
+		return 0, 0, invalid(codeInvalidLimit, prefix+"window_seconds", "required (or window_months), from 1 to 31622400")
 	case *seconds < 1 || *seconds > rules.MaxWindowMS/1000:
-		return rules.LimitSpec{}, invalid(codeInvalidLimit, prefix+"window_seconds", "must be from 1 to 31622400")
+		return 0, 0, invalid(codeInvalidLimit, prefix+"window_seconds", "must be from 1 to 31622400")
 	}
-	return rules.LimitSpec{WindowMS: *seconds * 1000}, nil
+	return *seconds * 1000, 0, nil
 }
 
 // restDecide decides a REST check.
@@ -421,16 +421,16 @@ func (s *Server) handlePutConfig(w http.ResponseWriter, r *http.Request, who str
 	case c.BurstCapacity != nil && (*c.BurstCapacity < 1 || *c.BurstCapacity > rules.MaxLimitValue):
 		e = invalid(codeInvalidLimit, "burst_capacity", "from 1 to 1099511627776")
 	}
-	var window rules.LimitSpec
+	var windowMS, months int64
 	if e == nil {
-		window, e = restWindow("", c.WindowSeconds, c.WindowMonths, alg)
+		windowMS, months, e = restWindow("", c.WindowSeconds, c.WindowMonths, alg)
 	}
 	if e != nil {
 		writeError(w, r, e)
 		return
 	}
 	o := overrides.Override{User: c.UserID, Endpoint: c.Endpoint, Algorithm: alg, Limit: *c.Limit,
-		WindowMS: window.WindowMS, Months: window.Months, UpdatedMS: time.Now().UnixMilli()}
+		WindowMS: windowMS, Months: months, UpdatedMS: time.Now().UnixMilli()}
 	if c.BurstCapacity != nil {
 		o.Burst = *c.BurstCapacity
 	}
