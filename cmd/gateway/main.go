@@ -444,10 +444,18 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 		return nil
 	}
 
+	// The gateway's own address is bound before the admin address serves:
+	// /ready says LIVE only once requests can be accepted, as Envoy's
+	// server is LIVE only after its listeners are up.
+	ln, err := net.Listen("tcp", s.listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
 	var draining atomic.Bool
 	if s.adminListen != "" {
 		aln, err := net.Listen("tcp", s.adminListen)
 		if err != nil {
+			ln.Close()
 			return fmt.Errorf("--admin-listen: %w", err)
 		}
 		admin := &http.Server{Handler: adminHandler(host, &draining, bridge), ReadHeaderTimeout: 10 * time.Second}
@@ -464,10 +472,6 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	// What net/http reports (a refused handshake, a client's bad request
 	// line) goes to the gateway's log, not bare to stderr.
 	srv.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
-	ln, err := net.Listen("tcp", s.listen)
-	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
 	serve := srv.Serve
 	if len(certs) > 0 {
 		srv.TLSConfig = tlsfiles.Config(certs...)
