@@ -166,19 +166,16 @@ func (s *Stream) charge() {
 		p.chargeFailed("dispatch failed: " + err.Error())
 		return
 	}
-	p.charges[id] = struct{}{}
+	p.charges.Put(id, struct{}{})
 }
 
 // chargeResponse handles the bridge's answer to a charge; false when
 // calloutID is not one.
 func (p *Plugin) chargeResponse(calloutID uint32, numHeaders, bodySize int) bool {
-	if len(p.charges) == 0 {
+	if p.charges.Ref(calloutID) == nil {
 		return false
 	}
-	if _, ok := p.charges[calloutID]; !ok {
-		return false
-	}
-	delete(p.charges, calloutID)
+	p.charges.Delete(calloutID)
 	if numHeaders == 0 {
 		p.chargeFailed("bridge unreachable or timed out")
 		return true

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"unsafe"
 
+	"github.com/sluicehq/sluice/plugin/internal/idmap"
 	"github.com/sluicehq/sluice/plugin/proxywasm"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -153,8 +154,8 @@ type Plugin struct {
 	// event too. Refreshed every tick rather than asked per request.
 	debug   bool
 	policy  policyState         // rules from the bridge (policy.go)
-	pending map[uint32]*Stream  // call-out id → waiting stream
-	charges map[uint32]struct{} // call-out ids of the charges in flight (charge.go)
+	pending idmap.Map[*Stream]  // call-out id → waiting stream
+	charges idmap.Map[struct{}] // call-out ids of the charges in flight (charge.go)
 	free    []*Stream           // recycled streams: no allocation per request
 	// answering is the stream whose bridge answer is being handled, so
 	// that a panic in the root context's call-out callback answers it.
@@ -201,7 +202,7 @@ type Plugin struct {
 
 // NewPlugin creates the root context contextID.
 func NewPlugin(host Host, contextID uint32) *Plugin {
-	p := &Plugin{host: host, headers: host.RequestHeaders(), id: contextID, pending: map[uint32]*Stream{}, charges: map[uint32]struct{}{}}
+	p := &Plugin{host: host, headers: host.RequestHeaders(), id: contextID}
 	p.m = metrics{
 		requests: host.DefineCounter(MetricRequests), allowed: host.DefineCounter(MetricAllowed),
 		denied: host.DefineCounter(MetricDenied), logOnlyDenied: host.DefineCounter(MetricLogOnlyDenied),

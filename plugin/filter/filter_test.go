@@ -595,7 +595,7 @@ func TestStream_OnDoneDropsLateAnswer(t *testing.T) {
 	s, _ := h.request(p, 2, map[string]string{"x-user-id": "frank"})
 	s.OnDone()
 	h.answer(p, "200", denyAnswer(h.nowMS))
-	if h.local != nil || h.resumed != 0 || len(p.pending) != 0 {
+	if h.local != nil || h.resumed != 0 || p.pending.Len() != 0 {
 		t.Errorf("late answer acted on: local %+v resumed %d", h.local, h.resumed)
 	}
 	// The recycled stream serves the next request cleanly.
@@ -919,8 +919,8 @@ func TestPlugin_OnPanic(t *testing.T) {
 				p.OnHTTPCallResponse(uint32(len(h.calls)), 3, len(h.callBody), 0)
 				return proxywasm.Continue
 			})
-			if !panicked || h.counters[MetricPanics] != 1 || len(p.pending) != 0 {
-				t.Fatalf("panicked %v, panics %d, pending %d", panicked, h.counters[MetricPanics], len(p.pending))
+			if !panicked || h.counters[MetricPanics] != 1 || p.pending.Len() != 0 {
+				t.Fatalf("panicked %v, panics %d, pending %d", panicked, h.counters[MetricPanics], p.pending.Len())
 			}
 			if mode == "fail_open" && (h.resumed != 1 || h.local != nil) {
 				t.Errorf("fail_open: resumed %d, local %+v", h.resumed, h.local)

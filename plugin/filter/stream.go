@@ -24,6 +24,8 @@ type Stream struct {
 	id    uint32
 	cfg   *rules.Config // the config the request started under
 	state streamState
+	// callID: the call-out the stream waits for, in stateWaiting.
+	callID uint32
 	// answered: the host was told what to do with the request (a local
 	// response, or resume); nothing may answer it again.
 	answered bool
@@ -163,8 +165,8 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		}
 		return proxywasm.Continue
 	}
-	p.pending[callID] = s
-	s.state = stateWaiting
+	p.pending.Put(callID, s)
+	s.state, s.callID = stateWaiting, callID
 	return proxywasm.Pause
 }
 
@@ -266,11 +268,12 @@ func (p *Plugin) OnHTTPCallResponse(calloutID uint32, numHeaders, bodySize, _ in
 	if p.leaseCallResponse(calloutID, numHeaders, bodySize) {
 		return
 	}
-	s, ok := p.pending[calloutID]
-	if !ok {
+	w := p.pending.Ref(calloutID)
+	if w == nil {
 		return // the stream ended before the answer came
 	}
-	delete(p.pending, calloutID)
+	s := *w
+	p.pending.Delete(calloutID)
 	p.host.SetEffectiveContext(s.id)
 	s.state = stateDone
 	p.answering = s
@@ -463,9 +466,7 @@ func (p *Plugin) forget(s *Stream) {
 	if s.state != stateWaiting {
 		return
 	}
-	for id, w := range p.pending {
-		if w == s {
-			delete(p.pending, id)
-		}
+	if w := p.pending.Ref(s.callID); w != nil && *w == s {
+		p.pending.Delete(s.callID)
 	}
 }

@@ -1,6 +1,10 @@
 package proxywasm
 
-import "runtime"
+import (
+	"runtime"
+
+	"github.com/sluicehq/sluice/plugin/internal/idmap"
+)
 
 // Context bookkeeping behind the exported callbacks. The exports in
 // exports_wasip1.go are thin wrappers over these functions so that the
@@ -8,8 +12,8 @@ import "runtime"
 
 var (
 	vmContext VMContext
-	roots     contexts[PluginContext]
-	streams   contexts[stream]
+	roots     idmap.Map[PluginContext]
+	streams   idmap.Map[stream]
 )
 
 // stream is an HTTP context and the root context it belongs to, which
@@ -32,14 +36,14 @@ func onContextCreate(contextID, parentID uint32) {
 		if vmContext == nil {
 			vmContext = DefaultVMContext{}
 		}
-		roots.put(contextID, vmContext.NewPluginContext(contextID))
+		roots.Put(contextID, vmContext.NewPluginContext(contextID))
 		return
 	}
-	root := roots.ref(parentID)
+	root := roots.Ref(parentID)
 	if root == nil {
 		return // the host broke the ABI; later callbacks for contextID are ignored
 	}
-	streams.put(contextID, stream{HTTPContext: (*root).NewHTTPContext(contextID), root: parentID})
+	streams.Put(contextID, stream{HTTPContext: (*root).NewHTTPContext(contextID), root: parentID})
 }
 
 func onVMStart(vmConfigSize uint32) bool {
@@ -50,24 +54,24 @@ func onVMStart(vmConfigSize uint32) bool {
 }
 
 func onConfigure(rootID, configSize uint32) bool {
-	root, ok := roots.get(rootID)
-	return ok && root.OnPluginStart(int(configSize))
+	root := roots.Ref(rootID)
+	return root != nil && (*root).OnPluginStart(int(configSize))
 }
 
 func onTick(rootID uint32) {
-	if root, ok := roots.get(rootID); ok {
-		root.OnTick()
+	if root := roots.Ref(rootID); root != nil {
+		(*root).OnTick()
 	}
 }
 
 func onHTTPCallResponse(rootID, calloutID, numHeaders, bodySize, numTrailers uint32) {
-	if root, ok := roots.get(rootID); ok {
-		root.OnHTTPCallResponse(calloutID, int(numHeaders), int(bodySize), int(numTrailers))
+	if root := roots.Ref(rootID); root != nil {
+		(*root).OnHTTPCallResponse(calloutID, int(numHeaders), int(bodySize), int(numTrailers))
 	}
 }
 
 func onRequestHeaders(contextID, numHeaders uint32, endOfStream bool) Action {
-	if s := streams.ref(contextID); s != nil {
+	if s := streams.Ref(contextID); s != nil {
 		return s.OnRequestHeaders(int(numHeaders), endOfStream)
 	}
 	return Continue
@@ -82,7 +86,7 @@ func onRequestHeaders(contextID, numHeaders uint32, endOfStream bool) Action {
 // answered the request or let it through with no header to add; a body
 // comes in as many callbacks as it has parts.
 func SkipResponseHeaders(contextID uint32) {
-	if s := streams.ref(contextID); s != nil {
+	if s := streams.Ref(contextID); s != nil {
 		s.skipResponse = true
 	}
 }
@@ -90,14 +94,14 @@ func SkipResponseHeaders(contextID uint32) {
 // responseStream is the stream to call on contextID's response headers:
 // nil when there is no such context or it skips them.
 func responseStream(contextID uint32) *stream {
-	if s := streams.ref(contextID); s != nil && !s.skipResponse {
+	if s := streams.Ref(contextID); s != nil && !s.skipResponse {
 		return s
 	}
 	return nil
 }
 
 func onRequestBody(contextID, size uint32, endOfStream bool) Action {
-	s, _ := streams.get(contextID)
+	s, _ := streams.Get(contextID)
 	if h, ok := s.HTTPContext.(RequestBodyHandler); ok {
 		return h.OnRequestBody(int(size), endOfStream)
 	}
@@ -105,7 +109,7 @@ func onRequestBody(contextID, size uint32, endOfStream bool) Action {
 }
 
 func onRequestTrailers(contextID, n uint32) Action {
-	s, _ := streams.get(contextID)
+	s, _ := streams.Get(contextID)
 	if h, ok := s.HTTPContext.(RequestTrailersHandler); ok {
 		return h.OnRequestTrailers(int(n))
 	}
@@ -113,7 +117,7 @@ func onRequestTrailers(contextID, n uint32) Action {
 }
 
 func onResponseBody(contextID, size uint32, endOfStream bool) Action {
-	s, _ := streams.get(contextID)
+	s, _ := streams.Get(contextID)
 	if h, ok := s.HTTPContext.(ResponseBodyHandler); ok {
 		return h.OnResponseBody(int(size), endOfStream)
 	}
@@ -121,7 +125,7 @@ func onResponseBody(contextID, size uint32, endOfStream bool) Action {
 }
 
 func onResponseTrailers(contextID, n uint32) Action {
-	s, _ := streams.get(contextID)
+	s, _ := streams.Get(contextID)
 	if h, ok := s.HTTPContext.(ResponseTrailersHandler); ok {
 		return h.OnResponseTrailers(int(n))
 	}
@@ -129,7 +133,7 @@ func onResponseTrailers(contextID, n uint32) Action {
 }
 
 func onLog(contextID uint32) {
-	if s, ok := streams.get(contextID); ok {
+	if s := streams.Ref(contextID); s != nil {
 		s.OnLog()
 	}
 }
@@ -137,20 +141,20 @@ func onLog(contextID uint32) {
 // onDone reports whether the host may delete the context now. Stream
 // contexts always may; a root context asks the plugin.
 func onDone(contextID uint32) bool {
-	if root, ok := roots.get(contextID); ok {
-		return root.OnPluginDone()
+	if root := roots.Ref(contextID); root != nil {
+		return (*root).OnPluginDone()
 	}
 	return true
 }
 
 func onDelete(contextID uint32) {
-	if p := streams.ref(contextID); p != nil {
+	if p := streams.Ref(contextID); p != nil {
 		s := *p
-		streams.del(contextID)
+		streams.Delete(contextID)
 		s.OnDone()
 		return
 	}
-	roots.del(contextID)
+	roots.Delete(contextID)
 }
 
 // recovered handles a panic that escaped callback on contextID: the value
@@ -170,11 +174,11 @@ func recovered(callback string, contextID uint32, v any) (a Action) {
 	msg = append(msg, stack[:n]...)
 	_ = Log(LogLevelCritical, string(msg))
 	rootID := contextID
-	s, _ := streams.get(contextID)
+	s, _ := streams.Get(contextID)
 	if s.HTTPContext != nil {
 		rootID = s.root
 	}
-	r, _ := roots.get(rootID)
+	r, _ := roots.Get(rootID)
 	h, ok := r.(PanicHandler)
 	if !ok {
 		return a

@@ -228,7 +228,7 @@ func (s *recStream) OnDone()                           { *s.log = append(*s.log,
 func TestDispatch_Lifecycle(t *testing.T) {
 	var log []string
 	SetVMContext(recVM{log: &log})
-	t.Cleanup(func() { SetVMContext(nil); roots.clear(); streams.clear() })
+	t.Cleanup(func() { SetVMContext(nil); roots.Clear(); streams.Clear() })
 	if !onVMStart(0) {
 		t.Fatal("vm start refused")
 	}
@@ -272,7 +272,7 @@ func TestDispatch_Lifecycle(t *testing.T) {
 	if !reflect.DeepEqual(log, want) {
 		t.Fatalf("calls = %v, want %v", log, want)
 	}
-	if streams.len() != 0 {
+	if streams.Len() != 0 {
 		t.Fatalf("stream context not deleted: %v", streams)
 	}
 }
@@ -319,7 +319,7 @@ func TestDispatch_Recovered(t *testing.T) {
 	var log []string
 	root := &panicRoot{recRoot: recRoot{log: &log}}
 	SetVMContext(panicVM{root: root})
-	t.Cleanup(func() { SetVMContext(nil); roots.clear(); streams.clear() })
+	t.Cleanup(func() { SetVMContext(nil); roots.Clear(); streams.Clear() })
 	onContextCreate(1, 0)
 	onContextCreate(2, 1)
 	if a := recovered("proxy_on_request_headers", 2, errors.New("boom")); a != Pause {
