@@ -77,8 +77,7 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 		}
 		c.req = req
 	}
-	in.nextCallID++
-	id := in.nextCallID
+	id := in.newCallID()
 	if !m.WriteUint32Le(u32(p, 9), id) {
 		c.release()
 		return StatusInvalidMemoryAccess
@@ -86,6 +85,17 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 	h.wg.Add(1)
 	h.workers.run(calloutJob{in, id, c})
 	return StatusOK
+}
+
+// newCallID returns the token of a new call-out. As Envoy's, tokens count
+// up from 1 and skip 0 when they wrap (Context::httpCall in
+// source/extensions/common/wasm/context.cc).
+func (in *instance) newCallID() uint32 {
+	in.nextCallID++
+	if in.nextCallID == 0 {
+		in.nextCallID++
+	}
+	return in.nextCallID
 }
 
 // equalLower reports whether b, lower-cased, is lower (which is).

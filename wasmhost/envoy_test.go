@@ -3,6 +3,7 @@ package wasmhost
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -202,6 +203,17 @@ func TestHost_ProvidesWhatEnvoy133Does(t *testing.T) {
 	for name := range want {
 		if !h.provided[name] {
 			t.Errorf("the host lacks %s, which %s provides", name, oldest.Releases())
+		}
+	}
+}
+
+// Call-out tokens count up from 1 and skip 0 when they wrap, as Envoy's
+// do: a plugin may take 0 for "no call-out".
+func TestInstance_NewCallID(t *testing.T) {
+	for _, c := range []struct{ last, want uint32 }{{0, 1}, {1, 2}, {math.MaxUint32 - 1, math.MaxUint32}, {math.MaxUint32, 1}} {
+		in := &instance{nextCallID: c.last}
+		if got := in.newCallID(); got != c.want {
+			t.Errorf("after %d: %d, want %d", c.last, got, c.want)
 		}
 	}
 }
