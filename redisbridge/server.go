@@ -344,13 +344,24 @@ func serverClosed(err error) error {
 // ListenAndServe listens on Settings.Listen, prints "listening on ADDR" to
 // stderr, and serves until Shutdown.
 func (s *Server) ListenAndServe() error {
+	ln, err := s.Listen()
+	if err != nil {
+		return err
+	}
+	return s.Serve(ln)
+}
+
+// Listen listens on the settings' --listen address, for Serve: a caller
+// that serves probes on an address of its own listens first, so that a
+// probe never says ready while checks cannot yet be accepted.
+func (s *Server) Listen() (net.Listener, error) {
 	mode, _ := s.set.socketMode() // checked by Validate
 	ln, err := listen(s.set.Listen, mode)
 	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
+		return nil, fmt.Errorf("--listen: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "listening on %s\n", ln.Addr())
-	return s.Serve(ln)
+	return ln, nil
 }
 
 // Shutdown stops accepting requests and waits for those in flight. Called

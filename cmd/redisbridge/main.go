@@ -54,6 +54,11 @@ func run() error {
 		return err
 	}
 	defer srv.Close()
+	ln, err := srv.Listen() // before the probes answer: ready means checks are accepted
+	if err != nil {
+		return err
+	}
+	defer ln.Close() // when the start fails below; Serve closes it otherwise
 	for _, addr := range set.HealthAddrs() {
 		// Listened on before serving, so a port in use stops the start:
 		// without it the probes would fail with nothing saying why.
@@ -80,7 +85,7 @@ func run() error {
 		watch = t.C
 	}
 	done := make(chan error, 1)
-	go func() { done <- srv.ListenAndServe() }()
+	go func() { done <- srv.Serve(ln) }()
 wait:
 	for {
 		select {

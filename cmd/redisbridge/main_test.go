@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/tls"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -99,7 +100,8 @@ func startMain(t *testing.T, args ...string) (exited <-chan error, stderr *strin
 // With mutual TLS on its listener, the bridge's probes and metrics are on
 // --health-listen in plain HTTP, and nothing else is: a check there is
 // not served. The listener itself refuses a client without a certificate.
-// A --health-listen port in use stops the start, naming the flag.
+// It listens on --listen before the probes answer. A --health-listen port
+// in use stops the start, naming the flag.
 func TestRun_HealthListen(t *testing.T) {
 	dir := t.TempDir()
 	ca := tlsfilestest.NewCA(t)
@@ -133,6 +135,16 @@ func TestRun_HealthListen(t *testing.T) {
 			t.Fatal("--health-listen never answered")
 		}
 	}
+	// Once the probes answer, --listen accepts: the handshake is what
+	// fails, not the connection.
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}
+	defer tr.CloseIdleConnections()
+	if res, err := (&http.Client{Transport: tr}).Get("https://" + listen + "/healthz"); err == nil {
+		res.Body.Close()
+		t.Errorf("--listen without a client certificate: %d, want a failed handshake", res.StatusCode)
+	} else if errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("--listen refused the connection while --health-listen answered: %v", err)
+	}
 	for _, tt := range []struct {
 		method, path string
 		status       int
@@ -148,12 +160,6 @@ func TestRun_HealthListen(t *testing.T) {
 		if err != nil || status != tt.status || !strings.Contains(body, tt.has) {
 			t.Errorf("%s %s on --health-listen: %d %.80q %v, want %d with %q", tt.method, tt.path, status, body, err, tt.status, tt.has)
 		}
-	}
-	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}
-	defer tr.CloseIdleConnections()
-	if res, err := (&http.Client{Transport: tr}).Get("https://" + listen + "/healthz"); err == nil {
-		res.Body.Close()
-		t.Errorf("--listen without a client certificate: %d, want a failed handshake", res.StatusCode)
 	}
 
 	exited, stderr = startMain(t, "--listen", nettest.FreeAddr(t), "--health-listen", health, "--audit-log", filepath.Join(dir, "audit2.log"))
