@@ -30,12 +30,12 @@ func key(id uint32) uint64 { return uint64(id) + 1 }
 // usually has in flight without growing.
 const minSlots = 64
 
+// index is id's home slot (Fibonacci hashing); Ref has it written out.
 func (m *Map[T]) index(id uint32) uint32 {
 	return (id * 0x9E3779B9) >> m.shift
 }
 
-// Get returns the value of id, if there is one. Unlike Ref it is not
-// inlined.
+// Get returns the value of id, if there is one.
 func (m *Map[T]) Get(id uint32) (v T, ok bool) {
 	if p := m.Ref(id); p != nil {
 		v, ok = *p, true
@@ -44,17 +44,19 @@ func (m *Map[T]) Get(id uint32) (v T, ok bool) {
 }
 
 // Ref returns where the value of id is kept, nil when there is none,
-// valid until the next Put or Delete. It is small enough to be inlined:
-// code every request runs uses it rather than Get.
+// valid until the next Put or Delete. It and the callbacks every request
+// makes through it are small enough to be inlined.
 func (m *Map[T]) Ref(id uint32) *T {
 	if m.n == 0 {
 		return nil
 	}
-	k := key(id)
-	for i := m.index(id); ; i = (i + 1) & m.mask {
-		switch m.slots[i].key {
-		case k:
-			return &m.slots[i].v
+	// index and key written out: as calls they would cost the inliner's
+	// budget more than their bodies, and Ref's callers would no longer
+	// be inlined themselves.
+	for i := (id * 0x9E3779B9) >> m.shift; ; i = (i + 1) & m.mask {
+		switch s := &m.slots[i]; s.key {
+		case uint64(id) + 1:
+			return &s.v
 		case 0:
 			return nil
 		}
