@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -215,5 +216,21 @@ func TestInstance_NewCallID(t *testing.T) {
 		if got := in.newCallID(); got != c.want {
 			t.Errorf("after %d: %d, want %d", c.last, got, c.want)
 		}
+	}
+}
+
+// Stream context ids count up, wrap to 0 and skip those in use, as
+// cpp-host's do: after the largest id come 0, then the first id neither
+// the root (1) nor a live stream holds.
+func TestInstance_NewContextID(t *testing.T) {
+	in := &instance{rootID: 1, nextID: math.MaxUint32, streams: map[uint32]*Stream{2: nil, math.MaxUint32 - 1: nil}}
+	var got []uint32
+	for range 3 {
+		id := in.newContextID()
+		got = append(got, id)
+		in.streams[id] = nil
+	}
+	if want := []uint32{math.MaxUint32, 0, 3}; !slices.Equal(got, want) {
+		t.Errorf("ids %v, want %v", got, want)
 	}
 }

@@ -203,8 +203,7 @@ func (s *Stream) RequestHeaders(ctx context.Context) (Result, error) {
 		v.mu.Unlock()
 		return r, nil
 	}
-	s.inst, s.id = in, in.nextID
-	in.nextID++
+	s.inst, s.id = in, in.newContextID()
 	in.streams[s.id] = s
 	if _, err := in.call(in.onContextCreate, uint64(s.id), uint64(in.rootID)); err != nil {
 		v.fail(in, err)
@@ -592,3 +591,17 @@ const (
 // Context::getMap refuses a map outside its phase, headerMap here).
 func (s *Stream) reqHeaders() fields.Map  { return s.req }
 func (s *Stream) respHeaders() fields.Map { return s.resp }
+
+// newContextID returns the id of a new stream context. As cpp-host's
+// (WasmBase::allocContextId in src/wasm.cc), ids count up and wrap past
+// the largest to 0, skipping those still in use: the root's and live
+// streams'.
+func (in *instance) newContextID() uint32 {
+	for {
+		id := in.nextID
+		in.nextID++
+		if _, live := in.streams[id]; !live && id != in.rootID {
+			return id
+		}
+	}
+}
