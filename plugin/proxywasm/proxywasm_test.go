@@ -277,6 +277,23 @@ func TestDispatch_Lifecycle(t *testing.T) {
 	}
 }
 
+// Context ids wrap past the largest to 0 in Envoy (cpp-host skips only
+// ids in use): a stream of id 0 is served as any other.
+func TestDispatch_StreamIDZero(t *testing.T) {
+	var log []string
+	SetVMContext(recVM{log: &log})
+	t.Cleanup(func() { SetVMContext(nil); roots.Clear(); streams.Clear() })
+	onContextCreate(1, 0)
+	onContextCreate(0, 1)
+	if a := onRequestHeaders(0, 3, true); a != Pause {
+		t.Fatalf("stream 0: action %d, want Pause", a)
+	}
+	onDelete(0)
+	if want := []string{"req", "done"}; !reflect.DeepEqual(log, want) || streams.Len() != 0 {
+		t.Fatalf("calls %v, want %v; %d streams left", log, want, streams.Len())
+	}
+}
+
 func TestAPI_NativeReturnsUnimplemented(t *testing.T) {
 	if _, err := GetRequestHeaderBytes("x"); !errors.Is(err, ErrUnimplemented) {
 		t.Fatalf("err = %v", err)
