@@ -16,9 +16,9 @@ type Map[T any] struct {
 	n     int
 }
 
-// slot holds id as key, id+1: 0 marks a free slot, and id 0 (which hosts
-// do not hand out) is held as any other. Values hold pointers, so the
-// wider key costs no room.
+// slot holds id as key, id+1: 0 marks a free slot, and id 0 is held as
+// any other (Envoy's context ids reach it when their counter wraps).
+// Values hold pointers, so the wider key costs no room.
 type slot[T any] struct {
 	key uint64
 	v   T
