@@ -143,16 +143,14 @@ func (s *Stream) refuseAgain(kept *rules.Plan, tag uint64) bool {
 // step (requests is still at least allowed + denied + ...) and lag by at
 // most a tick, a second.
 func (p *Plugin) countDeferred() {
-	if n := p.uncounted; n > 0 {
-		p.uncounted = 0
+	if n := p.uncounted + p.unlimited; n > 0 {
 		p.host.AddCounter(p.m.requests, n)
+	}
+	if n := p.uncounted; n > 0 {
 		p.host.AddCounter(p.m.denied, n)
 		p.host.AddCounter(p.m.cacheHits, n)
 	}
-	if n := p.unlimited; n > 0 {
-		p.unlimited = 0
-		p.host.AddCounter(p.m.requests, n)
-	}
+	p.uncounted, p.unlimited = 0, 0
 }
 
 // sendRefusal answers s with r's 429, with the request's id rid in the
