@@ -170,6 +170,7 @@ type gatewayCase struct {
 // gatewayRun is what one run of a case measured.
 type gatewayRun struct {
 	rate, p99ms, serverCPU, machineCPU, busy float64
+	switches                                 float64 // the machine's context switches per request
 }
 
 // BenchmarkGateway compares, each as its own process on loopback as they
@@ -189,7 +190,9 @@ type gatewayRun struct {
 // rate, for the latency the plugin and its call-out add to the gateway
 // when it is not saturated; with how busy the machine's CPUs were, since
 // on a virtual machine a request that arrives at an idle CPU costs more
-// than one of a saturated stream.
+// than one of a saturated stream, and how many context switches a request
+// cost the machine (every process and the kernel), where that cost is
+// paid.
 //
 //	go test -run '^$' -bench Gateway -benchtime 20000x ./cmd/gateway
 //
@@ -247,6 +250,10 @@ func BenchmarkGateway(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		sw0, err := proccpu.Switches()
+		if err != nil {
+			b.Fatal(err)
+		}
 		res, err := loadgen.Run(context.Background(), loadgen.Options{Addr: c.server.addr, Path: c.path,
 			ConnHeaders: users, Conns: 50, N: n, Rate: rate})
 		if err != nil {
@@ -256,7 +263,11 @@ func BenchmarkGateway(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		r := gatewayRun{rate: res.Rate(), p99ms: float64(res.Percentile(0.99).Microseconds()) / 1000,
+		sw1, err := proccpu.Switches()
+		if err != nil {
+			b.Fatal(err)
+		}
+		r := gatewayRun{switches: float64(sw1-sw0) / float64(n), rate: res.Rate(), p99ms: float64(res.Percentile(0.99).Microseconds()) / 1000,
 			machineCPU: float64((busy1 - busy0).Microseconds()) / float64(n),
 			busy:       100 * float64(busy1-busy0) / float64(total1-total0)}
 		for i, p := range procs {
@@ -355,6 +366,7 @@ func BenchmarkGateway(b *testing.B) {
 			{Name: "req/s", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.rate }), Ratio: true},
 			{Name: "its process CPU µs/req", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.serverCPU }), Ratio: true},
 			{Name: "machine CPU µs/req", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.machineCPU }), Ratio: true},
+			{Name: "machine context switches/req", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.switches })},
 			{Name: "p99 ms", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.p99ms })},
 		}})
 		b.Logf("%s: %+v", c.label, runs)
@@ -378,6 +390,7 @@ func BenchmarkGateway(b *testing.B) {
 			rows = append(rows, benchtable.Row{Group: group, Name: cases[i].label + ", " + at, Metrics: []benchtable.Metric{
 				{Name: "its process CPU µs/req", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.serverCPU })},
 				{Name: "machine CPU µs/req", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.machineCPU })},
+				{Name: "machine context switches/req", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.switches })},
 				{Name: "p99 ms", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.p99ms })},
 				{Name: "machine busy %", Value: benchtable.Median(runs, func(r gatewayRun) float64 { return r.busy })},
 			}})
@@ -408,6 +421,7 @@ func BenchmarkGateway(b *testing.B) {
 		cases[noPlugin].label, benchtable.Median(asBusyRates, func(r float64) float64 { return r })), Metrics: []benchtable.Metric{
 		{Name: "its process CPU µs/req", Value: benchtable.Median(asBusy, func(r gatewayRun) float64 { return r.serverCPU })},
 		{Name: "machine CPU µs/req", Value: benchtable.Median(asBusy, func(r gatewayRun) float64 { return r.machineCPU })},
+		{Name: "machine context switches/req", Value: benchtable.Median(asBusy, func(r gatewayRun) float64 { return r.switches })},
 		{Name: "p99 ms", Value: benchtable.Median(asBusy, func(r gatewayRun) float64 { return r.p99ms })},
 		{Name: "machine busy %", Value: benchtable.Median(asBusy, func(r gatewayRun) float64 { return r.busy })},
 	}})

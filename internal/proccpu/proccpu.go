@@ -68,3 +68,25 @@ func Machine() (busy, total time.Duration, err error) {
 	}
 	return total - time.Duration(idle)*10*time.Millisecond, total, nil
 }
+
+// Switches returns how many times the machine's CPUs have switched from
+// one thread to another since boot (/proc/stat's ctxt, Linux). Over an
+// interval, per request, it counts the hand-offs a request cost every
+// process it passed through, and the kernel: on a virtual machine each
+// is a wake-up of another CPU or a thread put to sleep.
+func Switches() (int64, error) {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	for line := range bytes.SplitSeq(raw, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("ctxt ")); ok {
+			n, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/stat: unexpected ctxt %q", v)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/stat: no ctxt line")
+}

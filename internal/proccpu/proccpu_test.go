@@ -47,6 +47,36 @@ func TestMachine(t *testing.T) {
 	}
 }
 
+// Threads that block and wake each other switch the machine's CPUs at
+// least once per wake-up.
+func TestSwitches(t *testing.T) {
+	before, err := Switches()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wakes = 200
+	ping, pong := make(chan struct{}), make(chan struct{})
+	go func() {
+		for range ping {
+			time.Sleep(time.Microsecond) // blocks the thread, not only the goroutine
+			pong <- struct{}{}
+		}
+	}()
+	for range wakes {
+		time.Sleep(time.Microsecond)
+		ping <- struct{}{}
+		<-pong
+	}
+	close(ping)
+	after, err := Switches()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < wakes {
+		t.Errorf("%d context switches over %d sleeps", after-before, wakes)
+	}
+}
+
 // Two threads wake each other on two CPUs and on one; a round trip takes
 // some time and some CPU, far less than a second on any machine.
 func TestWakeRoundTrip(t *testing.T) {
