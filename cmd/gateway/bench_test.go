@@ -267,9 +267,10 @@ func BenchmarkGateway(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		r := gatewayRun{switches: float64(sw1-sw0) / float64(n), rate: res.Rate(), p99ms: float64(res.Percentile(0.99).Microseconds()) / 1000,
+		r := gatewayRun{rate: res.Rate(), p99ms: float64(res.Percentile(0.99).Microseconds()) / 1000,
 			machineCPU: float64((busy1 - busy0).Microseconds()) / float64(n),
-			busy:       100 * float64(busy1-busy0) / float64(total1-total0)}
+			busy:       100 * float64(busy1-busy0) / float64(total1-total0),
+			switches:   float64(sw1-sw0) / float64(n)}
 		for i, p := range procs {
 			if p == c.server {
 				r.serverCPU = float64((childCPU(b, p.pid) - cpu0[i]).Microseconds()) / float64(n)
