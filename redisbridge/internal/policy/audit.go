@@ -41,6 +41,10 @@ const MaxAuditPage = 1000
 func (s *Store) Audit(ctx context.Context, q AuditQuery) ([]AuditRecord, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
+	if err := s.schemaReady(ctx); err != nil {
+		s.m.errors.WithLabelValues("audit").Inc()
+		return nil, err
+	}
 	var where []string
 	var args []any
 	add := func(cond string, v any) {

@@ -50,7 +50,8 @@ type Options struct {
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // metrics; nil: not registered
 
-	migrateTo int // tests: stop at this schema version (0: all)
+	migrateTo int    // tests: stop at this schema version (0: all)
+	onWait    func() // tests: called when a call starts waiting for the schema
 }
 
 // Snapshot is the policy at one version. It never changes once made.
@@ -71,10 +72,11 @@ type Store struct {
 	log  *slog.Logger
 	m    *metrics
 
-	snap    atomic.Pointer[Snapshot]
-	mu      sync.Mutex    // guards changed and installs
-	changed chan struct{} // closed when a new snapshot is installed
-	loaded  chan struct{} // closed at the first snapshot
+	snap     atomic.Pointer[Snapshot]
+	mu       sync.Mutex    // guards changed and installs
+	changed  chan struct{} // closed when a new snapshot is installed
+	loaded   chan struct{} // closed at the first snapshot
+	migrated chan struct{} // closed once the schema is migrated
 
 	stateMu sync.Mutex
 	state   Status
@@ -123,7 +125,7 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{opts: opts, cfg: cfg, pool: pool, log: opts.Logger, m: newMetrics(opts.Registerer),
-		changed: make(chan struct{}), loaded: make(chan struct{}), done: make(chan struct{})}
+		changed: make(chan struct{}), loaded: make(chan struct{}), migrated: make(chan struct{}), done: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -202,6 +204,7 @@ func (s *Store) session(ctx context.Context, migrated *bool) error {
 			s.log.Warn("policy store: the schema is newer than this bridge's; using it as it is", "schema", now, "bridge", SchemaVersion())
 		}
 		*migrated = true
+		close(s.migrated)
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 		return err
@@ -243,6 +246,30 @@ func (s *Store) refresh(ctx context.Context, conn *pgx.Conn) (*Snapshot, error) 
 		return nil, nil
 	}
 	return load(ctx, conn)
+}
+
+// schemaReady waits until the schema is migrated or ctx ends. Writes and
+// audit reads call it first: a bridge that has just started, or whose
+// migration waits on another bridge's, answers them once its tables exist
+// rather than failing on tables that are not there yet.
+func (s *Store) schemaReady(ctx context.Context) error {
+	select {
+	case <-s.migrated:
+		return nil
+	default:
+	}
+	if s.opts.onWait != nil {
+		s.opts.onWait()
+	}
+	select {
+	case <-s.migrated:
+		return nil
+	case <-ctx.Done():
+		if last := s.Status().Error; last != "" {
+			return fmt.Errorf("%w: the schema is not migrated yet (last error: %s): %w", ErrUnavailable, last, ctx.Err())
+		}
+		return fmt.Errorf("%w: the schema is not migrated yet: %w", ErrUnavailable, ctx.Err())
+	}
 }
 
 // reload reads a snapshot through the pool: a bridge that made a change

@@ -647,3 +647,71 @@ func TestStore_StartsWhilePostgresIsDown(t *testing.T) {
 		t.Fatalf("status %+v", st)
 	}
 }
+
+// A bridge takes writes and audit reads before its schema is migrated
+// (it has just started, or another bridge's migration holds the lock):
+// they wait for the migration instead of failing on missing tables, and
+// answer 503 only if their deadline passes first.
+func TestStore_WaitsForTheSchema(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.Shared(t).NewDatabase(t)
+	lock := connect(t, url)
+	tx, err := lock.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLock)); err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan struct{}, 3)
+	s, err := Open(Options{URL: url, Retry: 50 * time.Millisecond, onWait: func() { waiting <- struct{}{} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.Audit(short, AuditQuery{}); !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) ||
+		!strings.Contains(err.Error(), "schema is not migrated yet") {
+		t.Fatalf("audit past its deadline while the schema is locked: %v", err)
+	}
+	<-waiting
+
+	type result struct {
+		version int64
+		recs    []AuditRecord
+		err     error
+	}
+	put, audit := make(chan result, 1), make(chan result, 1)
+	r := mustRule(t, `{"name":"a","limit":1,"window":"1m"}`)
+	go func() {
+		_, _, v, err := s.PutRule(ctx, r, who)
+		put <- result{version: v, err: err}
+	}()
+	go func() {
+		recs, err := s.Audit(ctx, AuditQuery{})
+		audit <- result{recs: recs, err: err}
+	}()
+	for range 2 {
+		select {
+		case <-waiting:
+		case res := <-put:
+			t.Fatalf("PutRule answered before the schema was migrated: version %d, %v", res.version, res.err)
+		case res := <-audit:
+			t.Fatalf("Audit answered before the schema was migrated: %d records, %v", len(res.recs), res.err)
+		}
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res := <-put; res.err != nil || res.version != 1 {
+		t.Fatalf("PutRule after the migration: version %d, %v", res.version, res.err)
+	}
+	if res := <-audit; res.err != nil || len(res.recs) > 1 {
+		t.Fatalf("Audit after the migration: %d records, %v", len(res.recs), res.err)
+	}
+	if snap := s.Snapshot(); snap == nil || snap.Version != 1 || len(snap.Rules) != 1 || snap.Rules[0].Name != "a" {
+		t.Fatalf("snapshot after the write: %+v", snap)
+	}
+}

@@ -51,6 +51,10 @@ const (
 func (s *Store) change(ctx context.Context, c Change, fn func(ctx context.Context, tx pgx.Tx) (*auditEntry, error)) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
+	if err := s.schemaReady(ctx); err != nil {
+		s.m.errors.WithLabelValues("write").Inc()
+		return 0, err
+	}
 	var version int64
 	var store string
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
