@@ -11,7 +11,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -48,7 +47,7 @@ func startBridge(t *testing.T, addr, redisURL string) *redisbridge.Server {
 	set := redisbridge.DefaultSettings()
 	set.Listen, set.Store, set.RedisURL = addr, "redis", redisURL
 	set.RedisTimeout = 150 * time.Millisecond
-	set.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	set.Logger = e2etest.Logger(t)
 	set.AuditLog = filepath.Join(t.TempDir(), "audit.log")
 	br, err := redisbridge.New(set)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -56,11 +55,12 @@ func newPolicyStack(t testing.TB, interval string) *policyStack {
 	t.Helper()
 	url := pgtest.Shared(t).NewDatabase(t)
 	ps := &policyStack{t: t, applied: map[[2]int]appliedAt{}, changed: make(chan struct{}, 1)}
+	log := e2etest.Logger(t)
 	for i := 0; i < 2; i++ {
 		set := redisbridge.DefaultSettings()
 		set.AdminKey = policyAdminKey
 		set.PolicyStore = url
-		set.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		set.Logger = log.With("bridge", i)
 		set.AuditLog = filepath.Join(t.TempDir(), "audit.log")
 		br, err := redisbridge.New(set)
 		if err != nil {

@@ -33,6 +33,7 @@ type bridgeProc struct {
 	redisURL string
 	timeout  time.Duration // Settings.RedisTimeout
 	batch    int           // Settings.RedisBatch; 0: the default
+	log      *slog.Logger  // kept across restarts, shown if the test fails
 	mu       sync.Mutex
 	srv      *redisbridge.Server
 }
@@ -45,7 +46,7 @@ func startBridge(t testing.TB, redisURL string, redisTimeout time.Duration) *bri
 // script call (--redis-batch; 0: the default).
 func startBridgeBatch(t testing.TB, redisURL string, redisTimeout time.Duration, batch int) *bridgeProc {
 	t.Helper()
-	b := &bridgeProc{t: t, addr: nettest.FreeAddr(t), redisURL: redisURL, timeout: redisTimeout, batch: batch}
+	b := &bridgeProc{t: t, addr: nettest.FreeAddr(t), redisURL: redisURL, timeout: redisTimeout, batch: batch, log: e2etest.Logger(t)}
 	b.start()
 	t.Cleanup(b.stop)
 	return b
@@ -59,7 +60,7 @@ func (b *bridgeProc) start() {
 	if b.batch > 0 {
 		set.RedisBatch = b.batch
 	}
-	set.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	set.Logger = b.log
 	set.AuditLog = filepath.Join(b.t.TempDir(), "audit.log")
 	srv, err := redisbridge.New(set)
 	if err != nil {
@@ -87,7 +88,7 @@ func embeddedBridge(t *testing.T, redisURL string, redisTimeout time.Duration) h
 	t.Helper()
 	set := redisbridge.DefaultSettings()
 	set.Store, set.RedisURL, set.RedisTimeout = "redis", redisURL, redisTimeout
-	set.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	set.Logger = e2etest.Logger(t)
 	set.AuditLog = filepath.Join(t.TempDir(), "audit.log")
 	srv, err := redisbridge.New(set)
 	if err != nil {
