@@ -15,8 +15,8 @@ WASM := $(BUILD)/plugin.wasm
 # fixed in Go 1.27); a count has no deadline to race.
 FUZZTIME ?= 2000x
 # With that default a few dear targets run for fewer inputs (their counts
-# in internal/tools/fuzzlist); a FUZZTIME given to make applies to all.
-FUZZLIST_FLAGS := $(if $(filter file,$(origin FUZZTIME)),-quick)
+# in internal/tools/fuzzrun); a FUZZTIME given to make applies to all.
+FUZZ_FLAGS := $(if $(filter file,$(origin FUZZTIME)),-quick)
 
 .PHONY: all wasm oci bridge gateway demo-upstream test test-side test-fuzz test-long bench bench-bridge bench-bridge-rows run lint check deps clean
 
@@ -98,37 +98,17 @@ test-side:
 test-long: deps
 	$(GO) test -count=1 -tags long -run '^TestLong_' -timeout 20m ./...
 
-# Each fuzz target runs briefly from its seed corpus; `go test -fuzz` takes one
-# target at a time. An input that fails is written under testdata/fuzz and
-# runs first on every later `go test`. Inputs are not minimized
-# (-fuzzminimizetime=0): a worker still minimizing a new input when the
-# count runs out is stopped, and Go 1.26's coordinator then reports
-# "fuzzing process hung or terminated unexpectedly while minimizing: EOF"
-# with an input that passes (go.dev/issue/52569; seen about once in twenty
-# runs of FuzzServer_H2C). A failing input is written all the same.
-# Two targets at a time: each is a build of its package's instrumented
-# test binary and a short run, and one at a time left a CPU idle.
+# Each fuzz target runs briefly from its seed corpus, two at a time, each
+# package's instrumented test binary built once (internal/tools/fuzzrun:
+# go test -fuzz takes one target at a time and links the binary again for
+# each; that linking was most of this phase's CPU). An input that fails is
+# written under testdata/fuzz and runs first on every later `go test`.
+# Every run starts from the seeds alone, with its own empty cache of
+# interesting inputs under $(FUZZ_CACHE) (fuzzrun's doc says why).
 FUZZ_JOBS ?= 2
-# Each run starts from the seeds (f.Add and testdata/fuzz) alone, with its
-# own empty cache of interesting inputs under $(FUZZ_CACHE): in the shared
-# one ($$GOCACHE/fuzz) every run adds inputs that every later run replays
-# first, one at a time, within the same count, so the phase slowed from
-# 30 s to 63 s on a machine that had run it for a day, and would go on
-# slowing until the replay filled the count. go test passes its own
-# -test.fuzzcachedir before the arguments after -args, and the test binary
-# takes the last one (cmd/go internal/test/test.go). Fuzzing by hand with
-# go test -fuzz keeps using the shared cache.
 FUZZ_CACHE := $(abspath $(BUILD))/fuzzcache
 test-fuzz:
-	@rm -rf $(FUZZ_CACHE)
-	@$(GO) run ./internal/tools/fuzzlist $(FUZZLIST_FLAGS) | tr ' ' '\n' | xargs -P $(FUZZ_JOBS) -I{} sh -c '\
-	  spec={}; pkg=$${spec%%:*}; rest=$${spec#*:}; fn=$${rest%%:*}; n=$(FUZZTIME); \
-	  case $$rest in *:*) n=$${rest#*:};; esac; \
-	  out=$$($(GO) test -run="^$$" -fuzz="^$$fn$$" -fuzztime=$$n -fuzzminimizetime=0 $$pkg \
-	    -args -test.fuzzcachedir=$(FUZZ_CACHE)/$$pkg 2>&1) || \
-	    { echo "fuzz $$pkg $$fn: FAILED"; echo "$$out" | tail -40; exit 255; }; \
-	  echo "fuzz $$pkg $$fn $$n"'
-	@rm -rf $(FUZZ_CACHE)
+	$(GO) run ./internal/tools/fuzzrun -go $(GO) -count $(FUZZTIME) $(FUZZ_FLAGS) -jobs $(FUZZ_JOBS) -cache $(FUZZ_CACHE)
 
 # Timing targets live here, never in pass/fail tests. Fixed iteration
 # counts where a benchmark sets up load (bridge processes, wasm hosts).
