@@ -87,7 +87,7 @@ func newStack(t *testing.T, config string) *stack {
 	s.bridge = startBridge(t, s.brAddr, s.redis.URL)
 	t.Cleanup(func() { stopBridge(s.bridge) })
 	s.host, err = wasmhost.New(context.Background(), builtPlugin(t), wasmhost.Options{
-		Workers: 2, PluginConfig: []byte(config), RootID: "sluice",
+		Workers: 2, CompilationCache: e2etest.CompilationCache(t), PluginConfig: []byte(config), RootID: "sluice",
 		Clusters: map[string]string{"sluice_bridge": "http://" + s.brAddr},
 	})
 	if err != nil {

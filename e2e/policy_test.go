@@ -82,7 +82,7 @@ func newPolicyStack(t testing.TB, interval string) *policyStack {
 }`
 	for g := 0; g < 2; g++ {
 		host, err := wasmhost.New(context.Background(), e2etest.Plugin(t), wasmhost.Options{
-			Workers: 2, PluginConfig: []byte(config), RootID: "sluice",
+			Workers: 2, PluginConfig: []byte(config), RootID: "sluice", CompilationCache: e2etest.CompilationCache(t),
 			Clusters: map[string]string{"sluice_bridge": ps.bridges[g]},
 			OnLog: func(e wasmhost.LogEntry) {
 				m := appliedLine.FindStringSubmatch(e.Message)

@@ -44,6 +44,7 @@ func startWazero(t *testing.T, s engineSetup, bridgeURL string) (engine, error) 
 	opts := wasmhost.Options{
 		Workers: s.workerCount(), PluginConfig: []byte(s.pluginConfig()), RootID: "sluice",
 		Clusters: map[string]string{"bridge": bridgeURL}, Environment: s.env,
+		CompilationCache: e2etest.CompilationCache(t),
 	}
 	if s.onLog != nil {
 		opts.OnLog = func(e wasmhost.LogEntry) { s.onLog(int(e.Level), e.Message) }
@@ -187,6 +188,7 @@ func inProcessHost(tb testing.TB, b *fakeBridge, opts wasmhost.Options) *wasmhos
 	opts.RootID = "sluice"
 	opts.Clusters = map[string]string{"bridge": "http://bridge.invalid"}
 	opts.HTTPClient = &http.Client{Transport: inProcess{b}}
+	opts.CompilationCache = e2etest.CompilationCache(tb)
 	host, err := wasmhost.New(context.Background(), wasmBytes, opts)
 	if err != nil {
 		tb.Fatal(err)

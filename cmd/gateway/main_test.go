@@ -360,7 +360,7 @@ func BenchmarkHandler(b *testing.B) {
 	  "identity": {"sources": [{"type": "header", "header": "x-user-id"}], "client_ip": {"trusted_proxy_depth": 1}},
 	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": 1000000000, "window": "1h", "algorithm": "fixed_window"}]}`
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	host, err := wasmhost.New(context.Background(), e2etest.Plugin(b), wasmhost.Options{Workers: 1, PluginConfig: []byte(cfg),
+	host, err := wasmhost.New(context.Background(), e2etest.Plugin(b), wasmhost.Options{Workers: 1, CompilationCache: e2etest.CompilationCache(b), PluginConfig: []byte(cfg),
 		RootID: "sluice", Logger: logger, Clusters: map[string]string{"sluice_bridge": "http://127.0.0.1:1"}, LogLevel: wasmhost.LogLevelInfo})
 	if err != nil {
 		b.Fatal(err)

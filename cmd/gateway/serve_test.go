@@ -508,7 +508,7 @@ func TestGateway_BridgeOnUnixSocket(t *testing.T) {
 	}
 	go br.Serve(ln)
 	defer br.Shutdown(context.Background())
-	host, err := wasmhost.New(context.Background(), e2etest.Plugin(t), wasmhost.Options{Workers: 1, PluginConfig: []byte(limitConfig(2)), RootID: "sluice",
+	host, err := wasmhost.New(context.Background(), e2etest.Plugin(t), wasmhost.Options{Workers: 1, CompilationCache: e2etest.CompilationCache(t), PluginConfig: []byte(limitConfig(2)), RootID: "sluice",
 		Logger: discardLogger(), Clusters: map[string]string{"sluice_bridge": "unix://" + sock}})
 	if err != nil {
 		t.Fatal(err)

@@ -294,7 +294,7 @@ func deployVMs(t *testing.T, workers int, redisURL string, bridges int, redisTim
 		tr.DisableCompression = true
 		t.Cleanup(tr.CloseIdleConnections)
 		opts := wasmhost.Options{
-			Workers: workers, PluginConfig: []byte(cfg), RootID: "sluice",
+			Workers: workers, PluginConfig: []byte(cfg), RootID: "sluice", CompilationCache: e2etest.CompilationCache(t),
 			Clusters:   map[string]string{"sluice_bridge": "http://sluice-bridge"},
 			HTTPClient: &http.Client{Transport: &spread{addrs: addrs, base: tr}},
 		}

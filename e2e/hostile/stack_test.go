@@ -16,15 +16,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/tetratelabs/wazero"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
 	"github.com/sluicehq/sluice/redisbridge"
@@ -34,23 +30,6 @@ import (
 // builtPlugin is the plugin as `make wasm` builds it (once per test
 // process, and so once per fuzz worker).
 func builtPlugin(t testing.TB) []byte { return e2etest.Plugin(t) }
-
-var (
-	cacheOnce sync.Once
-	cache     wazero.CompilationCache
-)
-
-// compileCache keeps the plugin's machine code on disk: every fuzz worker
-// is a process of its own, and compiling the module takes seconds.
-func compileCache() wazero.CompilationCache {
-	cacheOnce.Do(func() {
-		var err error
-		if cache, err = wazero.NewCompilationCacheWithDir(filepath.Join(os.TempDir(), "sluice-hostile-wazero")); err != nil {
-			cache = nil // wasmhost.New uses its in-memory cache
-		}
-	})
-	return cache
-}
 
 const (
 	jwtSecret = "hostile-test-secret-0123456789abcdef"
@@ -124,7 +103,7 @@ func newStackWith(t testing.TB, cfg string) *stack {
 	})
 	s := &stack{bridge: br}
 	s.host, err = wasmhost.New(context.Background(), builtPlugin(t), wasmhost.Options{
-		Workers: 2, CompilationCache: compileCache(), PluginConfig: []byte(cfg), RootID: "sluice",
+		Workers: 2, CompilationCache: e2etest.CompilationCache(t), PluginConfig: []byte(cfg), RootID: "sluice",
 		Clusters: map[string]string{"sluice_bridge": "http://" + ln.Addr().String()},
 		Logger:   slog.New(slog.DiscardHandler),
 	})

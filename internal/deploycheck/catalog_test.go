@@ -130,8 +130,12 @@ func buildCatalog(policyURL string) (*catalog, error) {
 	if err != nil {
 		return nil, err
 	}
+	cache, err := e2etest.OpenCompilationCache()
+	if err != nil {
+		return nil, err
+	}
 	host, err := wasmhost.New(context.Background(), wasm, wasmhost.Options{
-		Workers: 1, PluginConfig: []byte(pluginConfig), RootID: "sluice",
+		Workers: 1, PluginConfig: []byte(pluginConfig), RootID: "sluice", CompilationCache: cache,
 		Clusters: map[string]string{"sluice_bridge": bridgeURL},
 	})
 	if err != nil {
