@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/internal/syncbuf"
 	"github.com/sluicehq/sluice/redisbridge/internal/rls"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 )
@@ -1082,7 +1083,7 @@ func TestServer_ReloadChanged_RLS(t *testing.T) {
 		}
 	}
 	write("a.yaml", "domain: a\ndescriptors: [{key: k, rate_limit: {unit: hour, requests_per_unit: 1}}]")
-	var logs logLines
+	var logs syncbuf.Buffer
 	set := DefaultSettings()
 	set.Listen, set.RLSConfig = "127.0.0.1:0", dir
 	set.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -1104,10 +1105,10 @@ func TestServer_ReloadChanged_RLS(t *testing.T) {
 		if rec.Body.String() != rlconfig {
 			t.Errorf("%s: /rlconfig %q, want %q", name, rec.Body, rlconfig)
 		}
-		if n := logs.count("rate limit service configuration reloaded"); n != reloaded {
+		if n := logCount(&logs, "rate limit service configuration reloaded"); n != reloaded {
 			t.Errorf("%s: %d reloads logged, want %d", name, n, reloaded)
 		}
-		if n := logs.count("rate limit service configuration refused"); n != refused {
+		if n := logCount(&logs, "rate limit service configuration refused"); n != refused {
 			t.Errorf("%s: %d refusals logged, want %d", name, n, refused)
 		}
 	}
@@ -1145,23 +1146,9 @@ func TestServer_ReloadChanged_RLS(t *testing.T) {
 	step("SIGHUP reads it whatever changed", false, a, 4, 3)
 }
 
-// logLines collects a logger's lines.
-type logLines struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// count is how many lines carry msg.
-func (l *logLines) count(msg string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), "msg=\""+msg)
+// logCount is how many lines of a text log carry msg.
+func logCount(logs *syncbuf.Buffer, msg string) int {
+	return strings.Count(logs.String(), "msg=\""+msg)
 }
 
 // CheckFiles reads what a start would read, and names the setting whose

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/syncbuf"
 	"github.com/sluicehq/sluice/internal/tlsfiles/tlsfilestest"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/rules"
@@ -554,7 +555,7 @@ func TestSecurity_RedisACL(t *testing.T) {
 func TestSecurity_TLSReload(t *testing.T) {
 	ca := tlsfilestest.NewCA(t)
 	dir := t.TempDir()
-	var logs logLines
+	var logs syncbuf.Buffer
 	set := testSettings()
 	set.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	set.TLSCert, set.TLSKey = ca.Issue(t, dir, "bridge")
@@ -577,10 +578,10 @@ func TestSecurity_TLSReload(t *testing.T) {
 		if got := served(); got != cn {
 			t.Errorf("%s: served %q, want %q", name, got, cn)
 		}
-		if n := logs.count("TLS certificate reloaded"); n != reloaded {
+		if n := logCount(&logs, "TLS certificate reloaded"); n != reloaded {
 			t.Errorf("%s: %d reloads logged, want %d", name, n, reloaded)
 		}
-		if n := logs.count("TLS certificate refused"); n != refused {
+		if n := logCount(&logs, "TLS certificate refused"); n != refused {
 			t.Errorf("%s: %d refusals logged, want %d", name, n, refused)
 		}
 	}

@@ -16,10 +16,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/syncbuf"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -493,8 +493,8 @@ func TestServer_RedisDownThen503ThenRecovers(t *testing.T) {
 	rs := redistest.Start(t)
 	set := testSettings()
 	set.Store, set.RedisURL, set.RedisTimeout = "redis", rs.URL, 300*time.Millisecond
-	var logs bytes.Buffer
-	set.Logger = slog.New(slog.NewJSONHandler(&syncWriter{w: &logs}, nil))
+	var logs syncbuf.Buffer
+	set.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	ts := startServer(t, set)
 	body := checkBody(limit("rl:{u:down}:a", rules.SlidingWindow, 100))
 	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body); r.status != 200 {
@@ -522,18 +522,6 @@ func TestServer_RedisDownThen503ThenRecovers(t *testing.T) {
 	if r := do(t, nil, "POST", ts.URL+"/v1/rate-limit/check", body); r.status != 200 {
 		t.Fatalf("after restart: %d %s", r.status, r.body)
 	}
-}
-
-type syncWriter struct {
-	mu atomic.Bool
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	for !s.mu.CompareAndSwap(false, true) {
-	}
-	defer s.mu.Store(false)
-	return s.w.Write(p)
 }
 
 func grep(b []byte, s string) string {
