@@ -167,6 +167,7 @@ func (s *Server) handlePutRule(w http.ResponseWriter, r *http.Request, who strin
 		return
 	}
 	if err != nil {
+		s.policyFailed(r, "rule.put", err)
 		writeError(w, r, storeError(err))
 		return
 	}
@@ -188,6 +189,7 @@ func (s *Server) handleDeleteRule(w http.ResponseWriter, r *http.Request, who st
 	defer cancel()
 	prev, had, v, err := s.policy.DeleteRule(ctx, name, s.change(r, who))
 	if err != nil {
+		s.policyFailed(r, "rule.delete", err)
 		writeError(w, r, storeError(err))
 		return
 	}
@@ -198,6 +200,14 @@ func (s *Server) handleDeleteRule(w http.ResponseWriter, r *http.Request, who st
 	s.audit.Info("admin", "who", who, "remote", r.RemoteAddr, "action", "rule.delete", "target", name,
 		"before", prev, "after", nil, "version", v, "request_id", requestID(r))
 	writeJSON(w, map[string]any{"version": v, "rule": prev})
+}
+
+// policyFailed logs an admin call the policy store failed, with the
+// store's error: the 503 or 500 the caller gets does not say why. Such
+// calls are rare, so every one is logged (a failed override write is
+// logged by storeFailed, with the counter store's).
+func (s *Server) policyFailed(r *http.Request, action string, err error) {
+	s.log.Error("policy_store_error", "action", action, "err", err.Error(), "request_id", requestID(r))
 }
 
 // handleDeleteConfig removes the override of a user and endpoint.
@@ -242,6 +252,7 @@ func (s *Server) handleAudit(w http.ResponseWriter, r *http.Request, who string)
 	defer cancel()
 	recs, err := s.policy.Audit(ctx, q)
 	if err != nil {
+		s.policyFailed(r, "audit.get", err)
 		writeError(w, r, storeError(err))
 		return
 	}

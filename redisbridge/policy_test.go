@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sluicehq/sluice/internal/syncbuf"
 	"github.com/sluicehq/sluice/redisbridge/pgtest"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/rules"
@@ -320,7 +322,10 @@ func TestPolicy_PostgresKilledUnderLoad(t *testing.T) { postgresKilledUnderLoad(
 func postgresKilledUnderLoad(t *testing.T, cycles int) {
 	srv := pgtest.Start(t)
 	url := srv.NewDatabase(t)
-	ts := startPolicyBridge(t, testSettings(), url)
+	set := testSettings()
+	var logs syncbuf.Buffer
+	set.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	ts := startPolicyBridge(t, set, url)
 	base := `{"user_id":"dave","endpoint":"*","limit":1000000,"window_seconds":60,"algorithm":"sliding_window"}`
 	if r := do(t, nil, "PUT", ts.URL+"/v1/rate-limit/config", base, adminHdr...); r.status != 200 {
 		t.Fatal(r.status)
@@ -382,6 +387,22 @@ func postgresKilledUnderLoad(t *testing.T, cycles int) {
 		writer(next+20, next+30)
 		if refused.Load() == before {
 			t.Error("no change refused while PostgreSQL was down")
+		}
+		if c == 0 {
+			// Rule changes and audit reads answer 503 too, and the log
+			// says what the store's error was.
+			for _, call := range []struct{ method, path, body, action string }{
+				{"PUT", "/v1/rate-limit/rules/down", `{"name":"down","limit":1,"window":"1m"}`, "rule.put"},
+				{"DELETE", "/v1/rate-limit/rules/down", "", "rule.delete"},
+				{"GET", "/v1/rate-limit/audit", "", "audit.get"},
+			} {
+				if r := do(t, nil, call.method, ts.URL+call.path, call.body, adminHdr...); r.status != 503 {
+					t.Errorf("%s %s while PostgreSQL is down: %d %s", call.method, call.path, r.status, r.body)
+				}
+				if line := grep([]byte(logs.String()), "action="+call.action+" "); !strings.Contains(line, "msg=policy_store_error") || !strings.Contains(line, "err=") {
+					t.Errorf("%s: no policy_store_error logged: %q", call.action, line)
+				}
+			}
 		}
 		srv.Restart(t)
 		deadline = time.Now().Add(20 * time.Second)
