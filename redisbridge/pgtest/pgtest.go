@@ -158,27 +158,48 @@ func start() (*Server, error) {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("pgtest: initdb: %v\n%s", err, out))
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return fail(fmt.Errorf("pgtest: no free port: %w", err))
+	if err := s.pickPort(); err != nil {
+		return fail(err)
 	}
-	s.Port = ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
-	if err := s.launch(); err != nil {
+	if err := s.launch(true); err != nil {
 		return fail(err)
 	}
 	return s, nil
+}
+
+// freePort returns a loopback port that is free now. Another process may
+// take it before postgres binds it: the first launch then picks again.
+var freePort = func() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: no free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (s *Server) pickPort() error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	s.Port = port
+	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return nil
 }
 
 // launch starts postgres on the data directory and waits until it
 // accepts connections. fsync is off: tests kill the server, never the
 // machine, so what a commit wrote is in the kernel's page cache and
 // survives; synchronous_commit stays on, so an acknowledged commit is
-// never lost to a killed server.
-func (s *Server) launch() error {
+// never lost to a killed server. The first launch of a server moves to
+// another port when its own was taken before postgres bound it (test
+// packages start servers at once); a restart keeps its port.
+func (s *Server) launch(first bool) error {
 	deadline := time.Now().Add(30 * time.Second)
-	for {
+	logPath := filepath.Join(s.dir, "postgres.log")
+	for moves := 0; ; {
+		logged := fileSize(logPath)
 		exited, err := s.startOnce()
 		if err != nil {
 			return err
@@ -210,8 +231,33 @@ func (s *Server) launch() error {
 			}
 			break
 		}
+		if first && moves < 5 && portTaken(logPath, logged) {
+			moves++
+			if err := s.pickPort(); err != nil {
+				return err
+			}
+			continue
+		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// portTaken tells whether postgres wrote, past offset from of its log,
+// that it could not bind its port.
+func portTaken(path string, from int64) bool {
+	b, err := os.ReadFile(path)
+	if err != nil || int64(len(b)) < from {
+		return false
+	}
+	return strings.Contains(string(b[from:]), "Address already in use")
 }
 
 // startOnce starts postgres; exited is closed when it exits.
@@ -292,7 +338,7 @@ func (s *Server) Kill() {
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Kill()
-	if err := s.launch(); err != nil {
+	if err := s.launch(false); err != nil {
 		t.Fatal(err)
 	}
 }

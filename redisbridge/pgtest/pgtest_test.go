@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -62,4 +63,35 @@ func TestServer_DatabasesAreSeparate(t *testing.T) {
 	if _, err := cb.Exec(ctx, "SELECT * FROM only_a"); err == nil {
 		t.Error("table of database a seen in b")
 	}
+}
+
+// A server whose port is taken between the pick and postgres's bind (by
+// another test process starting its own, say) starts on another port.
+func TestStart_PortTaken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	taken := ln.Addr().(*net.TCPAddr).Port
+	pick := freePort
+	picks := 0
+	freePort = func() (int, error) {
+		if picks++; picks == 1 {
+			return taken, nil
+		}
+		return pick()
+	}
+	defer func() { freePort = pick }()
+	s := Start(t)
+	if s.Port == taken || picks != 2 {
+		t.Fatalf("started on port %d after %d picks; %d was taken", s.Port, picks, taken)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close(ctx)
 }
