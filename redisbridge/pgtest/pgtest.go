@@ -197,9 +197,8 @@ func (s *Server) pickPort() error {
 // packages start servers at once); a restart keeps its port.
 func (s *Server) launch(first bool) error {
 	deadline := time.Now().Add(30 * time.Second)
-	logPath := filepath.Join(s.dir, "postgres.log")
 	for moves := 0; ; {
-		logged := fileSize(logPath)
+		logged := fileSize(s.logPath())
 		exited, err := s.startOnce()
 		if err != nil {
 			return err
@@ -215,7 +214,7 @@ func (s *Server) launch(first bool) error {
 			cancel()
 			if time.Now().After(deadline) {
 				s.Kill()
-				log, _ := os.ReadFile(filepath.Join(s.dir, "postgres.log"))
+				log, _ := os.ReadFile(s.logPath())
 				return fmt.Errorf("pgtest: postgres on %s not ready: %v\n%s", s.Addr, err, log)
 			}
 			select {
@@ -231,7 +230,7 @@ func (s *Server) launch(first bool) error {
 			}
 			break
 		}
-		if first && moves < 5 && portTaken(logPath, logged) {
+		if first && moves < 5 && portTaken(s.logPath(), logged) {
 			moves++
 			if err := s.pickPort(); err != nil {
 				return err
@@ -260,9 +259,12 @@ func portTaken(path string, from int64) bool {
 	return strings.Contains(string(b[from:]), "Address already in use")
 }
 
+// logPath is the file postgres writes its log to, across restarts.
+func (s *Server) logPath() string { return filepath.Join(s.dir, "postgres.log") }
+
 // startOnce starts postgres; exited is closed when it exits.
 func (s *Server) startOnce() (exited chan struct{}, err error) {
-	logf, err := os.OpenFile(filepath.Join(s.dir, "postgres.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	logf, err := os.OpenFile(s.logPath(), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, err
 	}

@@ -166,9 +166,8 @@ func (s *Store) Status() Status {
 // a new one after a failure.
 func (s *Store) follow(ctx context.Context) {
 	defer close(s.done)
-	migrated := false
 	for {
-		err := s.session(ctx, &migrated)
+		err := s.session(ctx)
 		if ctx.Err() != nil {
 			return
 		}
@@ -183,7 +182,7 @@ func (s *Store) follow(ctx context.Context) {
 
 // session connects, migrates (once per Store), listens for changes and
 // reads a new snapshot whenever the version moved, until an error.
-func (s *Store) session(ctx context.Context, migrated *bool) error {
+func (s *Store) session(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	conn, err := pgx.ConnectConfig(cctx, s.cfg.ConnConfig)
 	cancel()
@@ -191,7 +190,7 @@ func (s *Store) session(ctx context.Context, migrated *bool) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-	if !*migrated {
+	if !s.isMigrated() {
 		cctx, cancel := context.WithTimeout(ctx, 4*s.opts.Timeout)
 		from, now, err := migrate(cctx, conn, s.opts.migrateTo)
 		cancel()
@@ -203,7 +202,6 @@ func (s *Store) session(ctx context.Context, migrated *bool) error {
 		} else if now > SchemaVersion() {
 			s.log.Warn("policy store: the schema is newer than this bridge's; using it as it is", "schema", now, "bridge", SchemaVersion())
 		}
-		*migrated = true
 		close(s.migrated)
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
@@ -248,15 +246,23 @@ func (s *Store) refresh(ctx context.Context, conn *pgx.Conn) (*Snapshot, error) 
 	return load(ctx, conn)
 }
 
+// isMigrated tells whether this Store has migrated the schema.
+func (s *Store) isMigrated() bool {
+	select {
+	case <-s.migrated:
+		return true
+	default:
+		return false
+	}
+}
+
 // schemaReady waits until the schema is migrated or ctx ends. Writes and
 // audit reads call it first: a bridge that has just started, or whose
 // migration waits on another bridge's, answers them once its tables exist
 // rather than failing on tables that are not there yet.
 func (s *Store) schemaReady(ctx context.Context) error {
-	select {
-	case <-s.migrated:
+	if s.isMigrated() {
 		return nil
-	default:
 	}
 	if s.opts.onWait != nil {
 		s.opts.onWait()
