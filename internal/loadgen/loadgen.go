@@ -1,8 +1,9 @@
 // Package loadgen drives an HTTP endpoint the way a fleet of proxies or
 // clients does. Over HTTP/1.1: a fixed set of keep-alive connections, each
-// with one request in flight, prebuilt requests written on raw connections
-// and only the status line and Content-Length of the answers parsed, as
-// fast as the server answers or paced at a rate. Over h2c (HTTP/2 with
+// with one request in flight, prebuilt requests written on raw sockets by
+// one epoll loop (h1_linux.go) and only the status line and
+// Content-Length of the answers parsed, as fast as the server answers or
+// paced at a rate. Over h2c (HTTP/2 with
 // prior knowledge, as Envoy's HTTP/2 upstreams): a few connections with
 // many concurrent streams each (h2c.go). Either way its own CPU per
 // request stays small next to the server's it measures, and it allocates
@@ -11,17 +12,13 @@
 package loadgen
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"slices"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -90,68 +87,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 		return runH2C(ctx, o)
 	}
-	reqs := o.requests()
-	conns, err := dial(ctx, &o)
-	if err != nil {
-		return Result{}, err
-	}
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	check := o.checker()
-	var (
-		next    atomic.Int64
-		wg      sync.WaitGroup
-		errOnce sync.Once
-		firstEr error
-		lat     = make([][]time.Duration, len(conns))
-	)
-	fail := func(err error) {
-		errOnce.Do(func() { firstEr = err })
-		next.Store(int64(o.N)) // the others stop at their next request
-	}
-	cpu0 := processCPU()
-	t0 := time.Now()
-	for g, c := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			mine := make([]time.Duration, 0, o.N/len(conns)+1)
-			r := bufio.NewReaderSize(c, 16<<10)
-			own := reqs[g%len(reqs)]
-			var body []byte
-			for ctx.Err() == nil {
-				i := next.Add(1) - 1
-				if i >= int64(o.N) {
-					break
-				}
-				if o.Rate > 0 {
-					time.Sleep(time.Until(t0.Add(time.Duration(float64(i) * float64(time.Second) / o.Rate))))
-				}
-				start := time.Now()
-				if _, err := c.Write(own[i%int64(len(own))]); err != nil {
-					fail(fmt.Errorf("loadgen: write: %w", err))
-					return
-				}
-				status, b, err := readResponse(r, body[:0])
-				if err != nil {
-					fail(fmt.Errorf("loadgen: read: %w", err))
-					return
-				}
-				body = b
-				mine = append(mine, time.Since(start))
-				if err := check(status, body); err != nil {
-					fail(err)
-					return
-				}
-			}
-			lat[g] = mine
-		}()
-	}
-	wg.Wait()
-	return result(ctx, t0, cpu0, lat, firstEr)
+	return runH1(ctx, o)
 }
 
 // requests are the prebuilt HTTP/1.1 requests: by connection header (one
@@ -237,45 +173,52 @@ func (o *Options) checker() func(int, []byte) error {
 
 var contentLength = []byte("content-length:")
 
-// readResponse reads one HTTP/1.1 response with a Content-Length body and
-// appends the body to buf.
-func readResponse(r *bufio.Reader, buf []byte) (int, []byte, error) {
-	line, err := r.ReadSlice('\n')
-	if err != nil {
-		return 0, buf, err
+// answer is an HTTP/1.1 response parseResponse found whole.
+type answer struct {
+	size   int // its bytes, head and body; 0: not all there yet
+	status int
+	body   []byte
+}
+
+// parseResponse parses the response at the start of b, which must have
+// a Content-Length body. A response not all in b yet is size 0.
+func parseResponse(b []byte) (answer, error) {
+	end := bytes.Index(b, []byte("\r\n\r\n"))
+	if end < 0 {
+		if len(b) >= 9 && !bytes.HasPrefix(b, []byte("HTTP/1.1 ")) {
+			return answer{}, fmt.Errorf("bad status line %q", b[:min(len(b), 40)])
+		}
+		return answer{}, nil
 	}
-	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.1 ")) {
-		return 0, buf, fmt.Errorf("bad status line %q", line)
+	head := b[:end+2]
+	eol := bytes.IndexByte(head, '\n')
+	line := head[:eol+1]
+	if len(line) < 14 || !bytes.HasPrefix(line, []byte("HTTP/1.1 ")) {
+		return answer{}, fmt.Errorf("bad status line %q", line)
 	}
 	status, err := strconv.Atoi(string(line[9:12]))
 	if err != nil {
-		return 0, buf, fmt.Errorf("bad status line %q", line)
+		return answer{}, fmt.Errorf("bad status line %q", line)
 	}
 	n := -1
-	for {
-		line, err = r.ReadSlice('\n')
-		if err != nil {
-			return 0, buf, err
-		}
-		if len(line) <= 2 {
-			break
-		}
+	for rest := head[eol+1:]; len(rest) > 0; {
+		eol := bytes.IndexByte(rest, '\n')
+		line, rest = rest[:eol+1], rest[eol+1:]
 		if len(line) > len(contentLength) && bytes.EqualFold(line[:len(contentLength)], contentLength) {
 			v := bytes.TrimSpace(line[len(contentLength):])
-			if n, err = strconv.Atoi(string(v)); err != nil {
-				return 0, buf, fmt.Errorf("bad Content-Length %q", v)
+			if n, err = strconv.Atoi(string(v)); err != nil || n < 0 {
+				return answer{}, fmt.Errorf("bad Content-Length %q", v)
 			}
 		}
 	}
 	if n < 0 {
-		return 0, buf, errors.New("answer without Content-Length")
+		return answer{}, errors.New("answer without Content-Length")
 	}
-	start := len(buf)
-	buf = slices.Grow(buf, n)[:start+n]
-	if _, err := io.ReadFull(r, buf[start:]); err != nil {
-		return 0, buf, err
+	size := end + 4 + n
+	if len(b) < size {
+		return answer{}, nil
 	}
-	return status, buf, nil
+	return answer{size: size, status: status, body: b[end+4 : size]}, nil
 }
 
 // processCPU is the user+system CPU time of this process so far.

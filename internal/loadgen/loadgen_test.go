@@ -1,14 +1,15 @@
 package loadgen
 
 import (
-	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,7 +17,7 @@ import (
 	"time"
 )
 
-func TestReadResponse(t *testing.T) {
+func TestParseResponse(t *testing.T) {
 	for _, tc := range []struct {
 		name, in string
 		status   int
@@ -25,18 +26,31 @@ func TestReadResponse(t *testing.T) {
 	}{
 		{"ok", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX: y\r\n\r\nhi", 200, "hi", true},
 		{"lower case", "HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n", 429, "", true},
+		{"no reason", "HTTP/1.1 503\r\nContent-Length: 1\r\n\r\nx", 503, "x", true},
 		{"no length", "HTTP/1.1 200 OK\r\n\r\n", 0, "", false},
 		{"bad length", "HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", 0, "", false},
-		{"short body", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab", 0, "", false},
-		{"not http", "SSH-2.0\r\n\r\n", 0, "", false},
+		{"negative length", "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", 0, "", false},
+		{"bad status", "HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n", 0, "", false},
+		{"not http", "SSH-2.0-OpenSSH\r\n\r\n", 0, "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, body, err := readResponse(bufio.NewReader(strings.NewReader(tc.in)), nil)
+			// What follows the answer (the next one) is not its.
+			in := tc.in + "HTTP/1.1 200"
+			a, err := parseResponse([]byte(in))
 			if (err == nil) != tc.ok {
 				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
 			}
-			if tc.ok && (status != tc.status || string(body) != tc.body) {
-				t.Fatalf("got %d %q, want %d %q", status, body, tc.status, tc.body)
+			if !tc.ok {
+				return
+			}
+			if a.size != len(tc.in) || a.status != tc.status || string(a.body) != tc.body {
+				t.Fatalf("got size %d, %d %q, want %d, %d %q", a.size, a.status, a.body, len(tc.in), tc.status, tc.body)
+			}
+			// Every beginning of it is an answer not all there yet.
+			for n := range len(tc.in) {
+				if a, err := parseResponse([]byte(tc.in[:n])); err != nil || a.size != 0 {
+					t.Fatalf("the first %d bytes: size %d, %v; want 0 and no error", n, a.size, err)
+				}
 			}
 		})
 	}
@@ -73,6 +87,37 @@ func TestRun(t *testing.T) {
 	if _, err := Run(context.Background(), Options{Addr: strings.TrimPrefix(srv.URL, "http://"), Path: "/x", Bodies: bodies, Conns: 2, N: 10,
 		Check: func(status int, body []byte) error { return io.ErrUnexpectedEOF }}); err == nil {
 		t.Fatal("a failing Check did not stop the run")
+	}
+}
+
+// TestRun_LargeBodies: a request larger than the socket's buffers goes
+// out in parts as the server reads it, and an answer larger than the
+// read buffer is read whole.
+func TestRun_LargeBodies(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.Write(b) // echo
+	}))
+	defer srv.Close()
+	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<20) // 16 MiB
+	big[len(big)-1] = '!'
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var echoed atomic.Int64
+	res, err := Run(ctx, Options{Addr: strings.TrimPrefix(srv.URL, "http://"), Path: "/x", Bodies: [][]byte{big}, Conns: 2, N: 4,
+		Check: func(status int, body []byte) error {
+			if status != 200 || !bytes.Equal(body, big) {
+				return fmt.Errorf("status %d, %d bytes echoed of %d", status, len(body), len(big))
+			}
+			echoed.Add(1)
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.N != 4 || echoed.Load() != 4 {
+		t.Fatalf("N %d, echoed %d", res.N, echoed.Load())
 	}
 }
 
