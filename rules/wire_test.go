@@ -513,6 +513,83 @@ func TestAppendCheckRequest_UTF8(t *testing.T) {
 	}
 }
 
+// Checks as the plugin writes them take the one-pass reader, and whatever
+// it accepts it reads as the general JSON reader does.
+func FuzzDecodeCheckRequest_Canonical(f *testing.F) {
+	for _, req := range canonicalChecks() {
+		f.Add(AppendCheckRequestFrom(nil, &req))
+	}
+	f.Add([]byte(`{"limits":[{"key":"k","rule":"","algorithm":"fixed_window","limit":1,"window_ms":1,"burst":1,"cost":1,"log_only":false}]}`))
+	f.Add([]byte(`{"limits":[{"key":"k","rule":"","algorithm":"fixed_window","limit":1,"window_ms":1,"burst":1,"cost":0,"fill":true}]}`))
+	f.Add([]byte(`{"limits":[{"key":"k\u0041","rule":"","algorithm":"fixed_window","limit":1,"window_ms":1,"burst":1,"cost":1}]}`))
+	f.Add([]byte(`{"limits":[{"key":"k","rule":"","algorithm":"fixed_window","limit":01,"window_ms":1,"burst":1,"cost":1}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fast, ok := decodeCanonicalRequest(body)
+		if !ok {
+			return
+		}
+		general, err := decodeRequestJSON(body)
+		if err != nil {
+			t.Fatalf("the one-pass reader accepted what the JSON reader refuses (%v): %q", err, body)
+		}
+		if !reflect.DeepEqual(fast, general) {
+			t.Fatalf("%q:\n one-pass %+v\n JSON     %+v", body, fast, general)
+		}
+	})
+}
+
+// canonicalChecks are checks with every field the encoder writes.
+func canonicalChecks() []CheckRequest {
+	base := LimitRequest{Key: "rl:{u:alice}:api", Rule: "api", Spec: LimitSpec{Algorithm: TokenBucket, Limit: 10, WindowMS: 1000, Burst: 20, Cost: 1}}
+	with := func(f func(l *LimitRequest)) LimitRequest {
+		l := base
+		f(&l)
+		return l
+	}
+	return []CheckRequest{
+		{Limits: []LimitRequest{base}},
+		{RequestID: "rid-1", User: "josé 😀", Endpoint: "/café/x", Limits: []LimitRequest{
+			with(func(l *LimitRequest) { l.LogOnly, l.PerUser = true, true }),
+			with(func(l *LimitRequest) {
+				l.Spec = LimitSpec{Algorithm: FixedWindow, Limit: 5, Months: 3, WindowMS: 3 * MonthMS, Burst: 5, Cost: 2}
+			}),
+			with(func(l *LimitRequest) { l.Fill, l.Spec.Cost = true, 0 }),
+			with(func(l *LimitRequest) {
+				l.Spec.Algorithm, l.MaxDelayMS, l.Throttle = SlidingLog, 250, true
+				l.Spec.Penalty = &Penalty{Enabled: true, DetectionWindowMS: 60_000, ViolationThreshold: 3, Multipliers: []int64{1, 2, 4}}
+			}),
+			with(func(l *LimitRequest) { l.Spec.Lease = Lease{Size: 50, TTLMS: 200} }),
+		}},
+		{Op: OpReturn, RequestID: "r", Limits: []LimitRequest{with(func(l *LimitRequest) {
+			l.Spec.Lease = Lease{Size: 50, TTLMS: 200}
+			l.Return = LeaseReturn{Tag: -7, Granted: 50, Units: 12}
+		})}},
+		{Op: OpRenew, Limits: []LimitRequest{with(func(l *LimitRequest) { l.Spec.Algorithm, l.Rule = SlidingWindow, "" })}},
+	}
+}
+
+func TestDecodeCheckRequest_CanonicalTakesEncoderOutput(t *testing.T) {
+	for _, req := range canonicalChecks() {
+		body := AppendCheckRequestFrom(nil, &req)
+		got, ok := decodeCanonicalRequest(body)
+		if !ok {
+			t.Fatalf("the one-pass reader refused the encoder's %s", body)
+		}
+		if !reflect.DeepEqual(got, req) {
+			t.Errorf("%s:\n got %+v\nwant %+v", body, got, req)
+		}
+	}
+	// A string the encoder escapes is read by the general reader.
+	req := CheckRequest{User: "a\"b", Limits: canonicalChecks()[0].Limits}
+	body := AppendCheckRequestFrom(nil, &req)
+	if _, ok := decodeCanonicalRequest(body); ok {
+		t.Errorf("the one-pass reader took an escaped string: %s", body)
+	}
+	if got, err := DecodeCheckRequest(body); err != nil || !reflect.DeepEqual(got, req) {
+		t.Errorf("%s: got %+v (%v), want %+v", body, got, err, req)
+	}
+}
+
 // The bridge's answers take the one-pass reader, and whatever it accepts
 // it reads as the general JSON reader does.
 func FuzzDecodeCheckResponse_Canonical(f *testing.F) {
