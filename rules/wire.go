@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
@@ -567,7 +568,9 @@ func decodeCanonicalRequest(body []byte) (CheckRequest, bool) {
 	if !ok || !c.lit(`"limits":[`) || decodeHead(op, id, user, endpoint, &req) != nil {
 		return req, false
 	}
-	req.Limits = make([]LimitRequest, 0, 4) // as the general reader's
+	// As many as the body has limit objects: a quote in a string is
+	// escaped, so a key field's opening appears nowhere else.
+	req.Limits = make([]LimitRequest, 0, min(max(bytes.Count(c.b, []byte(`{"key":`)), 1), MaxLimitsPerCheck))
 	for {
 		var f wireLimitFields
 		if len(req.Limits) == MaxLimitsPerCheck || !c.limit(text, &f) {
