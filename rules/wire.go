@@ -548,23 +548,8 @@ func decodeCanonicalRequest(body []byte) (CheckRequest, bool) {
 	text := string(body) // the request's strings share it, as gjson's do
 	c := canonical{b: body}
 	var op, id, user, endpoint gjson.Result
-	ok := c.lit("{")
-	if ok && c.lit(`"op":`) {
-		op, ok = c.str(text)
-		ok = ok && c.lit(",")
-	}
-	if ok && c.lit(`"request_id":`) {
-		id, ok = c.str(text)
-		ok = ok && c.lit(",")
-	}
-	if ok && c.lit(`"user":`) {
-		user, ok = c.str(text)
-		ok = ok && c.lit(",")
-	}
-	if ok && c.lit(`"endpoint":`) {
-		endpoint, ok = c.str(text)
-		ok = ok && c.lit(",")
-	}
+	ok := c.lit("{") && c.headField(text, `"op":`, &op) && c.headField(text, `"request_id":`, &id) &&
+		c.headField(text, `"user":`, &user) && c.headField(text, `"endpoint":`, &endpoint)
 	if !ok || !c.lit(`"limits":[`) || decodeHead(op, id, user, endpoint, &req) != nil {
 		return req, false
 	}
@@ -588,6 +573,17 @@ func decodeCanonicalRequest(body []byte) (CheckRequest, bool) {
 		}
 	}
 	return req, len(c.b) == 0
+}
+
+// headField reads the string field name and its comma into dst if it is
+// there; false if it is there and not in appendCheckHead's form.
+func (c *canonical) headField(text, name string, dst *gjson.Result) bool {
+	if !c.lit(name) {
+		return true
+	}
+	var ok bool
+	*dst, ok = c.str(text)
+	return ok && c.lit(",")
 }
 
 // limit reads one limit object in appendLimit's form into f.
