@@ -553,8 +553,9 @@ func decodeCanonicalRequest(body []byte) (CheckRequest, bool) {
 	if !ok || !c.lit(`"limits":[`) || decodeHead(op, id, user, endpoint, &req) != nil {
 		return req, false
 	}
-	// As many as the body has limit objects: a quote in a string is
-	// escaped, so a key field's opening appears nowhere else.
+	// Room for as many limits as the body has limit objects: no string of
+	// the encoder's form holds a quote, so a limit's opening appears
+	// nowhere else (in any other body the count is only a wrong guess).
 	req.Limits = make([]LimitRequest, 0, min(max(bytes.Count(c.b, []byte(`{"key":`)), 1), MaxLimitsPerCheck))
 	for {
 		var f wireLimitFields
