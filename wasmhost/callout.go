@@ -83,8 +83,27 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 		return StatusInvalidMemoryAccess
 	}
 	h.wg.Add(1)
-	h.workers.run(calloutJob{in, id, c})
+	j := calloutJob{in, id, c}
+	if in.inlineOK && in.inline.c == nil && c.timeout > 0 {
+		// Sent by the stream's own goroutine once the callback returns,
+		// if the stream waits (Stream.await). A timeout bounds how long
+		// that goroutine cannot see its request's context end.
+		in.inline = j
+	} else {
+		h.workers.run(j)
+	}
 	return StatusOK
+}
+
+// headerCallback calls a stream's header callback fn with args, letting
+// its first call-out be sent inline (instance.inline), and returns the
+// callback's action and that call-out. vm.mu is held.
+func (in *instance) headerCallback(fn api.Function, args ...uint64) (uint64, calloutJob, error) {
+	in.inlineOK = true
+	action, err := in.call(fn, args...)
+	j := in.inline
+	in.inlineOK, in.inline = false, calloutJob{}
+	return action, j, err
 }
 
 // newCallID returns the token of a new call-out. As Envoy's, tokens count
@@ -191,7 +210,8 @@ func (cl *cluster) h1Target(path []byte) (h1Target, bool) {
 	return t, t.direct
 }
 
-// calloutJob is a call-out for a worker: runCallout's arguments.
+// calloutJob is a call-out for a worker, or for the goroutine of the
+// stream that dispatched it: runCallout's arguments.
 type calloutJob struct {
 	in *instance
 	id uint32

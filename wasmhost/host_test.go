@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -306,16 +307,67 @@ func checkCallout(t *testing.T, h *Host, tt hosttest.Callout) {
 	}
 }
 
+// A paused request's first call-out, when it has a timeout, goes out on
+// the goroutine that waits for the request, which sees its context end
+// once the call-out has ended; one without a timeout goes out on a worker,
+// and the wait ends with the context at once.
 func TestStream_PausedRequestHonoursContext(t *testing.T) {
-	srv := hosttest.Backend(t)
-	h := newHost(t, Options{Clusters: map[string]string{"backend": srv.URL}})
-	s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", Host: "h",
-		Headers: [][2]string{{"x-mode", "callout"}, {"x-callout-path", "/slow"}, {"x-timeout", "5000"}}})
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if _, err := s.RequestHeaders(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err = %v, want deadline exceeded", err)
+	for _, tc := range []struct {
+		timeout  string
+		onStream bool
+	}{{"5000", true}, {"0", false}} {
+		t.Run("timeout "+tc.timeout, func(t *testing.T) {
+			entered, release := make(chan bool, 1), make(chan struct{})
+			h := newHost(t, Options{Handlers: map[string]http.Handler{"backend": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				entered <- strings.Contains(string(debug.Stack()), "(*Stream).RequestHeaders")
+				<-release
+			})}})
+			s := h.NewStream(context.Background(), RequestInfo{Method: "GET", Path: "/", Host: "h",
+				Headers: [][2]string{{"x-mode", "callout"}, {"x-timeout", tc.timeout}}})
+			defer s.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				_, err := s.RequestHeaders(ctx)
+				done <- err
+			}()
+			if got := <-entered; got != tc.onStream {
+				t.Errorf("call-out served on the stream's goroutine: %v, want %v", got, tc.onStream)
+			}
+			cancel()
+			if !tc.onStream {
+				if err := <-done; !errors.Is(err, context.Canceled) {
+					t.Errorf("err = %v, want canceled", err)
+				}
+			}
+			close(release)
+			if tc.onStream {
+				if err := <-done; !errors.Is(err, context.Canceled) {
+					t.Errorf("err = %v, want canceled", err)
+				}
+			}
+		})
+	}
+}
+
+// A call-out from a callback that lets its stream go on is sent by a
+// worker: the stream does not wait for it.
+func TestStream_CalloutOfContinuedStream(t *testing.T) {
+	entered := make(chan bool, 1)
+	h := newHost(t, Options{Handlers: map[string]http.Handler{"backend": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- strings.Contains(string(debug.Stack()), "(*Stream).RequestHeaders")
+	})}})
+	r, err := run(t, h, "x-mode", "callout", "x-timeout", "5000", "x-then", "continue")
+	if err != nil || r.Local != nil {
+		t.Fatalf("result %+v, err %v", r, err)
+	}
+	select {
+	case onStream := <-entered:
+		if onStream {
+			t.Error("call-out served on the stream's goroutine")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call-out was not sent")
 	}
 }
 

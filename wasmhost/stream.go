@@ -189,7 +189,10 @@ func (s *Stream) signal() {
 // RequestHeaders runs proxy_on_context_create and proxy_on_request_headers.
 // When the plugin pauses, it waits (without holding the VM) until the
 // plugin resumes the request or answers it, or ctx ends. A VM that has
-// failed answers as Options.FailurePolicy says.
+// failed answers as Options.FailurePolicy says. While it waits, it sends
+// the first call-out the callback dispatched, if that has a timeout, and
+// runs the plugin's callback with its answer; it sees ctx end once that
+// call-out has ended, within its timeout.
 func (s *Stream) RequestHeaders(ctx context.Context) (Result, error) {
 	v := s.vm
 	v.mu.Lock()
@@ -211,13 +214,13 @@ func (s *Stream) RequestHeaders(ctx context.Context) (Result, error) {
 	}
 	in.effective = s.id
 	s.reqOpen = true
-	action, err := in.call(in.onRequestHeaders, uint64(s.id), uint64(len(s.req)), b2u(s.info.EndOfStream))
+	action, job, err := in.headerCallback(in.onRequestHeaders, uint64(s.id), uint64(len(s.req)), b2u(s.info.EndOfStream))
 	if err != nil {
 		v.fail(in, err)
 	} else if uint32(action) == actionContinue {
 		s.reqOpen = false
 	}
-	return s.await(ctx, uint32(action), s.reqHeaders)
+	return s.awaitSending(ctx, uint32(action), s.reqHeaders, job)
 }
 
 // ResponseHeaders runs proxy_on_response_headers with the upstream status
@@ -293,12 +296,12 @@ func (s *Stream) responseHeaders(ctx context.Context, endOfStream bool) (Result,
 	}
 	in.effective = s.id
 	s.respOpen = true
-	action, err := in.call(in.onResponseHeaders, uint64(s.id), uint64(len(s.resp)), b2u(endOfStream))
+	action, job, err := in.headerCallback(in.onResponseHeaders, uint64(s.id), uint64(len(s.resp)), b2u(endOfStream))
 	if err != nil {
 		v.fail(in, err)
 	}
 	s.respOpen = false
-	return s.await(ctx, uint32(action), s.respHeaders)
+	return s.awaitSending(ctx, uint32(action), s.respHeaders, job)
 }
 
 // statusString is code as :status carries it, without formatting the
@@ -362,7 +365,23 @@ func (h *Host) failedResult(headers func() fields.Map) Result {
 // await finishes a header callback that returned action. It is entered with
 // vm.mu held and returns with it released.
 func (s *Stream) await(ctx context.Context, action uint32, headers func() fields.Map) (Result, error) {
+	return s.awaitSending(ctx, action, headers, calloutJob{})
+}
+
+// awaitSending is await, sending the call-out job (if its c is set) the
+// plugin dispatched in the callback that just returned: on this
+// goroutine if the stream waits, as Envoy's worker thread serves both the
+// stream and its plugin's call-outs; by a worker otherwise. A call-out
+// handed to a worker and answered there cost a wake-up of the worker, one
+// of this goroutine, and the plugin's memory moving between CPUs, more
+// than the plugin's own code for the request (BenchmarkWasm/c-call-out).
+func (s *Stream) awaitSending(ctx context.Context, action uint32, headers func() fields.Map, job calloutJob) (Result, error) {
 	v := s.vm
+	defer func() {
+		if job.c != nil {
+			s.h.workers.run(job) // the stream did not wait
+		}
+	}()
 	for {
 		switch {
 		case errors.Is(s.failed, errVMFailed):
@@ -385,6 +404,17 @@ func (s *Stream) await(ctx context.Context, action uint32, headers func() fields
 			}
 			v.mu.Unlock()
 			return r, nil
+		}
+		if job.c != nil {
+			v.mu.Unlock()
+			j := job
+			job = calloutJob{}
+			s.h.runCallout(j.in, j.id, j.c)
+			if err := ctx.Err(); err != nil {
+				return Result{}, err // it ended while the call-out was out
+			}
+			v.mu.Lock()
+			continue
 		}
 		s.waiting = true
 		if s.wake == nil {

@@ -109,9 +109,15 @@ type instance struct {
 	callResp     *calloutResponse
 
 	nextCallID uint32
-	tickStop   chan struct{}
-	dead       bool
-	trapped    error // a nested call (malloc) trapped: the outer call fails the VM with this cause
+	// inlineOK: the guest call in progress is a stream's header callback,
+	// whose goroutine waits for the stream if the plugin pauses it; inline
+	// is the first call-out dispatched during it (c nil: none), which that
+	// goroutine sends itself while it waits (Stream.await).
+	inlineOK bool
+	inline   calloutJob
+	tickStop chan struct{}
+	dead     bool
+	trapped  error // a nested call (malloc) trapped: the outer call fails the VM with this cause
 }
 
 type calloutResponse struct {

@@ -341,6 +341,9 @@ func (s *stream) callout() proxywasm.Action {
 		_ = proxywasm.SendLocalResponse(502, "dispatch_failed", []byte(err.Error()), nil)
 		return proxywasm.Pause
 	}
+	if header("x-then") == "continue" {
+		return proxywasm.Continue // its answer is not waited for
+	}
 	s.root.pending[id] = s
 	return proxywasm.Pause
 }
