@@ -86,7 +86,7 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 	j := calloutJob{in, id, c}
 	if in.inlineOK && in.inline.c == nil && c.timeout > 0 {
 		// Sent by the stream's own goroutine once the callback returns,
-		// if the stream waits (Stream.awaitSending). A timeout bounds how long
+		// if the stream waits (Stream.await). A timeout bounds how long
 		// that goroutine cannot see its request's context end.
 		in.inline = j
 	} else {

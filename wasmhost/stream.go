@@ -82,7 +82,6 @@ type Stream struct {
 	localPending              bool // sent by the plugin, not yet through its response callback
 	resumed                   bool
 	failed                    error // errVMFailed: answer by the failure policy
-	waiting                   bool
 	done                      bool
 	pendingDel                bool          // proxy_on_done returned false; deleted on proxy_done
 	wake                      chan struct{} // made when the stream first waits: most never do
@@ -210,7 +209,7 @@ func (s *Stream) RequestHeaders(ctx context.Context) (Result, error) {
 	in.streams[s.id] = s
 	if _, err := in.call(in.onContextCreate, uint64(s.id), uint64(in.rootID)); err != nil {
 		v.fail(in, err)
-		return s.await(ctx, actionPause, s.reqHeaders)
+		return s.await(ctx, actionPause, s.reqHeaders, calloutJob{})
 	}
 	in.effective = s.id
 	s.reqOpen = true
@@ -220,7 +219,7 @@ func (s *Stream) RequestHeaders(ctx context.Context) (Result, error) {
 	} else if uint32(action) == actionContinue {
 		s.reqOpen = false
 	}
-	return s.awaitSending(ctx, uint32(action), s.reqHeaders, job)
+	return s.await(ctx, uint32(action), s.reqHeaders, job)
 }
 
 // ResponseHeaders runs proxy_on_response_headers with the upstream status
@@ -292,7 +291,7 @@ func (s *Stream) responseHeaders(ctx context.Context, endOfStream bool) (Result,
 	s.respPhase, s.resumed, s.reqOpen = true, false, false
 	if in.dead || v.inst != in {
 		s.failed = errVMFailed // the VM failed since the request
-		return s.await(ctx, actionPause, s.respHeaders)
+		return s.await(ctx, actionPause, s.respHeaders, calloutJob{})
 	}
 	in.effective = s.id
 	s.respOpen = true
@@ -301,7 +300,7 @@ func (s *Stream) responseHeaders(ctx context.Context, endOfStream bool) (Result,
 		v.fail(in, err)
 	}
 	s.respOpen = false
-	return s.awaitSending(ctx, uint32(action), s.respHeaders, job)
+	return s.await(ctx, uint32(action), s.respHeaders, job)
 }
 
 // statusString is code as :status carries it, without formatting the
@@ -362,20 +361,15 @@ func (h *Host) failedResult(headers func() fields.Map) Result {
 	return Result{Local: &LocalResponse{Status: 503, Details: "wasm_fail_stream", GrpcStatus: grpcUnavailable}}
 }
 
-// await finishes a header callback that returned action. It is entered with
-// vm.mu held and returns with it released.
-func (s *Stream) await(ctx context.Context, action uint32, headers func() fields.Map) (Result, error) {
-	return s.awaitSending(ctx, action, headers, calloutJob{})
-}
-
-// awaitSending is await, sending the call-out job (if its c is set) the
-// plugin dispatched in the callback that just returned: on this
+// await finishes a header callback that returned action, sending the
+// call-out job (if its c is set) the plugin dispatched in it: on this
 // goroutine if the stream waits, as Envoy's worker thread serves both the
 // stream and its plugin's call-outs; by a worker otherwise. A call-out
 // handed to a worker and answered there cost a wake-up of the worker, one
 // of this goroutine, and the plugin's memory moving between CPUs, more
 // than the plugin's own code for the request (BenchmarkWasm/c-call-out).
-func (s *Stream) awaitSending(ctx context.Context, action uint32, headers func() fields.Map, job calloutJob) (Result, error) {
+// It is entered with vm.mu held and returns with it released.
+func (s *Stream) await(ctx context.Context, action uint32, headers func() fields.Map, job calloutJob) (Result, error) {
 	v := s.vm
 	defer func() {
 		if job.c != nil {
@@ -416,7 +410,6 @@ func (s *Stream) awaitSending(ctx context.Context, action uint32, headers func()
 			v.mu.Lock()
 			continue
 		}
-		s.waiting = true
 		if s.wake == nil {
 			s.wake = make(chan struct{}, 1) // signals before it existed are in the state checked above
 		}
@@ -424,13 +417,9 @@ func (s *Stream) awaitSending(ctx context.Context, action uint32, headers func()
 		select {
 		case <-s.wake:
 		case <-ctx.Done():
-			v.mu.Lock()
-			s.waiting = false
-			v.mu.Unlock()
 			return Result{}, ctx.Err()
 		}
 		v.mu.Lock()
-		s.waiting = false
 	}
 }
 

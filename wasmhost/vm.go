@@ -112,7 +112,7 @@ type instance struct {
 	// inlineOK: the guest call in progress is a stream's header callback,
 	// whose goroutine waits for the stream if the plugin pauses it; inline
 	// is the first call-out dispatched during it (c nil: none), which that
-	// goroutine sends itself while it waits (Stream.awaitSending).
+	// goroutine sends itself while it waits (Stream.await).
 	inlineOK bool
 	inline   calloutJob
 	tickStop chan struct{}
