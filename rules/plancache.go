@@ -1,16 +1,18 @@
 package rules
 
-// A client over its limit is refused many times a second, and each of its
-// requests evaluates to the same plan: the same rules, identity and keys.
-// On a proxy, evaluating is most of what such a refusal costs. A PlanCache
-// keeps the plans its user chooses (the plugin: those of refused requests)
-// with everything Evaluate read to make them (the path; the method and the
-// host if a rule or a key looked at them; each header it asked for,
-// present or not; and the peer address and certificate name if it asked),
-// and gives a request that reads the same the same plan without
-// evaluating. Evaluate depends on nothing else but the Config and the
-// time, so the plan is the one Evaluate would make; a plan that read the
-// time (a JWT's expiry, through the token cache or not) is not kept.
+// A client's requests mostly evaluate to the same plan, one after the
+// other: the same rules, identity and keys. On a proxy, evaluating is most
+// of what refusing a client over its limit costs, and about a fifth of what
+// a request that asks the bridge costs the plugin. A PlanCache keeps the
+// plans its user chooses (the plugin: those of clients seen twice in a
+// row, KeepRepeated, and of refused requests) with everything Evaluate
+// read to make them (the path; the method and the host if a rule or a key
+// looked at them; each header it asked for, present or not; and the peer
+// address and certificate name if it asked), and gives a request that
+// reads the same the same plan without evaluating. Evaluate depends on
+// nothing else but the Config and the time, so the plan is the one
+// Evaluate would make; a plan that read the time (a JWT's expiry, through
+// the token cache or not) is not kept.
 
 // planCacheSlots is how many plans a PlanCache keeps, one per slot, picked
 // by the request's path and the value of the config's first identity header.
@@ -21,10 +23,17 @@ const planCacheSlots = 64
 type PlanCache struct {
 	slots [planCacheSlots]planEntry
 	// kept counts the entries in use; while it is zero a lookup is not
-	// even tried, so a proxy refusing no one pays nothing. hits counts
-	// lookups answered since the last Sweep.
+	// even tried, so a proxy whose clients neither come back nor are
+	// refused pays nothing for it. hits counts lookups answered since the
+	// last Sweep.
 	kept, hits int
 	rec        reads // what the evaluation in progress read
+	// last is the entry the last Lookup answered or the last Keep
+	// filled, for Retag; nil after anything else.
+	last *planEntry
+	// seen is, by slot, the planHash of the request KeepRepeated last
+	// saw there, or 1 on it; 0: none.
+	seen [planCacheSlots]uint64
 }
 
 // reads is what one Evaluate read of its request, as views valid while
@@ -62,27 +71,72 @@ type planEntry struct {
 // copy it (Plan.CopyFrom), while r's headers can be read; its texts, and
 // those of a copy, are valid until the next Keep.
 func (pc *PlanCache) Lookup(c *Config, r *Request) (plan *Plan, tag uint64, ok bool) {
+	pc.last = nil
 	if pc.kept == 0 {
 		return nil, 0, false
 	}
-	idx, slot := c.planSlot(r)
-	e := &pc.slots[slot]
+	idx, h := c.planPlace(r)
+	e := &pc.slots[h%planCacheSlots]
 	if e.cfg != c || !e.matches(r, idx) {
 		return nil, 0, false
 	}
 	pc.hits++
 	pc.rec.valid = false // what was last evaluated is not this request
+	pc.last = e
 	return &e.plan, e.tag, true
+}
+
+// Retag gives the plan the last Lookup answered, or the last Keep kept, a
+// new tag, if nothing came between: a plan kept for a request that went
+// on, then refused, is the refusal's from then on.
+func (pc *PlanCache) Retag(tag uint64) {
+	if pc.last != nil {
+		pc.last.tag = tag
+	}
 }
 
 // Evaluate is c.Evaluate(r, plan), noting what it reads of r, so that Keep
 // may keep the plan until the next Evaluate.
 func (pc *PlanCache) Evaluate(c *Config, r *Request, plan *Plan) {
+	pc.last = nil
 	pc.rec = reads{cfg: c, headers: pc.rec.headers[:0]}
 	r.rec = &pc.rec
 	c.Evaluate(r, plan)
 	r.rec = nil
 	pc.rec.valid = true
+}
+
+// KeepRepeated is Keep for a request that is one of a client's many,
+// most likely, but may be its only one: it keeps plan when the request
+// before it at r's slot had the same value of the index header and a path
+// alike (planHash), and otherwise only notes r there. So a proxy whose
+// every request comes from a new client pays a comparison per request,
+// not a Keep, which costs about as much as evaluating, and a client's
+// second request keeps its plan for the third. It reports whether the
+// plan was kept.
+func (pc *PlanCache) KeepRepeated(c *Config, r *Request, plan *Plan, tag uint64) bool {
+	h := pc.hashOf(c, r)
+	if seen := &pc.seen[h%planCacheSlots]; *seen != h|1 {
+		*seen = h | 1
+		pc.last = nil
+		return false
+	}
+	pc.Keep(c, r, plan, tag)
+	return pc.last != nil
+}
+
+// hashOf is r's planHash under c, with the index header's value as the
+// last Evaluate read it, if it did, rather than looked up again.
+func (pc *PlanCache) hashOf(c *Config, r *Request) uint64 {
+	if name := c.planIndexHeader(); name != "" && pc.rec.valid && pc.rec.cfg == c {
+		for _, kv := range pc.rec.headers {
+			if kv[0] == name {
+				return planHash(kv[1], r.Path)
+			}
+		}
+	}
+	_, h := c.planPlace(r)
+	return h
 }
 
 // Keep keeps plan, which the last Evaluate made for r, with the caller's
@@ -91,16 +145,17 @@ func (pc *PlanCache) Evaluate(c *Config, r *Request, plan *Plan) {
 // plan that read the time, an exempt plan or one without limits is not
 // kept.
 func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
+	pc.last = nil
 	rec := &pc.rec
 	if !rec.valid || rec.cfg != c || rec.timeRead || plan.Exempt || len(plan.Limits) == 0 {
 		return
 	}
+	e := &pc.slots[pc.hashOf(c, r)%planCacheSlots]
 	rec.valid = false
-	_, slot := c.planSlot(r)
-	e := &pc.slots[slot]
 	if e.cfg == nil {
 		pc.kept++
 	}
+	pc.last = e
 	// The entry's texts are views of its own buffer, reused from one plan
 	// to the next, so that keeping a plan allocates nothing once the
 	// buffer has grown: written in one order, then cut in the same.
@@ -151,7 +206,7 @@ func (e *planEntry) text(off *int, n int) string {
 
 // Sweep forgets every kept plan unless a lookup was answered since the
 // last Sweep: a proxy calls it now and then (once a second), so that once
-// refusals stop, requests stop paying for lookups.
+// no kept plan is asked for, requests stop paying for lookups.
 func (pc *PlanCache) Sweep() {
 	if pc.hits == 0 {
 		pc.Reset()
@@ -161,6 +216,7 @@ func (pc *PlanCache) Sweep() {
 
 // Reset forgets every kept plan.
 func (pc *PlanCache) Reset() {
+	pc.last = nil
 	if pc.kept == 0 {
 		return
 	}
@@ -173,16 +229,12 @@ func (pc *PlanCache) Reset() {
 // matches tells whether r reads what e's request read, under e's config.
 // idx is the value of the config's index header in r.
 func (e *planEntry) matches(r *Request, idx string) bool {
-	if e.path != r.Path || (e.methodRead && e.method != r.Method) || (e.hostRead && e.host != r.Host) {
+	if e.path != r.Path || (e.methodRead && e.method != r.Method) || (e.hostRead && e.host != r.Host) ||
+		e.index >= 0 && e.headers[e.index][1] != idx { // another client's, most often: no header looked up
 		return false
 	}
 	for i := range e.headers {
-		h := &e.headers[i]
-		v := idx
-		if i != e.index {
-			v = r.Headers.Header(h[0])
-		}
-		if v != h[1] {
+		if h := &e.headers[i]; i != e.index && r.Headers.Header(h[0]) != h[1] {
 			return false
 		}
 	}
@@ -210,20 +262,24 @@ func (c *Config) planIndexHeader() string {
 	return c.Identity.Sources[0].Header
 }
 
-// planSlot picks the slot of request r: by the value of c's index
-// header, which it returns, and by the path's length and last byte rather
-// than a hash of the path: one client refused on a few paths rarely has
-// two that share both. One function for both, each request of a refusing
-// proxy calls it.
-func (c *Config) planSlot(r *Request) (idx string, slot int) {
+// planPlace is request r's value of c's index header and its planHash.
+func (c *Config) planPlace(r *Request) (idx string, h uint64) {
 	if name := c.planIndexHeader(); name != "" {
 		idx = r.Headers.Header(name)
 	}
-	h := uint64(len(r.Path)) << 8
-	if len(r.Path) > 0 {
-		h |= uint64(r.Path[len(r.Path)-1])
+	return idx, planHash(idx, r.Path)
+}
+
+// planHash picks a request's slot (modulo planCacheSlots): by the value of
+// its config's index header, idx, and by the path's length and last byte
+// rather than a hash of the path: one client on a few paths rarely has two
+// that share both. Each request of a proxy that keeps plans works it out.
+func planHash(idx, path string) uint64 {
+	h := uint64(len(path)) << 8
+	if len(path) > 0 {
+		h |= uint64(path[len(path)-1])
 	}
-	return idx, int((Hash(idx) ^ h*0x9E3779B97F4A7C15) % planCacheSlots)
+	return Hash(idx) ^ h*0x9E3779B97F4A7C15
 }
 
 // CopyFrom makes p a copy of src, its limits and their keys in p's own

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 )
@@ -190,6 +191,92 @@ func TestPlanCache_Keep(t *testing.T) {
 			r = tt.req
 			if _, _, ok := pc.Lookup(tt.cfg, &r); ok != tt.hit {
 				t.Errorf("hit %v, want %v", ok, tt.hit)
+			}
+		})
+	}
+}
+
+// KeepRepeated keeps a plan when the request before it at its slot was
+// the same client's on a path alike, and only notes the request otherwise.
+func TestPlanCache_KeepRepeated(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	jwt := mustConfig(t, `{"identity":{"sources":[{"type":"jwt","keys":[{"alg":"HS256","secret":"0123456789abcdef0123456789abcdef"}]}]},
+	  "rules":[{"name":"r","limit":1,"window":"1s"}]}`)
+	req := func(user, path string) Request {
+		return Request{Method: "GET", Path: path, Headers: mapHeaders{"x-user-id": user}}
+	}
+	// Another user whose requests to /x fall to bob's slot.
+	other := ""
+	for i := 0; other == ""; i++ {
+		if u := fmt.Sprint("u", i); planHash(u, "/x")%planCacheSlots == planHash("bob", "/x")%planCacheSlots {
+			other = u
+		}
+	}
+	token := Request{Method: "GET", Path: "/x", NowUnix: 1_700_000_000, Headers: mapHeaders{"authorization": "Bearer a.b.c"}}
+	tests := []struct {
+		name string
+		cfg  *Config
+		reqs []Request // offered in turn; the last is looked up
+		kept []bool    // what KeepRepeated reports for each
+	}{
+		{"once", c, []Request{req("bob", "/x")}, []bool{false}},
+		{"twice", c, []Request{req("bob", "/x"), req("bob", "/x")}, []bool{false, true}},
+		{"another's between", c, []Request{req("bob", "/x"), req(other, "/x"), req("bob", "/x")}, []bool{false, false, false}},
+		{"three times, another's between", c, []Request{req("bob", "/x"), req(other, "/x"), req("bob", "/x"), req("bob", "/x")}, []bool{false, false, false, true}},
+		{"another slot between", c, []Request{req("bob", "/x"), req("bob", "/yy"), req("bob", "/x")}, []bool{false, false, true}},
+		{"a plan that read the time", jwt, []Request{token, token}, []bool{false, false}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var pc PlanCache
+			var plan Plan
+			for i, q := range tt.reqs {
+				r := q
+				pc.Evaluate(tt.cfg, &r, &plan)
+				if got := pc.KeepRepeated(tt.cfg, &r, &plan, 7); got != tt.kept[i] {
+					t.Errorf("request %d: kept %v, want %v", i, got, tt.kept[i])
+				}
+			}
+			r := tt.reqs[len(tt.reqs)-1]
+			want := tt.kept[len(tt.kept)-1]
+			if kept, tag, ok := pc.Lookup(tt.cfg, &r); ok != want || ok && (tag != 7 || !reflect.DeepEqual(planValue(kept), planValue(evaluated(tt.cfg, tt.reqs[len(tt.reqs)-1])))) {
+				t.Errorf("lookup: hit %v (tag %d), want %v", ok, tag, want)
+			}
+		})
+	}
+}
+
+// Retag changes the tag of the plan the last Lookup answered or the last
+// Keep kept, and of no plan once anything else came between.
+func TestPlanCache_Retag(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	bob := Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "bob"}}
+	eve := Request{Method: "GET", Path: "/y", Headers: mapHeaders{"x-user-id": "eve"}}
+	var plan Plan
+	tests := []struct {
+		name    string
+		between func(pc *PlanCache)
+		want    uint64 // bob's tag after Retag(2)
+	}{
+		{"after Keep", func(*PlanCache) {}, 2},
+		{"after a hit", func(pc *PlanCache) { r := bob; pc.Lookup(c, &r) }, 2},
+		{"after a miss", func(pc *PlanCache) { r := eve; pc.Lookup(c, &r) }, 1},
+		{"after Evaluate", func(pc *PlanCache) { r := eve; pc.Evaluate(c, &r, &plan) }, 1},
+		{"after a Keep that kept nothing", func(pc *PlanCache) { r := bob; pc.Keep(c, &r, &plan, 3) }, 1},
+		{"after another's Keep", func(pc *PlanCache) { r := eve; pc.Evaluate(c, &r, &plan); pc.Keep(c, &r, &plan, 3) }, 1},
+		{"after Reset", func(pc *PlanCache) { pc.Reset() }, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var pc PlanCache
+			r := bob
+			pc.Evaluate(c, &r, &plan)
+			pc.Keep(c, &r, &plan, 1)
+			tt.between(&pc)
+			pc.Retag(2)
+			r = bob
+			if _, tag, _ := pc.Lookup(c, &r); tag != tt.want {
+				t.Errorf("tag %d, want %d", tag, tt.want)
 			}
 		})
 	}

@@ -728,6 +728,27 @@ func BenchmarkStream(b *testing.B) {
 			b.Fatal("refused: not the call-out path")
 		}
 	})
+	// The call-out path of a client the plan cache does not hold: users
+	// that come back only after thousands of others.
+	b.Run("call-out-new-client", func(b *testing.B) {
+		answer := []byte(allowAnswer(h.nowMS))
+		h.callStatus, h.callBody = "200", answer
+		users := make([]string, 4096)
+		for i := range users {
+			users[i] = "client-" + strconv.Itoa(i)
+		}
+		hdr := with("/api/v1/x")
+		h.hdr = hdr
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			hdr["x-user-id"] = users[i%len(users)]
+			s := p.NewHTTPContext(uint32(i + 2)).(*Stream)
+			s.OnRequestHeaders(0, true)
+			p.OnHTTPCallResponse(1, 3, len(answer), 0)
+			s.OnResponseHeaders(0, false)
+			s.OnDone()
+		}
+	})
 }
 
 // benchLeaseConfig leases one global key for longer than any benchmark.

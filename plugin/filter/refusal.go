@@ -90,9 +90,13 @@ func (s *Stream) refuseCached(i int, d *rules.Decision, hold int64, h uint64, me
 // request's plan, so that refuseAgain finds the slot and knows that it
 // still holds the key of limit i without comparing keys.
 func (p *Plugin) refusalTag(hash uint64, i int) uint64 {
+	// The low byte, a slot, is below refusalSlots: never noRefusal's.
 	slot := hash % refusalSlots
 	return slot | uint64(min(i, 1<<24-1))<<8 | uint64(p.refusals[slot].gen)<<32
 }
+
+// noRefusal tags a kept plan whose request was not refused.
+const noRefusal = ^uint64(0)
 
 // refuseAgain answers s from the refusal of a request that read the same
 // (kept, its plan, from the VM's plan cache; tag, its refusalTag) when that
@@ -102,6 +106,9 @@ func (p *Plugin) refusalTag(hash uint64, i int) uint64 {
 // Otherwise it does nothing and returns false.
 func (s *Stream) refuseAgain(kept *rules.Plan, tag uint64) bool {
 	p := s.p
+	if tag == noRefusal {
+		return false // kept for a request let through
+	}
 	if !s.cfg.LocalCache.Enabled || leasable(kept.Limits) {
 		return false // a lease is spent before the cache is asked
 	}

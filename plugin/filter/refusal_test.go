@@ -64,6 +64,53 @@ func TestStream_RefusedAgain(t *testing.T) {
 	}
 }
 
+// A client's plan is kept once two of its requests in a row fall to their
+// slot, so that the next is not evaluated again: tagged as no refusal while
+// its requests go on, as its refusal once one is refused from the
+// over-limit cache. A refused request's plan is kept at once.
+func TestStream_PlanKept(t *testing.T) {
+	h, p := newPlugin(t, "fail_open")
+	tests := []struct {
+		name    string
+		headers map[string]string
+		answer  func(now int64) string // the bridge's, when it is asked
+		kept    bool
+		refusal bool // kept with a refusal's tag
+	}{
+		{"a client's first request", map[string]string{"x-user-id": "bob"}, allowAnswer, false, false},
+		{"its second", map[string]string{"x-user-id": "bob"}, allowAnswer, true, false},
+		{"its third, from the cache", map[string]string{"x-user-id": "bob"}, allowAnswer, true, false},
+		{"exempt", map[string]string{"x-user-id": "ops"}, nil, false, false},
+		{"exempt again", map[string]string{"x-user-id": "ops"}, nil, false, false},
+		{"no limit applies", map[string]string{"x-user-id": "dave", ":path": "/health"}, nil, false, false},
+		{"no limit applies again", map[string]string{"x-user-id": "dave", ":path": "/health"}, nil, false, false},
+		{"refused by the bridge", map[string]string{"x-user-id": "carol"}, denyAnswer, false, false},
+		{"then from the over-limit cache", map[string]string{"x-user-id": "carol"}, nil, true, true},
+		{"a kept client refused by the bridge", map[string]string{"x-user-id": "bob"}, denyAnswer, true, false},
+		{"then from the over-limit cache, its plan retagged", map[string]string{"x-user-id": "bob"}, nil, true, true},
+	}
+	var bodies []string
+	for i, tt := range tests {
+		calls := len(h.calls)
+		s, _ := h.request(p, uint32(i+2), tt.headers)
+		if asked := len(h.calls) > calls; asked != (tt.answer != nil) {
+			t.Fatalf("%s: asked the bridge %v", tt.name, asked)
+		}
+		if tt.answer != nil {
+			bodies = append(bodies, h.calls[len(h.calls)-1].body)
+			h.answer(p, "200", tt.answer(h.nowMS))
+		}
+		r := rules.Request{Method: h.reqHeaders[":method"], Path: h.reqHeaders[":path"], Host: h.reqHeaders[":authority"], Headers: fakeHeaders{h}}
+		_, tag, ok := p.plans.Lookup(s.cfg, &r)
+		if ok != tt.kept || ok && (tag != noRefusal) != tt.refusal {
+			t.Errorf("%s: kept %v with tag %#x, want kept %v, a refusal's tag %v", tt.name, ok, tag, tt.kept, tt.refusal)
+		}
+	}
+	if bodies[0] != bodies[2] {
+		t.Errorf("the kept plan asks another check:\n%s\n%s", bodies[0], bodies[2])
+	}
+}
+
 // The plan cache and looking at the path first change nothing a host
 // sees: two proxies given the same requests, answers, clock and ticks, one
 // of them with its plan cache emptied before every request and the path

@@ -132,6 +132,12 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 		h.SkipResponseHeaders(s.id) // nothing to add to the response
 		return proxywasm.Continue
 	}
+	kept := cached
+	if !cached {
+		// A client's next request most likely reads the same: it gets
+		// this plan without evaluating. Kept before the limits change.
+		kept = p.plans.KeepRepeated(s.cfg, &s.req, &s.plan, noRefusal)
+	}
 	s.now()
 	s.keepRequestID()
 	if leasable(s.plan.Limits) && s.answerFromLeases() {
@@ -140,7 +146,9 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	if s.cfg.LocalCache.Enabled {
 		if i, d, hold, hash, memo, ok := p.cachedDenial(s, false); ok {
 			s.refuseCached(i, &d, hold, hash, memo)
-			if !cached {
+			if kept {
+				p.plans.Retag(p.refusalTag(hash, i))
+			} else {
 				p.plans.Keep(s.cfg, &s.req, &s.plan, p.refusalTag(hash, i))
 			}
 			return proxywasm.Pause
