@@ -131,7 +131,7 @@ func (pc *PlanCache) hashOf(c *Config, r *Request) uint64 {
 	if name := c.planIndexHeader(); name != "" && pc.rec.valid && pc.rec.cfg == c {
 		for _, kv := range pc.rec.headers {
 			if kv[0] == name {
-				return planHash(kv[1], r.Path)
+				return planHash(Hash(kv[1]), r.Path)
 			}
 		}
 	}
@@ -267,19 +267,20 @@ func (c *Config) planPlace(r *Request) (idx string, h uint64) {
 	if name := c.planIndexHeader(); name != "" {
 		idx = r.Headers.Header(name)
 	}
-	return idx, planHash(idx, r.Path)
+	return idx, planHash(Hash(idx), r.Path)
 }
 
-// planHash picks a request's slot (modulo planCacheSlots): by the value of
-// its config's index header, idx, and by the path's length and last byte
-// rather than a hash of the path: one client on a few paths rarely has two
-// that share both. Each request of a proxy that keeps plans works it out.
-func planHash(idx, path string) uint64 {
+// planHash picks a request's slot (modulo planCacheSlots): by the Hash of
+// its value of the config's index header, and by the path's length and
+// last byte rather than a hash of the path: one client on a few paths
+// rarely has two that share both. Small enough to be inlined: each request
+// of a proxy that keeps plans works it out.
+func planHash(idxHash uint64, path string) uint64 {
 	h := uint64(len(path)) << 8
 	if len(path) > 0 {
 		h |= uint64(path[len(path)-1])
 	}
-	return Hash(idx) ^ h*0x9E3779B97F4A7C15
+	return idxHash ^ h*0x9E3779B97F4A7C15
 }
 
 // CopyFrom makes p a copy of src, its limits and their keys in p's own

@@ -208,7 +208,7 @@ func TestPlanCache_KeepRepeated(t *testing.T) {
 	// Another user whose requests to /x fall to bob's slot.
 	other := ""
 	for i := 0; other == ""; i++ {
-		if u := fmt.Sprint("u", i); planHash(u, "/x")%planCacheSlots == planHash("bob", "/x")%planCacheSlots {
+		if u := fmt.Sprint("u", i); planHash(Hash(u), "/x")%planCacheSlots == planHash(Hash("bob"), "/x")%planCacheSlots {
 			other = u
 		}
 	}
