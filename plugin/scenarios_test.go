@@ -177,10 +177,12 @@ var benchPaths = []struct{ name, path, user, label string }{
 	{"d-lease-hit", "/hot/x", "alice", "allowed from a lease"},
 }
 
-// newClientPath is the call-out path of a client the VM's plan cache does
-// not hold, a new x-user-id for each request: BenchmarkWasm's only, since
-// V8's bench host repeats one request.
-var newClientPath = struct{ name, path, user, label string }{"e-call-out-new-client", "/api/x", "", "a call-out, each request a new client"}
+// wazeroPaths are the paths BenchmarkWasm measures: benchPaths, then the
+// call-out path of a client the VM's plan cache does not hold, a new
+// x-user-id for each request (user ""), which V8's bench host, repeating
+// one request, cannot run.
+var wazeroPaths = append(benchPaths[:len(benchPaths):len(benchPaths)],
+	struct{ name, path, user, label string }{"e-call-out-new-client", "/api/x", "", "a call-out, each request a new client"})
 
 // guestRounds is how many rounds a path's guest time is measured in, each
 // followed by a round of the disabled baseline.
@@ -228,9 +230,9 @@ func reportGuest(b *testing.B, above, guest, base float64) {
 // above the disabled baseline (aboveBaseline).
 func appendGuestRows(b *testing.B, engine string, above map[string]float64) {
 	var rows []benchtable.Row
-	for _, p := range append(benchPaths[:len(benchPaths):len(benchPaths)], newClientPath) {
+	for _, p := range wazeroPaths {
 		if _, ok := above[p.name]; !ok {
-			continue
+			continue // a path only wazero's host runs
 		}
 		rows = append(rows, benchtable.Row{
 			Group:   fmt.Sprintf("The plugin's own code per request: guest ns above the disabled baseline, median of %d rounds that alternate the two (targets: no match < 1,000, cache hit < 2,000)", guestRounds),

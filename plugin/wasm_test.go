@@ -260,7 +260,7 @@ func BenchmarkWasm(b *testing.B) {
 	s.RequestHeaders(ctx) // caches mallory's denial
 	s.Close()
 	aboveNs := map[string]float64{}
-	for _, p := range append(benchPaths[:len(benchPaths):len(benchPaths)], newClientPath) {
+	for _, p := range wazeroPaths {
 		b.Run(p.name, func(b *testing.B) {
 			b.ReportAllocs()
 			var cpu int64

@@ -658,7 +658,8 @@ func (b *benchHost) Dispatch(string, [][2]string, []byte, uint32) (uint32, error
 }
 
 // BenchmarkStream measures the filter per request, natively: (a) no rule
-// matches, (b) over-limit cache hit, (c) the call-out path without network.
+// matches, (b) over-limit cache hit, (c) a lease hit, (d) the call-out
+// path without network, and the same for a client new to the plan cache.
 // The same paths run in the built .wasm in plugin/wasm_test.go.
 func BenchmarkStream(b *testing.B) {
 	h := &benchHost{fakeHost: *newFakeHost(strings.ReplaceAll(testConfig, "%MODE%", "fail_open")), shared: map[string][]byte{}}
