@@ -115,6 +115,10 @@ func (pc *PlanCache) Evaluate(c *Config, r *Request, plan *Plan) {
 // second request keeps its plan for the third. It reports whether the
 // plan was kept.
 func (pc *PlanCache) KeepRepeated(c *Config, r *Request, plan *Plan, tag uint64) bool {
+	if !pc.keepable(c, plan) {
+		pc.last = nil
+		return false // nor noted: a client whose plans read the time (a JWT's) never has one kept
+	}
 	h := pc.hashOf(c, r)
 	if seen := &pc.seen[h%planCacheSlots]; *seen != h|1 {
 		*seen = h | 1
@@ -123,6 +127,12 @@ func (pc *PlanCache) KeepRepeated(c *Config, r *Request, plan *Plan, tag uint64)
 	}
 	pc.Keep(c, r, plan, tag)
 	return pc.last != nil
+}
+
+// keepable tells whether Keep would keep plan, the last Evaluate's under c.
+func (pc *PlanCache) keepable(c *Config, plan *Plan) bool {
+	rec := &pc.rec
+	return rec.valid && rec.cfg == c && !rec.timeRead && !plan.Exempt && len(plan.Limits) > 0
 }
 
 // hashOf is r's planHash under c, with the index header's value as the
@@ -146,10 +156,10 @@ func (pc *PlanCache) hashOf(c *Config, r *Request) uint64 {
 // kept.
 func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 	pc.last = nil
-	rec := &pc.rec
-	if !rec.valid || rec.cfg != c || rec.timeRead || plan.Exempt || len(plan.Limits) == 0 {
+	if !pc.keepable(c, plan) {
 		return
 	}
+	rec := &pc.rec
 	e := &pc.slots[pc.hashOf(c, r)%planCacheSlots]
 	rec.valid = false
 	if e.cfg == nil {

@@ -246,6 +246,31 @@ func TestPlanCache_KeepRepeated(t *testing.T) {
 	}
 }
 
+// KeepRepeated notes nothing of a plan Keep would not keep: a client
+// whose plans read the time pays no note, request after request.
+func TestPlanCache_KeepRepeatedNotesKeepableOnly(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	jwt := mustConfig(t, `{"identity":{"sources":[{"type":"jwt","keys":[{"alg":"HS256","secret":"0123456789abcdef0123456789abcdef"}]}]},
+	  "rules":[{"name":"r","limit":1,"window":"1s"}]}`)
+	for _, tt := range []struct {
+		name string
+		cfg  *Config
+		req  Request
+	}{
+		{"read the time", jwt, Request{Method: "GET", Path: "/x", NowUnix: 1_700_000_000, Headers: mapHeaders{"authorization": "Bearer a.b.c"}}},
+		{"exempt", c, Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "ops"}}},
+		{"no limits", c, Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": "bob", "x-tier": "unlimited"}}},
+	} {
+		var pc PlanCache
+		var plan Plan
+		r := tt.req
+		pc.Evaluate(tt.cfg, &r, &plan)
+		if pc.KeepRepeated(tt.cfg, &r, &plan, 1) || pc.seen != [planCacheSlots]uint64{} {
+			t.Errorf("%s: noted or kept", tt.name)
+		}
+	}
+}
+
 // Retag changes the tag of the plan the last Lookup answered or the last
 // Keep kept, and of no plan once anything else came between.
 func TestPlanCache_Retag(t *testing.T) {
