@@ -11,8 +11,9 @@ package rules
 // address and certificate name if it asked), and gives a request that
 // reads the same the same plan without evaluating. Evaluate depends on
 // nothing else but the Config and the time, so the plan is the one
-// Evaluate would make; a plan that read the time (a JWT's expiry, through
-// the token cache or not) is not kept.
+// Evaluate would make: a plan identified by a verified JWT is given only
+// while its token has not expired, and one whose token did not verify,
+// which may verify later, is not kept.
 
 // planCacheSlots is how many plans a PlanCache keeps, one per slot, picked
 // by the request's path and the value of the config's first identity header.
@@ -43,6 +44,9 @@ type reads struct {
 	valid                bool // a miss was just evaluated and may be kept
 	headers              [][2]string
 	sourceRead, timeRead bool
+	// until: what was read holds while the time is before it (Unix
+	// seconds, holdsUntil); 0: whatever the time.
+	until                int64
 	methodRead, hostRead bool
 	peerRead             bool
 }
@@ -56,6 +60,7 @@ type planEntry struct {
 	index      int
 	sourceRead bool
 	source     string
+	until      int64 // reads' until
 	peerRead   bool
 	peer       string
 	// methodRead, hostRead: Evaluate looked at the method, the host; a
@@ -77,7 +82,7 @@ func (pc *PlanCache) Lookup(c *Config, r *Request) (plan *Plan, tag uint64, ok b
 	}
 	idx, h := c.planPlace(r)
 	e := &pc.slots[h%planCacheSlots]
-	if e.cfg != c || !e.matches(r, idx) {
+	if e.cfg != c || !e.matches(r, idx) || e.until != 0 && r.clock() >= e.until {
 		return nil, 0, false
 	}
 	pc.hits++
@@ -117,7 +122,7 @@ func (pc *PlanCache) Evaluate(c *Config, r *Request, plan *Plan) {
 func (pc *PlanCache) KeepRepeated(c *Config, r *Request, plan *Plan, tag uint64) bool {
 	if !pc.keepable(c, plan) {
 		pc.last = nil
-		return false // nor noted: a client whose plans read the time (a JWT's) never has one kept
+		return false // nor noted: a client whose token does not verify never has one kept
 	}
 	h := pc.hashOf(c, r)
 	if seen := &pc.seen[h%planCacheSlots]; *seen != h|1 {
@@ -152,8 +157,9 @@ func (pc *PlanCache) hashOf(c *Config, r *Request) uint64 {
 // Keep keeps plan, which the last Evaluate made for r, with the caller's
 // tag, for requests that read the same. It must come before the caller
 // changes the plan's limits, and while r's headers can still be read. A
-// plan that read the time, an exempt plan or one without limits is not
-// kept.
+// plan that read the time other than through a verified token's expiry
+// (a token that did not verify), an exempt plan or one without limits is
+// not kept.
 func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 	pc.last = nil
 	if !pc.keepable(c, plan) {
@@ -193,7 +199,7 @@ func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 	e.plan.Endpoint = e.text(&off, len(plan.Endpoint))
 	e.plan.Identity.User, e.plan.Identity.APIKey = e.text(&off, len(id.User)), e.text(&off, len(id.APIKey))
 	e.plan.Identity.Tenant, e.plan.Identity.Tier = e.text(&off, len(id.Tenant)), e.text(&off, len(id.Tier))
-	e.sourceRead, e.source = rec.sourceRead, e.text(&off, len(texts[8]))
+	e.sourceRead, e.source, e.until = rec.sourceRead, e.text(&off, len(texts[8])), rec.until
 	e.peerRead, e.peer = rec.peerRead, e.text(&off, len(texts[9]))
 	e.methodRead, e.hostRead = rec.methodRead, rec.hostRead
 	e.headers, e.index = e.headers[:0], -1

@@ -246,6 +246,53 @@ func TestPlanCache_KeepRepeated(t *testing.T) {
 	}
 }
 
+// A plan identified by a verified JWT is kept, and given while its token
+// has not expired (exp plus the leeway); one whose token did not verify,
+// expired or not yet valid, is not kept. With the token cache and without.
+func TestPlanCache_KeepJWT(t *testing.T) {
+	const now = 1_750_000_000
+	const secret = "0123456789abcdef0123456789abcdef"
+	c := mustConfig(t, `{"identity":{"sources":[{"type":"jwt","keys":[{"alg":"HS256","secret":"`+secret+`"}],"leeway":"5s","require_exp":false}]},
+	  "rules":[{"name":"r","limit":1,"window":"1s"}]}`)
+	tests := []struct {
+		name   string
+		claims string
+		kept   bool
+		until  int64 // the first time its plan is no longer given; 0: never
+	}{
+		{"exp", fmt.Sprintf(`{"sub":"alice","exp":%d}`, now+60), true, now + 65},
+		{"a fractional exp, rounded down", fmt.Sprintf(`{"sub":"alice","exp":%d.9}`, now+60), true, now + 65},
+		{"no exp", `{"sub":"alice"}`, true, 0},
+		{"expired", fmt.Sprintf(`{"sub":"alice","exp":%d}`, now-10), false, 0},
+		{"not yet valid", fmt.Sprintf(`{"sub":"alice","nbf":%d}`, now+100), false, 0},
+	}
+	for _, tt := range tests {
+		for _, tokens := range []*TokenCache{nil, NewTokenCache(4)} {
+			t.Run(fmt.Sprintf("%s, token cache %v", tt.name, tokens != nil), func(t *testing.T) {
+				req := func(at int64) Request {
+					return Request{Method: "GET", Path: "/x", NowUnix: at, Tokens: tokens,
+						Headers: mapHeaders{"authorization": "Bearer " + signHS256(secret, tt.claims)}}
+				}
+				var pc PlanCache
+				var plan Plan
+				r := req(now)
+				pc.Evaluate(c, &r, &plan)
+				pc.Keep(c, &r, &plan, 1)
+				for _, at := range []int64{now, now + 64, now + 65, now + 1_000_000} {
+					r := req(at)
+					kept, _, ok := pc.Lookup(c, &r)
+					if want := tt.kept && (tt.until == 0 || at < tt.until); ok != want {
+						t.Fatalf("at now+%d: hit %v, want %v", at-now, ok, want)
+					}
+					if ok && !reflect.DeepEqual(planValue(kept), planValue(evaluated(c, req(at)))) {
+						t.Fatalf("at now+%d: kept plan %+v, evaluated %+v", at-now, planValue(kept), planValue(evaluated(c, req(at))))
+					}
+				}
+			})
+		}
+	}
+}
+
 // KeepRepeated notes nothing of a plan Keep would not keep: a client
 // whose plans read the time pays no note, request after request.
 func TestPlanCache_KeepRepeatedNotesKeepableOnly(t *testing.T) {
@@ -325,8 +372,16 @@ func TestPlanCache_Sweep(t *testing.T) {
 }
 
 // A plan from the cache is the plan Evaluate makes, whatever the requests
-// before: requests drawn from a few values of each input, kept or not.
+// before: requests drawn from a few values of each input, kept or not, at
+// times that go on (some clients identified by JWTs that expire).
 func FuzzPlanCache(f *testing.F) {
+	const t0, secret = 1_750_000_000, "0123456789abcdef0123456789abcdef"
+	tokens := []string{"", "Bearer " + signHS256(secret, fmt.Sprintf(`{"sub":"a","exp":%d}`, t0+10)),
+		"Bearer " + signHS256(secret, fmt.Sprintf(`{"sub":"a","exp":%d}`, t0+20)), "Bearer " + signHS256(secret, `{"sub":"b"}`),
+		"Bearer " + signHS256(secret, fmt.Sprintf(`{"sub":"b","nbf":%d,"exp":%d}`, t0+8, t0+30)),
+		"Bearer " + signHS256("another secret, 32 bytes or more.", `{"sub":"a"}`)}
+	jwt := mustConfig(f, `{"identity":{"sources":[{"type":"jwt","keys":[{"alg":"HS256","secret":"`+secret+`"}],"leeway":"5s","require_exp":false}]},
+	  "rules":[{"name":"u","scope":"user","limit":1,"window":"1s"},{"name":"e","match":{"paths":["/api/**"]},"scope":"user+endpoint","limit":1,"window":"1s"}]}`)
 	configs := []*Config{mustConfig(f, policyConfig), mustConfig(f, `{"identity":{"client_ip":{"trusted_proxy_depth":1}},
 	  "rules":[{"name":"r","match":{"paths":["/api/**"]},"scope":"ip","limit":1,"window":"1s"},
 	           {"name":"h","match":{"headers":[{"name":"x-tier","equals":"free"}]},"scope":"ip+endpoint","limit":1,"window":"1s"},
@@ -340,6 +395,8 @@ func FuzzPlanCache(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var pc PlanCache
 		var plan Plan
+		cache := NewTokenCache(2)
+		now := int64(t0)
 		for len(data) >= 10 {
 			d := data[:10]
 			data = data[10:]
@@ -347,16 +404,27 @@ func FuzzPlanCache(f *testing.F) {
 			if d[0]&0x80 != 0 {
 				c = configs[2]
 			}
+			if d[0]&0x40 != 0 {
+				c = jwt
+			}
+			now += []int64{0, 1, 4, 5, 10}[int(d[1]>>1)%5]
 			h := mapHeaders{}
 			for i, name := range []string{"x-user-id", "x-tenant", "x-tier", "x-api-key", "x-forwarded-for", "x-canary"} {
 				if v := pick(d[3+i], "", "a", "b", "ops", "premium", "free", "unlimited", "203.0.113.7", "10.1.2.3"); v != "" {
 					h[name] = v
 				}
 			}
+			if v := tokens[int(d[0]>>2&7)%len(tokens)]; v != "" {
+				h["authorization"] = v
+			}
 			req := Request{Method: pick(d[1], "GET", "POST"), Path: pick(d[2], "/api/v1/chat/x", "/api/v1/request", "/x", "/api/v1/login?y",
 				"/api/x?format=csv", "/api/x?format=c%73v&format=json", "/api/x?format=tsv",
 				"/api/x?user=a&key=k", "/api/x?user=%61&key=%6b", "/api/x?user=b&key=k", "/api/x?key=+&user=a+"),
-				Host: pick(d[9], "api.example.com", "a.beta.example.com"), Source: pick(d[9]>>1, "192.0.2.9:1", "10.0.0.1:2"), Headers: h}
+				Host: pick(d[9], "api.example.com", "a.beta.example.com"), Source: pick(d[9]>>1, "192.0.2.9:1", "10.0.0.1:2"), Headers: h,
+				NowUnix: now}
+			if d[9]&4 != 0 {
+				req.Tokens = cache
+			}
 			want := planValue(evaluated(c, req))
 			r := req
 			if kept, _, ok := pc.Lookup(c, &r); ok {

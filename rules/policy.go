@@ -83,10 +83,29 @@ func (r *Request) nowUnix() int64 {
 	if r.rec != nil {
 		r.rec.timeRead = true
 	}
+	return r.clock()
+}
+
+// clock is the time, for a reader that notes itself how what it reads
+// depends on it (holdsUntil), or for the plan cache's own check.
+func (r *Request) clock() int64 {
 	if r.NowUnix == 0 && r.Lazy != nil {
 		r.NowUnix = r.Lazy.NowUnix()
 	}
 	return r.NowUnix
+}
+
+// holdsUntil notes that what Evaluate read holds while the time is before
+// a verified token's expiry, exp (Unix seconds; 0: none), plus leeway:
+// the token passes until then, and nothing else it was checked for
+// changes with the time going on.
+func (r *Request) holdsUntil(exp, leeway int64) {
+	if r.rec == nil || exp == 0 {
+		return
+	}
+	if u := exp + leeway; r.rec.until == 0 || u < r.rec.until {
+		r.rec.until = u
+	}
 }
 
 // header is the value of a request header, "" when absent.
@@ -299,16 +318,21 @@ func (c *Config) identify(r *Request, plan *Plan) {
 		switch src.Kind {
 		case SourceJWT:
 			var pl []byte
+			var exp int64
 			var err error
 			if r.Tokens != nil {
-				pl, err = r.Tokens.Verify(v, src, r.nowUnix())
-			} else {
-				pl, err = VerifyJWT(v, src, r.nowUnix())
+				pl, exp, err = r.Tokens.verify(v, src, r.clock())
+			} else if pl, err = VerifyJWT(v, src, r.clock()); err == nil {
+				exp = expOf(pl)
 			}
 			if err != nil {
+				// A token refused now may pass later (not before), and its
+				// error is the request's own: a plan of none is kept.
+				r.nowUnix()
 				plan.JWTError = err
 				continue
 			}
+			r.holdsUntil(exp, src.LeewaySec)
 			if user, ok := Claim(pl, src.Claim); ok {
 				id.User, payload, plan.IdentitySource = user, pl, "jwt"
 			}

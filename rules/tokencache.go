@@ -31,23 +31,36 @@ func NewTokenCache(n int) *TokenCache {
 
 // Verify is VerifyJWT with the cache in front.
 func (c *TokenCache) Verify(authValue string, src *IdentitySource, nowUnix int64) ([]byte, error) {
+	payload, _, err := c.verify(authValue, src, nowUnix)
+	return payload, err
+}
+
+// verify is Verify, also giving the token's exp (expOf).
+func (c *TokenCache) verify(authValue string, src *IdentitySource, nowUnix int64) (payload []byte, exp int64, err error) {
 	token := bearerToken(authValue)
 	if len(token) > maxCachedToken {
-		return VerifyJWT(authValue, src, nowUnix)
+		if payload, err = VerifyJWT(authValue, src, nowUnix); err != nil {
+			return nil, 0, err
+		}
+		return payload, expOf(payload), nil
 	}
 	slot := &c.slots[fnv64(token)%uint64(len(c.slots))]
 	if slot.src == src && slot.token == token && (slot.exp == 0 || nowUnix < slot.exp+src.LeewaySec) {
-		return slot.payload, nil
+		return slot.payload, slot.exp, nil
 	}
-	payload, err := VerifyJWT(authValue, src, nowUnix)
-	if err != nil {
-		return nil, err
+	if payload, err = VerifyJWT(authValue, src, nowUnix); err != nil {
+		return nil, 0, err
 	}
 	// A new slot value, never an in-place write: strings handed out from
 	// the previous payload must not change under their holders.
-	*slot = tokenSlot{src: src, token: string([]byte(token)), payload: payload, exp: gjson.GetBytes(payload, "exp").Int()}
-	return payload, nil
+	*slot = tokenSlot{src: src, token: string([]byte(token)), payload: payload, exp: expOf(payload)}
+	return payload, slot.exp, nil
 }
+
+// expOf is the exp claim of a verified token's payload in whole seconds,
+// rounded down (a token then counts as expired up to a second early, never
+// late); 0 when it has none.
+func expOf(payload []byte) int64 { return gjson.GetBytes(payload, "exp").Int() }
 
 func fnv64(s string) uint64 {
 	h := uint64(14695981039346656037)
