@@ -1,9 +1,13 @@
 package filter
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"maps"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/rules"
@@ -108,6 +112,35 @@ func TestStream_PlanKept(t *testing.T) {
 	}
 	if bodies[0] != bodies[2] {
 		t.Errorf("the kept plan asks another check:\n%s\n%s", bodies[0], bodies[2])
+	}
+}
+
+// A JWT client's kept plan serves its refusals until the token expires;
+// after that its request is evaluated, anonymous, and not refused as it.
+func TestStream_JWTPlanExpires(t *testing.T) {
+	const secret = "0123456789abcdef0123456789abcdef"
+	h, p := startPlugin(t, `{"failure_mode": "fail_open", "bridge": {"cluster": "bridge"},
+	  "identity": {"sources": [{"type": "jwt", "keys": [{"alg": "HS256", "secret": "`+secret+`"}], "leeway": "0s"}]},
+	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": 10, "window": "1m"}]}`)
+	enc := base64.RawURLEncoding
+	in := enc.EncodeToString([]byte(`{"alg":"HS256"}`)) + "." + enc.EncodeToString([]byte(fmt.Sprintf(`{"sub":"bob","exp":%d}`, h.nowMS/1000+10)))
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(in))
+	bob := map[string]string{"authorization": "Bearer " + in + "." + enc.EncodeToString(m.Sum(nil))}
+	h.request(p, 2, bob)
+	h.answer(p, "200", string(rules.AppendCheckResponse(nil, &rules.CheckResponse{NowMS: h.nowMS, Decisions: []rules.Decision{
+		{Limit: 10, ResetMS: h.nowMS + 60_000, RetryAfterMS: 60_000}}})))
+	for i, fast := range []bool{false, false, true, true} {
+		s, _ := h.request(p, uint32(3+i), bob)
+		if h.local == nil || h.local.status != 429 || (len(s.plan.Limits) == 0) != fast {
+			t.Fatalf("refusal %d: %+v, from the plan cache %v, want %v", i, h.local, len(s.plan.Limits) == 0, fast)
+		}
+	}
+	h.nowMS += 10_000 // the token's exp
+	calls := len(h.calls)
+	h.request(p, 7, bob)
+	if h.local != nil || len(h.calls) != calls+1 || strings.Contains(h.calls[calls].body, "u:bob") {
+		t.Fatalf("after exp: local %+v, call-outs %d→%d", h.local, calls, len(h.calls))
 	}
 }
 
