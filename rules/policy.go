@@ -79,15 +79,16 @@ func (r *Request) host() string {
 	return r.Host
 }
 
-func (r *Request) nowUnix() int64 {
+// readsTime notes that what Evaluate read depends on the time in a way a
+// plan cache cannot bound: its plan is not kept.
+func (r *Request) readsTime() {
 	if r.rec != nil {
 		r.rec.timeRead = true
 	}
-	return r.clock()
 }
 
 // clock is the time, for a reader that notes itself how what it reads
-// depends on it (holdsUntil), or for the plan cache's own check.
+// depends on it (holdsUntil, readsTime), or for the plan cache's own check.
 func (r *Request) clock() int64 {
 	if r.NowUnix == 0 && r.Lazy != nil {
 		r.NowUnix = r.Lazy.NowUnix()
@@ -326,9 +327,9 @@ func (c *Config) identify(r *Request, plan *Plan) {
 				exp = expOf(pl)
 			}
 			if err != nil {
-				// A token refused now may pass later (not before), and its
-				// error is the request's own: a plan of none is kept.
-				r.nowUnix()
+				// A token refused now may pass later (its nbf), and the
+				// error is reported with each request.
+				r.readsTime()
 				plan.JWTError = err
 				continue
 			}
