@@ -11,6 +11,9 @@ package main
 // in plugin/filter; here the ABI, memory and lifecycle around it are.
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -170,19 +173,49 @@ var benchConfig = strings.NewReplacer("%MODE%", "fail_open", "%CLUSTER%", "bridg
 // call-out path, (d) a lease hit (the first request's lease outlasts the
 // run). The disabled baseline runs (c) under {"enabled":false}. label
 // names each in make bench's table.
-var benchPaths = []struct{ name, path, user, label string }{
-	{"a-no-match", "/health", "alice", "no limit matches"},
-	{"b-cache-hit", "/api/x", "mallory", "refused from the over-limit cache"},
-	{"c-call-out", "/api/x", "alice", "a call-out"},
-	{"d-lease-hit", "/hot/x", "alice", "allowed from a lease"},
+var benchPaths = []benchPath{
+	{name: "a-no-match", path: "/health", user: "alice", label: "no limit matches"},
+	{name: "b-cache-hit", path: "/api/x", user: "mallory", label: "refused from the over-limit cache"},
+	{name: "c-call-out", path: "/api/x", user: "alice", label: "a call-out"},
+	{name: "d-lease-hit", path: "/hot/x", user: "alice", label: "allowed from a lease"},
 }
 
-// wazeroPaths are the paths BenchmarkWasm measures: benchPaths, then the
+// benchPath is a request the benchmarks measure: its user by x-user-id,
+// or, with jwt, by a bearer token (jwtBenchConfig).
+type benchPath struct {
+	name, path, user, label string
+	jwt                     bool
+}
+
+// jwtPaths are (b) and (c) for clients identified by a JWT, both engines'.
+var jwtPaths = []benchPath{
+	{name: "f-cache-hit-jwt", path: "/api/x", user: "mallory", label: "refused from the over-limit cache, a client identified by a JWT", jwt: true},
+	{name: "g-call-out-jwt", path: "/api/x", user: "alice", label: "a call-out, a client identified by a JWT", jwt: true},
+}
+
+// wazeroPaths are the paths BenchmarkWasm measures: benchPaths, the
 // call-out path of a client the VM's plan cache does not hold, a new
 // x-user-id for each request (user ""), which V8's bench host, repeating
-// one request, cannot run.
-var wazeroPaths = append(benchPaths[:len(benchPaths):len(benchPaths)],
-	struct{ name, path, user, label string }{"e-call-out-new-client", "/api/x", "", "a call-out, each request a new client"})
+// one request, cannot run, and jwtPaths.
+var wazeroPaths = slices.Concat(benchPaths,
+	[]benchPath{{name: "e-call-out-new-client", path: "/api/x", label: "a call-out, each request a new client"}}, jwtPaths)
+
+// jwtBenchSecret signs the benchmarks' tokens (HS256), which expire in
+// 2100: jwtBenchConfig's identity.
+const jwtBenchSecret = "sluice-bench-jwt-secret-0123456789"
+
+// jwtBenchConfig is benchConfig with users identified by a verified JWT.
+var jwtBenchConfig = strings.Replace(benchConfig, `"sources": [{"type": "header", "header": "x-user-id"}]`,
+	`"sources": [{"type": "jwt", "keys": [{"alg": "HS256", "secret": "`+jwtBenchSecret+`"}]}]`, 1)
+
+// jwtBenchToken is a bearer token of user for jwtBenchConfig.
+func jwtBenchToken(user string) string {
+	enc := base64.RawURLEncoding
+	in := enc.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`)) + "." + enc.EncodeToString([]byte(`{"sub":"`+user+`","exp":4102444800}`))
+	m := hmac.New(sha256.New, []byte(jwtBenchSecret))
+	m.Write([]byte(in))
+	return "Bearer " + in + "." + enc.EncodeToString(m.Sum(nil))
+}
 
 // guestRounds is how many rounds a path's guest time is measured in, each
 // followed by a round of the disabled baseline.

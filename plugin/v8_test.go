@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -117,8 +118,8 @@ func TestV8_DenialAsEnvoySendsIt(t *testing.T) {
 	}
 }
 
-// BenchmarkWasmV8 is BenchmarkWasm on V8: the same configuration, the
-// same requests, one worker. guest-ns/op is measured inside Node as
+// BenchmarkWasmV8 is BenchmarkWasm on V8: the same configurations, the
+// same requests but a new client's (benchPaths and jwtPaths), one worker. guest-ns/op is measured inside Node as
 // wazero's is: every module call of the request, host functions (and the
 // allocations they ask the module for) excluded. node-ns/op is the whole
 // request in Node's host, node-cpu-ns/op Node's CPU time per request
@@ -140,35 +141,49 @@ func BenchmarkWasmV8(b *testing.B) {
 		b.Cleanup(func() { host.Close() })
 		return host
 	}
-	host, disabled := start(benchConfig), start(`{"enabled":false}`)
+	host, jwtHost, disabled := start(benchConfig), start(jwtBenchConfig), start(`{"enabled":false}`)
 	ctx := context.Background()
-	request := func(path, user string) v8host.Request {
-		return v8host.Request{Path: path, Authority: "api.example.com", SourceAddress: "198.51.100.7:4242",
-			Headers: [][2]string{{"x-user-id", user}, {"x-request-id", "rid"}}}
+	request := func(p benchPath) v8host.Request {
+		id := [2]string{"x-user-id", p.user}
+		if p.jwt {
+			id = [2]string{"authorization", jwtBenchToken(p.user)}
+		}
+		return v8host.Request{Path: p.path, Authority: "api.example.com", SourceAddress: "198.51.100.7:4242",
+			Headers: [][2]string{id, {"x-request-id", "rid"}}}
 	}
-	if _, err := host.Do(ctx, request("/api/x", "mallory")); err != nil { // caches mallory's denial
-		b.Fatal(err)
+	for _, p := range []benchPath{benchPaths[1], jwtPaths[0]} { // caches mallory's denial
+		h := host
+		if p.jwt {
+			h = jwtHost
+		}
+		if _, err := h.Do(ctx, request(p)); err != nil {
+			b.Fatal(err)
+		}
 	}
-	bench := func(b *testing.B, h *v8host.Host, path, user string, n int) v8host.BenchResult {
-		r, err := h.Bench(ctx, request(path, user), n)
+	bench := func(b *testing.B, h *v8host.Host, p benchPath, n int) v8host.BenchResult {
+		r, err := h.Bench(ctx, request(p), n)
 		if err != nil {
 			b.Fatal(err)
 		}
 		return r
 	}
 	aboveNs := map[string]float64{}
-	for _, p := range benchPaths {
+	for _, p := range slices.Concat(benchPaths, jwtPaths) {
 		b.Run(p.name, func(b *testing.B) {
+			h := host
+			if p.jwt {
+				h = jwtHost
+			}
 			// V8 compiles a function when it first runs: a proxy serving
 			// traffic has run them all, so the measure starts warm.
-			bench(b, host, p.path, p.user, benchWarmup)
-			bench(b, disabled, p.path, p.user, benchWarmup)
+			bench(b, h, p, benchWarmup)
+			bench(b, disabled, p, benchWarmup)
 			var wall, cpu float64
 			above, guest, base := aboveBaseline(b, func(n int) float64 {
-				r := bench(b, host, p.path, p.user, n)
+				r := bench(b, h, p, n)
 				wall, cpu = wall+r.WallNs*float64(n), cpu+r.CPUNs*float64(n)
 				return r.GuestNs
-			}, func(n int) float64 { return bench(b, disabled, p.path, p.user, n).GuestNs })
+			}, func(n int) float64 { return bench(b, disabled, p, n).GuestNs })
 			reportGuest(b, above, guest, base)
 			b.ReportMetric(wall/float64(b.N), "node-ns/op")
 			b.ReportMetric(cpu/float64(b.N), "node-cpu-ns/op")
@@ -176,8 +191,8 @@ func BenchmarkWasmV8(b *testing.B) {
 		})
 	}
 	b.Run("baseline-disabled", func(b *testing.B) {
-		bench(b, disabled, "/api/x", "alice", benchWarmup)
-		r := bench(b, disabled, "/api/x", "alice", b.N)
+		bench(b, disabled, benchPaths[2], benchWarmup)
+		r := bench(b, disabled, benchPaths[2], b.N)
 		b.ReportMetric(r.GuestNs, "guest-ns/op")
 		b.ReportMetric(r.WallNs, "node-ns/op")
 		b.ReportMetric(r.CPUNs, "node-cpu-ns/op")

@@ -208,7 +208,7 @@ func (p inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // BenchmarkWasm measures whole requests through the built plugin in the wasmhost
 // host (wazero compiler), logging at info as Envoy does by default: the
-// paths of benchPaths. A request the plugin lets through gets a response,
+// paths of wazeroPaths. A request the plugin lets through gets a response,
 // which passes the plugin as in Envoy (and in BenchmarkWasmV8's host); a
 // local reply passes it too. cpu-ns/op is the whole process (host and
 // guest); guest-ns/op is the plugin's own code, all its guest callbacks
@@ -224,14 +224,18 @@ func BenchmarkWasm(b *testing.B) {
 			LogLevel: wasmhost.LogLevelInfo, // Envoy's default: no debug event per allowed request
 		})
 	}
-	host, disabled := start(benchConfig), start(`{"enabled":false}`)
+	host, jwtHost, disabled := start(benchConfig), start(jwtBenchConfig), start(`{"enabled":false}`)
 	ctx := context.Background()
-	// requests runs n requests on h and returns their guest ns each; user
-	// "" is a new user for each request.
+	// requests runs n requests of p on h and returns their guest ns each;
+	// user "" is a new user for each request.
 	var clients int
-	requests := func(b *testing.B, h *wasmhost.Host, path, user string, n int) float64 {
+	requests := func(b *testing.B, h *wasmhost.Host, p benchPath, n int) float64 {
+		path, user := p.path, p.user
 		info := wasmhost.RequestInfo{Method: "GET", Path: path, Host: "api.example.com", SourceAddress: "198.51.100.7:4242",
 			Headers: [][2]string{{"x-user-id", user}, {"x-request-id", "rid"}}}
+		if p.jwt {
+			info.Headers[0] = [2]string{"authorization", jwtBenchToken(user)}
+		}
 		upstream := [][2]string{{"content-type", "text/plain"}}
 		guest := h.GuestTime()
 		for range n {
@@ -256,20 +260,30 @@ func BenchmarkWasm(b *testing.B) {
 	bridge.mu.Lock()
 	bridge.counts[overLimitKey] = 1 << 40
 	bridge.mu.Unlock()
-	s := host.NewStream(ctx, wasmhost.RequestInfo{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{{"x-user-id", "mallory"}}})
-	s.RequestHeaders(ctx) // caches mallory's denial
-	s.Close()
+	for _, h := range []*wasmhost.Host{host, jwtHost} { // caches mallory's denial
+		hdr := [2]string{"x-user-id", "mallory"}
+		if h == jwtHost {
+			hdr = [2]string{"authorization", jwtBenchToken("mallory")}
+		}
+		s := h.NewStream(ctx, wasmhost.RequestInfo{Method: "GET", Path: "/api/x", SourceAddress: "198.51.100.7:1", Headers: [][2]string{hdr}})
+		s.RequestHeaders(ctx)
+		s.Close()
+	}
 	aboveNs := map[string]float64{}
 	for _, p := range wazeroPaths {
 		b.Run(p.name, func(b *testing.B) {
 			b.ReportAllocs()
 			var cpu int64
+			h := host
+			if p.jwt {
+				h = jwtHost
+			}
 			above, guest, base := aboveBaseline(b, func(n int) float64 {
 				c := cpuNanos()
-				g := requests(b, host, p.path, p.user, n)
+				g := requests(b, h, p, n)
 				cpu += cpuNanos() - c
 				return g
-			}, func(n int) float64 { return requests(b, disabled, p.path, p.user, n) })
+			}, func(n int) float64 { return requests(b, disabled, p, n) })
 			b.ReportMetric(float64(cpu)/float64(b.N), "cpu-ns/op")
 			reportGuest(b, above, guest, base)
 			aboveNs[p.name] = above
@@ -278,7 +292,7 @@ func BenchmarkWasm(b *testing.B) {
 	b.Run("baseline-disabled", func(b *testing.B) {
 		b.ReportAllocs()
 		cpu := cpuNanos()
-		b.ReportMetric(requests(b, disabled, "/api/x", "alice", b.N), "guest-ns/op")
+		b.ReportMetric(requests(b, disabled, benchPaths[2], b.N), "guest-ns/op")
 		b.ReportMetric(float64(cpuNanos()-cpu)/float64(b.N), "cpu-ns/op")
 	})
 	appendGuestRows(b, "wazero", aboveNs)
