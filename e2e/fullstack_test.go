@@ -6,9 +6,6 @@ package e2e_test
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/internal/jwttest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/wasmhost"
@@ -152,15 +150,6 @@ func (s *stack) get(path, ip string, headers ...string) reply {
 	return reply{res.StatusCode, res.Header, string(b), time.Since(start)}
 }
 
-func hs256(t *testing.T, secret, claims string) string {
-	t.Helper()
-	enc := base64.RawURLEncoding
-	signing := enc.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`)) + "." + enc.EncodeToString([]byte(claims))
-	mac := hmac.New(sha256.New, []byte(secret))
-	mac.Write([]byte(signing))
-	return signing + "." + enc.EncodeToString(mac.Sum(nil))
-}
-
 func scenarioConfig(mode string) string {
 	return `{
   "failure_mode": "` + mode + `",
@@ -279,7 +268,7 @@ func TestFullStack_Scenarios(t *testing.T) {
 	})
 
 	t.Run("verified jwt across ips, forged token gains nothing", func(t *testing.T) {
-		token := hs256(t, jwtSecret, `{"sub":"jwt-user","exp":`+fmt.Sprint(time.Now().Add(time.Hour).Unix())+`}`)
+		token := jwttest.HS256(jwtSecret, `{"sub":"jwt-user","exp":`+fmt.Sprint(time.Now().Add(time.Hour).Unix())+`}`)
 		for i := 0; i < 10; i++ {
 			if r := s.get("/api/v1/chat", fmt.Sprint("198.51.100.", 100+i), "Authorization", "Bearer "+token); r.status != 200 {
 				t.Fatalf("chat %d: %d %s", i, r.status, r.body)
@@ -291,18 +280,18 @@ func TestFullStack_Scenarios(t *testing.T) {
 		// A token signed with another key claiming a fresh user is anonymous:
 		// it is counted by IP, so it cannot mint new quota.
 		for i := 0; i < 10; i++ {
-			forged := hs256(t, "attacker-secret-0123456789abcdef0123", fmt.Sprintf(`{"sub":"fresh-%d"}`, i))
+			forged := jwttest.HS256("attacker-secret-0123456789abcdef0123", fmt.Sprintf(`{"sub":"fresh-%d"}`, i))
 			if r := s.get("/api/v1/chat", "198.51.100.201", "Authorization", "Bearer "+forged); r.status != 200 {
 				t.Fatalf("forged %d: %d", i, r.status)
 			}
 		}
-		forged := hs256(t, "attacker-secret-0123456789abcdef0123", `{"sub":"fresh-new"}`)
+		forged := jwttest.HS256("attacker-secret-0123456789abcdef0123", `{"sub":"fresh-new"}`)
 		if r := s.get("/api/v1/chat", "198.51.100.201", "Authorization", "Bearer "+forged); r.status != 429 {
 			t.Errorf("forged tokens minted quota: %d", r.status)
 		}
 		// Nor can it spend the real user's quota: a forged "jwt-user" token is anonymous too.
-		victim := hs256(t, jwtSecret, `{"sub":"victim","exp":`+fmt.Sprint(time.Now().Add(time.Hour).Unix())+`}`)
-		forgedVictim := hs256(t, "attacker-secret-0123456789abcdef0123", `{"sub":"victim"}`)
+		victim := jwttest.HS256(jwtSecret, `{"sub":"victim","exp":`+fmt.Sprint(time.Now().Add(time.Hour).Unix())+`}`)
+		forgedVictim := jwttest.HS256("attacker-secret-0123456789abcdef0123", `{"sub":"victim"}`)
 		for i := 0; i < 3; i++ {
 			s.get("/api/v1/chat", "198.51.100.202", "Authorization", "Bearer "+forgedVictim)
 		}

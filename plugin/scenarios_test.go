@@ -11,9 +11,6 @@ package main
 // in plugin/filter; here the ABI, memory and lifecycle around it are.
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/benchtable"
+	"github.com/sluicehq/sluice/internal/jwttest"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -210,11 +208,7 @@ var jwtBenchConfig = strings.Replace(benchConfig, `"sources": [{"type": "header"
 
 // jwtBenchToken is a bearer token of user for jwtBenchConfig.
 func jwtBenchToken(user string) string {
-	enc := base64.RawURLEncoding
-	in := enc.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`)) + "." + enc.EncodeToString([]byte(`{"sub":"`+user+`","exp":4102444800}`))
-	m := hmac.New(sha256.New, []byte(jwtBenchSecret))
-	m.Write([]byte(in))
-	return "Bearer " + in + "." + enc.EncodeToString(m.Sum(nil))
+	return "Bearer " + jwttest.HS256(jwtBenchSecret, `{"sub":"`+user+`","exp":4102444800}`)
 }
 
 // guestRounds is how many rounds a path's guest time is measured in, each

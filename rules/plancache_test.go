@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/jwttest"
 )
 
 // planValue is what a Plan tells its user, for comparing whole plans.
@@ -271,7 +273,7 @@ func TestPlanCache_KeepJWT(t *testing.T) {
 			t.Run(fmt.Sprintf("%s, token cache %v", tt.name, tokens != nil), func(t *testing.T) {
 				req := func(at int64) Request {
 					return Request{Method: "GET", Path: "/x", NowUnix: at, Tokens: tokens,
-						Headers: mapHeaders{"authorization": "Bearer " + signHS256(secret, tt.claims)}}
+						Headers: mapHeaders{"authorization": "Bearer " + jwttest.HS256(secret, tt.claims)}}
 				}
 				var pc PlanCache
 				var plan Plan
@@ -376,10 +378,10 @@ func TestPlanCache_Sweep(t *testing.T) {
 // times that go on (some clients identified by JWTs that expire).
 func FuzzPlanCache(f *testing.F) {
 	const t0, secret = 1_750_000_000, "0123456789abcdef0123456789abcdef"
-	tokens := []string{"", "Bearer " + signHS256(secret, fmt.Sprintf(`{"sub":"a","exp":%d}`, t0+10)),
-		"Bearer " + signHS256(secret, fmt.Sprintf(`{"sub":"a","exp":%d}`, t0+20)), "Bearer " + signHS256(secret, `{"sub":"b"}`),
-		"Bearer " + signHS256(secret, fmt.Sprintf(`{"sub":"b","nbf":%d,"exp":%d}`, t0+8, t0+30)),
-		"Bearer " + signHS256("another secret, 32 bytes or more.", `{"sub":"a"}`)}
+	tokens := []string{"", "Bearer " + jwttest.HS256(secret, fmt.Sprintf(`{"sub":"a","exp":%d}`, t0+10)),
+		"Bearer " + jwttest.HS256(secret, fmt.Sprintf(`{"sub":"a","exp":%d}`, t0+20)), "Bearer " + jwttest.HS256(secret, `{"sub":"b"}`),
+		"Bearer " + jwttest.HS256(secret, fmt.Sprintf(`{"sub":"b","nbf":%d,"exp":%d}`, t0+8, t0+30)),
+		"Bearer " + jwttest.HS256("another secret, 32 bytes or more.", `{"sub":"a"}`)}
 	jwt := mustConfig(f, `{"identity":{"sources":[{"type":"jwt","keys":[{"alg":"HS256","secret":"`+secret+`"}],"leeway":"5s","require_exp":false}]},
 	  "rules":[{"name":"u","scope":"user","limit":1,"window":"1s"},{"name":"e","match":{"paths":["/api/**"]},"scope":"user+endpoint","limit":1,"window":"1s"}]}`)
 	configs := []*Config{mustConfig(f, policyConfig), mustConfig(f, `{"identity":{"client_ip":{"trusted_proxy_depth":1}},

@@ -4,6 +4,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/jwttest"
 )
 
 func TestQueryHolds(t *testing.T) {
@@ -259,8 +261,8 @@ func TestConfig_EvaluateQueryIdentity(t *testing.T) {
 func TestConfig_EvaluateJWTFromQuery(t *testing.T) {
 	c := mustConfig(t, `{"identity":{"sources":[{"type":"jwt","param":"access_token","keys":[{"alg":"HS256","secret":"`+cacheSecret+`"}]}]},
 		"rules":[{"name":"u","scope":"user","limit":1,"window":"1s"}]}`)
-	good := signHS256(cacheSecret, `{"sub":"alice","exp":2000}`)
-	forged := signHS256("another-secret-0123456789abcdef0123", `{"sub":"mallory","exp":2000}`)
+	good := jwttest.HS256(cacheSecret, `{"sub":"alice","exp":2000}`)
+	forged := jwttest.HS256("another-secret-0123456789abcdef0123", `{"sub":"mallory","exp":2000}`)
 	var plan Plan
 	for _, tc := range []struct {
 		path  string

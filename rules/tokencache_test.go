@@ -1,21 +1,12 @@
 package rules
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"testing"
-)
 
-func signHS256(secret, claims string) string {
-	enc := base64.RawURLEncoding
-	in := enc.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`)) + "." + enc.EncodeToString([]byte(claims))
-	m := hmac.New(sha256.New, []byte(secret))
-	m.Write([]byte(in))
-	return in + "." + enc.EncodeToString(m.Sum(nil))
-}
+	"github.com/sluicehq/sluice/internal/jwttest"
+)
 
 const cacheSecret = "token-cache-secret-0123456789abcdef"
 
@@ -30,7 +21,7 @@ func cacheSource(t testing.TB) *IdentitySource {
 func TestTokenCache_Verify(t *testing.T) {
 	src := cacheSource(t)
 	c := NewTokenCache(4)
-	good := signHS256(cacheSecret, `{"sub":"alice","exp":1000}`)
+	good := jwttest.HS256(cacheSecret, `{"sub":"alice","exp":1000}`)
 	for i := 0; i < 2; i++ { // miss, then hit
 		pl, err := c.Verify("Bearer "+good, src, 900)
 		if u, _ := Claim(pl, "sub"); err != nil || u != "alice" {
@@ -52,7 +43,7 @@ func TestTokenCache_Verify(t *testing.T) {
 	}
 	// Many tokens through few slots: each still verifies correctly.
 	for i := 0; i < 50; i++ {
-		tok := signHS256(cacheSecret, fmt.Sprintf(`{"sub":"u%d","exp":2000}`, i))
+		tok := jwttest.HS256(cacheSecret, fmt.Sprintf(`{"sub":"u%d","exp":2000}`, i))
 		pl, err := c.Verify(tok, src, 900)
 		if u, _ := Claim(pl, "sub"); err != nil || u != fmt.Sprint("u", i) {
 			t.Fatalf("token %d: %q %v", i, u, err)
@@ -62,7 +53,7 @@ func TestTokenCache_Verify(t *testing.T) {
 
 func BenchmarkTokenCache_Verify(b *testing.B) {
 	src := cacheSource(b)
-	tok := "Bearer " + signHS256(cacheSecret, `{"sub":"alice","exp":99999999999}`)
+	tok := "Bearer " + jwttest.HS256(cacheSecret, `{"sub":"alice","exp":99999999999}`)
 	b.Run("uncached", func(b *testing.B) {
 		b.ReportAllocs()
 		for i := 0; i < b.N; i++ {

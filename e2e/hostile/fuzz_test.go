@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/jwttest"
 	"github.com/sluicehq/sluice/wasmhost"
 )
 
@@ -19,9 +20,9 @@ func FuzzPlugin_Headers(f *testing.F) {
 		{"POST", "/h/%2e%2e/%2F/admin%00", "x-user-id", "\xff\xfe\xfd", "unknown", "Bearer a.b.c.d"},
 		{"FOOBAR", "/h/../../etc/passwd", "x-junk", strings.Repeat("j", 4096), ",,,,", "Bearer ..."},
 		{"get", "/h/dots", "x-user-id", "nul\x00user", "[2001:db8::1]:443", "Bearer " + validJWT("fuzz")},
-		{"\x00", "", "", "", "198.51.100.20:99999", jwt(`{"alg":"none"}`, `{"sub":"root"}`, "")},
+		{"\x00", "", "", "", "198.51.100.20:99999", jwttest.Sign(`{"alg":"none"}`, `{"sub":"root"}`, "")},
 		{"GET", "*", "X-USER-ID", "crlf\r\nx-user-id: admin", "999.1.1.1, 10.0.0.1", "Basic YWxhZGRpbjpvcGVuc2VzYW1l"},
-		{"GET", "/h/q?x=%00&y=\xff", "authorization", "Bearer " + randomB64(64), "::ffff:198.51.100.24", "bearer " + jwt(`{"alg":"RS256"}`, `{"sub":"x","exp":9999999999}`, rsaPublicPEM)},
+		{"GET", "/h/q?x=%00&y=\xff", "authorization", "Bearer " + randomB64(64), "::ffff:198.51.100.24", "bearer " + jwttest.Sign(`{"alg":"RS256"}`, `{"sub":"x","exp":9999999999}`, rsaPublicPEM)},
 		{"DELETE", "/h/x", "x-user-id", strings.Repeat("u", 300), strings.Repeat("1.2.3.4,", 2000), "Bearer " + strings.Repeat("a", 9000)},
 		{"GET", "/h/x", ":path", "/admin", "\t", "Bearer " + validJWT(strings.Repeat("s", 300))},
 	}

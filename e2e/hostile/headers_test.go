@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/jwttest"
 	"github.com/sluicehq/sluice/wasmhost"
 )
 
@@ -18,7 +19,7 @@ func bearer(tok string) [2]string      { return hdr("Authorization", "Bearer "+t
 
 // unsigned is a JWT with an empty signature ("header.payload.").
 func unsigned(header, claims string) string {
-	tok := jwt(header, claims, "")
+	tok := jwttest.Sign(header, claims, "")
 	return tok[:strings.LastIndexByte(tok, '.')+1]
 }
 
@@ -48,17 +49,17 @@ func jwtCases() []httpCase {
 	exp := fmt.Sprint(now.Add(time.Hour).Unix())
 	claims := `{"sub":"mallory","exp":` + exp + `}`
 	cases := []struct{ name, token string }{
-		{"jwt bad signature", jwt(`{"alg":"HS256","typ":"JWT"}`, claims, "attacker-secret-0123456789abcdef0123")},
+		{"jwt bad signature", jwttest.Sign(`{"alg":"HS256","typ":"JWT"}`, claims, "attacker-secret-0123456789abcdef0123")},
 		{"jwt alg none", unsigned(`{"alg":"none","typ":"JWT"}`, claims)},
-		{"jwt alg none with signature", jwt(`{"alg":"none","typ":"JWT"}`, claims, jwtSecret)},
-		{"jwt alg confusion HS256 keyed with the RS256 public key", jwt(`{"alg":"HS256","typ":"JWT"}`, claims, rsaPublicPEM)},
-		{"jwt RS256 header with an HMAC signature", jwt(`{"alg":"RS256","typ":"JWT"}`, claims, jwtSecret)},
-		{"jwt RS256 header HMAC keyed with the public key", jwt(`{"alg":"RS256","typ":"JWT"}`, claims, rsaPublicPEM)},
-		{"jwt expired", jwt(`{"alg":"HS256","typ":"JWT"}`, `{"sub":"mallory","exp":`+fmt.Sprint(now.Add(-time.Hour).Unix())+`}`, jwtSecret)},
-		{"jwt without exp", jwt(`{"alg":"HS256","typ":"JWT"}`, `{"sub":"mallory"}`, jwtSecret)},
-		{"jwt not yet valid", jwt(`{"alg":"HS256","typ":"JWT"}`, `{"sub":"mallory","exp":`+exp+`,"nbf":`+fmt.Sprint(now.Add(time.Hour).Unix())+`}`, jwtSecret)},
-		{"jwt crit header", jwt(`{"alg":"HS256","crit":["b64"],"b64":false}`, claims, jwtSecret)},
-		{"jwt sub not a string", jwt(`{"alg":"HS256"}`, `{"sub":{"$ne":null},"exp":`+exp+`}`, jwtSecret)},
+		{"jwt alg none with signature", jwttest.Sign(`{"alg":"none","typ":"JWT"}`, claims, jwtSecret)},
+		{"jwt alg confusion HS256 keyed with the RS256 public key", jwttest.Sign(`{"alg":"HS256","typ":"JWT"}`, claims, rsaPublicPEM)},
+		{"jwt RS256 header with an HMAC signature", jwttest.Sign(`{"alg":"RS256","typ":"JWT"}`, claims, jwtSecret)},
+		{"jwt RS256 header HMAC keyed with the public key", jwttest.Sign(`{"alg":"RS256","typ":"JWT"}`, claims, rsaPublicPEM)},
+		{"jwt expired", jwttest.Sign(`{"alg":"HS256","typ":"JWT"}`, `{"sub":"mallory","exp":`+fmt.Sprint(now.Add(-time.Hour).Unix())+`}`, jwtSecret)},
+		{"jwt without exp", jwttest.Sign(`{"alg":"HS256","typ":"JWT"}`, `{"sub":"mallory"}`, jwtSecret)},
+		{"jwt not yet valid", jwttest.Sign(`{"alg":"HS256","typ":"JWT"}`, `{"sub":"mallory","exp":`+exp+`,"nbf":`+fmt.Sprint(now.Add(time.Hour).Unix())+`}`, jwtSecret)},
+		{"jwt crit header", jwttest.Sign(`{"alg":"HS256","crit":["b64"],"b64":false}`, claims, jwtSecret)},
+		{"jwt sub not a string", jwttest.Sign(`{"alg":"HS256"}`, `{"sub":{"$ne":null},"exp":`+exp+`}`, jwtSecret)},
 		{"jwt random base64", randomB64(300)},
 		{"jwt three dots", "a.b.c.d"},
 		{"jwt dots only", "..."},

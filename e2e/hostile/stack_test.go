@@ -3,12 +3,9 @@ package hostile
 import (
 	"bufio"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/sha256"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -23,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/e2e/e2etest"
+	"github.com/sluicehq/sluice/internal/jwttest"
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/wasmhost"
 )
@@ -213,18 +211,8 @@ func (s *stack) checkAccounts(t testing.TB) {
 	}
 }
 
-// jwt signs header and claims with HMAC-SHA256 under secret, whatever alg
-// the header names.
-func jwt(header, claims, secret string) string {
-	enc := base64.RawURLEncoding
-	signing := enc.EncodeToString([]byte(header)) + "." + enc.EncodeToString([]byte(claims))
-	mac := hmac.New(sha256.New, []byte(secret))
-	mac.Write([]byte(signing))
-	return signing + "." + enc.EncodeToString(mac.Sum(nil))
-}
-
 func validJWT(sub string) string {
-	return jwt(`{"alg":"HS256","typ":"JWT"}`, fmt.Sprintf(`{"sub":%q,"exp":%d}`, sub, time.Now().Add(time.Hour).Unix()), jwtSecret)
+	return jwttest.Sign(`{"alg":"HS256","typ":"JWT"}`, fmt.Sprintf(`{"sub":%q,"exp":%d}`, sub, time.Now().Add(time.Hour).Unix()), jwtSecret)
 }
 
 // rsaPublicPEM is a 2048-bit RSA public key the config trusts for RS256;

@@ -1,15 +1,13 @@
 package filter
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
 	"maps"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/jwttest"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -122,11 +120,7 @@ func TestStream_JWTPlanExpires(t *testing.T) {
 	h, p := startPlugin(t, `{"failure_mode": "fail_open", "bridge": {"cluster": "bridge"},
 	  "identity": {"sources": [{"type": "jwt", "keys": [{"alg": "HS256", "secret": "`+secret+`"}], "leeway": "0s"}]},
 	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": 10, "window": "1m"}]}`)
-	enc := base64.RawURLEncoding
-	in := enc.EncodeToString([]byte(`{"alg":"HS256"}`)) + "." + enc.EncodeToString([]byte(fmt.Sprintf(`{"sub":"bob","exp":%d}`, h.nowMS/1000+10)))
-	m := hmac.New(sha256.New, []byte(secret))
-	m.Write([]byte(in))
-	bob := map[string]string{"authorization": "Bearer " + in + "." + enc.EncodeToString(m.Sum(nil))}
+	bob := map[string]string{"authorization": "Bearer " + jwttest.HS256(secret, fmt.Sprintf(`{"sub":"bob","exp":%d}`, h.nowMS/1000+10))}
 	h.request(p, 2, bob)
 	h.answer(p, "200", string(rules.AppendCheckResponse(nil, &rules.CheckResponse{NowMS: h.nowMS, Decisions: []rules.Decision{
 		{Limit: 10, ResetMS: h.nowMS + 60_000, RetryAfterMS: 60_000}}})))
