@@ -120,18 +120,17 @@ func (pc *PlanCache) Evaluate(c *Config, r *Request, plan *Plan) {
 // second request keeps its plan for the third. It reports whether the
 // plan was kept.
 func (pc *PlanCache) KeepRepeated(c *Config, r *Request, plan *Plan, tag uint64) bool {
+	pc.last = nil
 	if !pc.keepable(c, plan) {
-		pc.last = nil
 		return false // nor noted: a client whose token does not verify never has one kept
 	}
 	h := pc.hashOf(c, r)
 	if seen := &pc.seen[h%planCacheSlots]; *seen != h|1 {
 		*seen = h | 1
-		pc.last = nil
 		return false
 	}
-	pc.Keep(c, r, plan, tag)
-	return pc.last != nil
+	pc.keep(c, r, plan, tag, h)
+	return true
 }
 
 // keepable tells whether Keep would keep plan, the last Evaluate's under c.
@@ -162,11 +161,15 @@ func (pc *PlanCache) hashOf(c *Config, r *Request) uint64 {
 // not kept.
 func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 	pc.last = nil
-	if !pc.keepable(c, plan) {
-		return
+	if pc.keepable(c, plan) {
+		pc.keep(c, r, plan, tag, pc.hashOf(c, r))
 	}
+}
+
+// keep is Keep of a keepable plan whose request's planHash is h.
+func (pc *PlanCache) keep(c *Config, r *Request, plan *Plan, tag, h uint64) {
 	rec := &pc.rec
-	e := &pc.slots[pc.hashOf(c, r)%planCacheSlots]
+	e := &pc.slots[h%planCacheSlots]
 	rec.valid = false
 	if e.cfg == nil {
 		pc.kept++

@@ -323,8 +323,8 @@ func (c *Config) identify(r *Request, plan *Plan) {
 			var err error
 			if r.Tokens != nil {
 				pl, exp, err = r.Tokens.verify(v, src, r.clock())
-			} else if pl, err = VerifyJWT(v, src, r.clock()); err == nil {
-				exp = expOf(pl)
+			} else if pl, err = VerifyJWT(v, src, r.clock()); err == nil && r.rec != nil {
+				exp = expOf(pl) // for holdsUntil, which only a plan cache reads
 			}
 			if err != nil {
 				// A token refused now may pass later (its nbf), and the
