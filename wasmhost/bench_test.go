@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/hosttest"
+	"github.com/sluicehq/sluice/internal/inproc"
 )
 
 var benchHeaders = [][2]string{
@@ -81,18 +82,21 @@ func BenchmarkHost_Middleware(b *testing.B) {
 }
 
 // BenchmarkHost_Callout is a request paused for a call-out to an upstream
-// on this machine, over TCP loopback and over a Unix socket, and resumed
-// from the root context.
+// on this machine, over TCP loopback and over a Unix socket, or in process
+// to its handler through net/http's request and response or as an
+// inproc.Server, and resumed from the root context.
 func BenchmarkHost_Callout(b *testing.B) {
 	srv := hosttest.Backend(b)
 	for _, tc := range []struct {
 		name    string
-		cluster string // "": the backend's handler in process (Options.Handlers)
-	}{{"tcp", srv.URL}, {"unix", unixClusters(b, srv.Config.Handler)["backend"]}, {"in-process", ""}} {
+		cluster string       // "": in process (Options.Handlers)
+		handler http.Handler // in process
+	}{{"tcp", srv.URL, nil}, {"unix", unixClusters(b, srv.Config.Handler)["backend"], nil},
+		{"in-process", "", srv.Config.Handler}, {"in-process-server", "", backendServer{}}} {
 		b.Run(tc.name, func(b *testing.B) {
 			opts := Options{Workers: 1, Clusters: map[string]string{"backend": tc.cluster}}
 			if tc.cluster == "" {
-				opts = Options{Workers: 1, Handlers: map[string]http.Handler{"backend": srv.Config.Handler}}
+				opts = Options{Workers: 1, Handlers: map[string]http.Handler{"backend": tc.handler}}
 			}
 			h := newHost(b, opts)
 			info := RequestInfo{Method: "GET", Path: "/", Headers: [][2]string{{"x-mode", "callout"}, {"x-callout-path", "/b"}}}
@@ -108,4 +112,16 @@ func BenchmarkHost_Callout(b *testing.B) {
 			}
 		})
 	}
+}
+
+// backendServer answers as hosttest.Backend does a path of its own (202,
+// X-Upstream, the path), as an inproc.Server.
+type backendServer struct{ http.Handler }
+
+func (backendServer) Serves(method, path []byte) bool { return true }
+
+func (backendServer) ServeCallout(ctx context.Context, req *inproc.Request, res *inproc.Response) {
+	res.Status = http.StatusAccepted
+	res.Set("X-Upstream", "yes")
+	res.Body = append(res.Body, path(req)...)
 }

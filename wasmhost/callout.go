@@ -18,6 +18,7 @@ import (
 
 	"github.com/tetratelabs/wazero/api"
 
+	"github.com/sluicehq/sluice/internal/inproc"
 	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
@@ -54,11 +55,17 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 	}
 	method, path, authority := pseudo[0], pseudo[1], pseudo[2]
 	c := &callout{cluster: cl, timeout: time.Duration(u32(p, 8)) * time.Millisecond}
-	if t, direct := cl.h1Target(path); direct {
+	if srv, ok := cl.handler.(inproc.Server); ok && srv.Serves(method, path) {
+		// Copied: the guest's memory is only valid during this call.
+		buf := calloutBuffers.Get().(*[]byte)
+		b := append(append((*buf)[:0], hb...), body...)
+		*buf = b
+		c.inproc = &inprocCall{srv: srv, buf: buf, req: inproc.Request{Headers: b[:len(hb):len(hb)], Body: b[len(hb):]}}
+	} else if t, direct := cl.h1Target(path); direct {
 		if !validName(method) {
 			return StatusBadArgument // as http.NewRequest
 		}
-		buf := h1Buffers.Get().(*[]byte)
+		buf := calloutBuffers.Get().(*[]byte)
 		raw, valid := appendH1Request((*buf)[:0], method, t.uri, authority, hb, body)
 		*buf = raw
 		c.h1 = &h1Request{addr: t.addr, head: string(method) == http.MethodHead, raw: raw, buf: buf, valid: valid}
@@ -280,6 +287,7 @@ func (w *calloutWorkers) close() {
 type callout struct {
 	cluster *cluster
 	h1      *h1Request
+	inproc  *inprocCall // for a handler that is an inproc.Server
 	req     *http.Request
 	timeout time.Duration // 0: none
 }
@@ -287,8 +295,12 @@ type callout struct {
 // release returns what the call-out borrowed, once it is sent or dropped.
 func (c *callout) release() {
 	if c.h1 != nil && c.h1.buf != nil {
-		h1Buffers.Put(c.h1.buf)
+		calloutBuffers.Put(c.h1.buf)
 		c.h1.buf, c.h1.raw = nil, nil
+	}
+	if c.inproc != nil && c.inproc.buf != nil {
+		calloutBuffers.Put(c.inproc.buf)
+		c.inproc.buf, c.inproc.req = nil, inproc.Request{}
 	}
 }
 
@@ -345,6 +357,9 @@ func (h *Host) fetch(c *callout) *calloutResponse {
 		ctx, cancel = context.WithTimeout(h.ctx, c.timeout)
 	}
 	defer cancel()
+	if c.inproc != nil {
+		return h.serveCallout(ctx, c.cluster, c.inproc)
+	}
 	req := c.req.WithContext(ctx)
 	if c.cluster.handler != nil {
 		return h.serveInProcess(c.cluster, req)

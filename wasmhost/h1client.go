@@ -41,13 +41,14 @@ type h1Request struct {
 	addr     string    // host:port of the cluster
 	head     bool      // a HEAD request: its answer has no body
 	raw      []byte    // request line, headers and body (appendH1Request)
-	buf      *[]byte   // raw's array, from h1Buffers
+	buf      *[]byte   // raw's array, from calloutBuffers
 	valid    bool      // false: HTTP/1.1 cannot carry it, and it is not sent
 	deadline time.Time // zero: none
 }
 
-// h1Buffers hold rendered call-outs until they are written.
-var h1Buffers = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+// calloutBuffers hold the bytes of call-outs until they are sent: those
+// the host's HTTP/1.1 client writes, and those an inproc.Server answers.
+var calloutBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
 // appendH1Request appends to dst a call-out as Envoy's HTTP/1 codec
 // writes it: the request line, :authority as Host, the guest's headers

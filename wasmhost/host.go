@@ -52,7 +52,10 @@ type Options struct {
 	// in the proxy (cmd/gateway's --embed-bridge). The handler sees the
 	// request as a server would, with the call-out's timeout as its
 	// context's deadline, and should return once that ends: the plugin
-	// gets its 504 then. A name may not also be in Clusters.
+	// gets its 504 then. A handler that is also an inproc.Server
+	// (internal/inproc; the bridge's, redisbridge.Server.Handler) answers
+	// the call-outs it serves from their bytes instead, without net/http's
+	// request and response. A name may not also be in Clusters.
 	Handlers map[string]http.Handler
 	// HTTPClient, when set, sends every call-out. By default call-outs to
 	// plain-HTTP clusters go through the host's own HTTP/1.1 client

@@ -9,7 +9,9 @@ import (
 	"net/url"
 	"runtime/debug"
 	"strconv"
+	"sync"
 
+	"github.com/sluicehq/sluice/internal/inproc"
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
 )
 
@@ -29,44 +31,101 @@ func (h *Host) serveInProcess(cl *cluster, req *http.Request) (res *calloutRespo
 	req.URL = &url.URL{Path: req.URL.Path, RawPath: req.URL.RawPath, RawQuery: req.URL.RawQuery}
 	req.RemoteAddr = "in-process"
 	a := &answer{header: http.Header{}, max: h.opts.MaxCalloutBody}
-	defer func() {
-		p := recover()
-		if p == nil {
-			return
-		}
-		if l := h.opts.Logger; l != nil {
-			l.Error("wasmhost: the handler of an in-process cluster panicked", "cluster", cl.name, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-		}
-		if a.status != 0 {
-			res = &calloutResponse{failed: true}
-			return
-		}
-		res = failedBeforeResponse(nil, false) // the connection ended before an answer
-	}()
+	defer h.recoverInProcess(cl, a, &res)
 	cl.handler.ServeHTTP(a, req)
-	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded) && !h.closed.Load():
-		return failedBeforeResponse(ctx.Err(), true)
-	case ctx.Err() != nil:
-		return &calloutResponse{failed: true} // the host is closing
-	case int64(a.body.Len()) > a.max:
-		return &calloutResponse{failed: true} // as a body over the limit from a connection
+	if failed := h.inProcessFailure(ctx, a.body.Len()); failed != nil {
+		return failed
 	}
-	if a.status == 0 {
-		a.status = http.StatusOK
-	}
-	hm := make(fields.Map, 0, len(a.header)+2)
-	hm = append(hm, [2]string{":status", statusString(a.status)})
+	_, sized := a.header["Content-Length"]
+	hm := replyHeaders(a.status, len(a.header), a.body.Len(), sized)
 	for k, vs := range a.header {
 		name := lowerName(k)
 		for _, v := range vs {
 			hm = append(hm, [2]string{name, v})
 		}
 	}
-	if _, ok := a.header["Content-Length"]; !ok { // as a server would write it
-		hm = append(hm, [2]string{"content-length", strconv.Itoa(a.body.Len())})
-	}
 	return &calloutResponse{headers: hm, body: a.body.Bytes()}
+}
+
+// serveCallout answers a call-out that an in-process cluster's handler
+// serves as an inproc.Server: as serveInProcess would with its ServeHTTP,
+// from the bytes the plugin sent.
+func (h *Host) serveCallout(ctx context.Context, cl *cluster, c *inprocCall) (res *calloutResponse) {
+	a := inprocAnswers.Get().(*inproc.Response)
+	defer inprocAnswers.Put(a)
+	a.Reset()
+	defer h.recoverInProcess(cl, nil, &res)
+	c.srv.ServeCallout(ctx, &c.req, a)
+	if failed := h.inProcessFailure(ctx, len(a.Body)); failed != nil {
+		return failed
+	}
+	sized := false
+	for _, kv := range a.Headers {
+		sized = sized || kv[0] == "Content-Length"
+	}
+	hm := replyHeaders(a.Status, len(a.Headers), len(a.Body), sized)
+	for _, kv := range a.Headers {
+		hm = append(hm, [2]string{lowerName(kv[0]), kv[1]})
+	}
+	return &calloutResponse{headers: hm, body: bytes.Clone(a.Body)}
+}
+
+// inprocCall is a call-out for an inproc.Server, its bytes copied out of
+// the guest's memory into buf (from calloutBuffers).
+type inprocCall struct {
+	srv inproc.Server
+	buf *[]byte
+	req inproc.Request
+}
+
+var inprocAnswers = sync.Pool{New: func() any { return new(inproc.Response) }}
+
+// recoverInProcess, deferred, turns a panic of an in-process handler into
+// the failure a server's closed connection would be (serveInProcess), and
+// logs it. a is ServeHTTP's answer, nil for ServeCallout, which has none
+// until it returns.
+func (h *Host) recoverInProcess(cl *cluster, a *answer, res **calloutResponse) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	if l := h.opts.Logger; l != nil {
+		l.Error("wasmhost: the handler of an in-process cluster panicked", "cluster", cl.name, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	}
+	if a != nil && a.status != 0 {
+		*res = &calloutResponse{failed: true}
+		return
+	}
+	*res = failedBeforeResponse(nil, false) // the connection ended before an answer
+}
+
+// inProcessFailure is what replaces an in-process answer with a body of n
+// bytes: nil when it stands.
+func (h *Host) inProcessFailure(ctx context.Context, n int) *calloutResponse {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) && !h.closed.Load():
+		return failedBeforeResponse(ctx.Err(), true)
+	case ctx.Err() != nil:
+		return &calloutResponse{failed: true} // the host is closing
+	case int64(n) > h.opts.MaxCalloutBody:
+		return &calloutResponse{failed: true} // as a body over the limit from a connection
+	}
+	return nil
+}
+
+// replyHeaders starts the header map of an in-process answer with status
+// (0: 200) and room for n more, and the body's length unless sized (the
+// handler set Content-Length), as a server would write it.
+func replyHeaders(status, n, bodyLen int, sized bool) fields.Map {
+	if status == 0 {
+		status = http.StatusOK
+	}
+	hm := make(fields.Map, 0, n+2)
+	hm = append(hm, [2]string{":status", statusString(status)})
+	if !sized {
+		hm = append(hm, [2]string{"content-length", strconv.Itoa(bodyLen)})
+	}
+	return hm
 }
 
 // answer is the response writer of an in-process call-out. It keeps a

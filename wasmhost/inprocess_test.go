@@ -5,11 +5,16 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/hosttest"
+	"github.com/sluicehq/sluice/internal/inproc"
+	"github.com/sluicehq/sluice/internal/pwmap"
 )
 
 // TestHost_InProcessCluster covers what an in-process cluster answers that
@@ -59,4 +64,130 @@ func TestNew_ClusterInClustersAndHandlers(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `cluster "backend" is in both Clusters and Handlers`) {
 		t.Fatalf("err = %v", err)
 	}
+}
+
+// calloutServer is an in-process cluster's handler that answers the
+// call-outs it Serves, all but /seen, as inproc.Server by running h on the
+// request they make; it notes which way each call-out went.
+type calloutServer struct {
+	h   http.Handler
+	mu  sync.Mutex
+	way map[string]string // by path: "ServeHTTP" or "ServeCallout"
+}
+
+func (s *calloutServer) note(path, way string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.way[path] = way
+}
+
+func (s *calloutServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.note(r.URL.Path, "ServeHTTP")
+	s.h.ServeHTTP(w, r)
+}
+
+func (s *calloutServer) Serves(method, path []byte) bool { return string(path) != "/seen" }
+
+func (s *calloutServer) ServeCallout(ctx context.Context, req *inproc.Request, res *inproc.Response) {
+	var method, path, authority string
+	header := http.Header{}
+	_ = pwmap.Visit(req.Headers, func(k, v []byte) {
+		switch string(k) {
+		case ":method":
+			method = string(v)
+		case ":path":
+			path = string(v)
+		case ":authority":
+			authority = string(v)
+		default:
+			header.Add(string(k), string(v))
+		}
+	})
+	s.note(path, "ServeCallout")
+	r := httptest.NewRequestWithContext(ctx, method, path, bytes.NewReader(req.Body))
+	r.Host, r.Header = authority, header
+	rec := httptest.NewRecorder() // neither a Hijacker nor a writer of 1xx: a hijack panics
+	s.h.ServeHTTP(rec, r)
+	res.Status = rec.Code
+	for k, vs := range rec.Header() {
+		res.Set(k, vs[0])
+	}
+	res.Body = append(res.Body, rec.Body.Bytes()...)
+}
+
+// An in-process cluster's handler that is an inproc.Server answers the
+// call-outs it serves, those of the call-out table, as its ServeHTTP would,
+// but for a reset midway: a ServeCallout has no answer until it returns,
+// so one that panics fails as a connection closed before the answer.
+func TestHost_InProcessServer(t *testing.T) {
+	srv := &calloutServer{h: hosttest.Backend(t).Config.Handler, way: map[string]string{}}
+	h := newHost(t, Options{Workers: 2, Handlers: map[string]http.Handler{"backend": srv}, Logger: slog.New(slog.DiscardHandler),
+		Clusters: map[string]string{"down": "http://127.0.0.1:1"}})
+	for _, tt := range hosttest.Callouts {
+		if tt.Name == "reset after headers" {
+			tt.Local, tt.Body, tt.Status = 0, hosttest.TerminatedBody, "503"
+		}
+		t.Run(tt.Name, func(t *testing.T) { checkCallout(t, h, tt) })
+	}
+	want := map[string]string{"/check/1": "ServeCallout", "/seen": "ServeHTTP", "/deny": "ServeCallout", "/slow": "ServeCallout",
+		"/close": "ServeCallout", "/reset": "ServeCallout", "/redirect": "ServeCallout"}
+	if !maps.Equal(srv.way, want) {
+		t.Errorf("ways = %v, want %v", srv.way, want)
+	}
+}
+
+// What an inproc.Server's answer becomes for the plugin: its status (none,
+// 200), its headers by lower-case name, and the body's length unless it
+// set one.
+func TestHost_InProcessServerAnswer(t *testing.T) {
+	h := newHost(t, Options{Handlers: map[string]http.Handler{"backend": answerServer{}}})
+	for _, tc := range []struct{ path, status, headers string }{
+		{"/plain", "200", ":status: 200\tcontent-length: 4\tx-a: 1\tx-b: 2\t"},
+		{"/created", "201", ":status: 201\tcontent-length: 4\tx-a: 1\tx-b: 2\t"},
+		{"/sized", "200", ":status: 200\tx-a: 1\tx-b: 2\tContent-Length: 4\t"},
+	} {
+		r, err := run(t, h, "x-mode", "callout", "x-callout-path", tc.path, "x-callout-header-x-in", "in")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := mustGet(t, r, "x-callout-headers")
+		if want := strings.Replace(tc.headers, "Content-Length", "content-length", 1); got != want {
+			t.Errorf("%s: headers %q, want %q", tc.path, got, want)
+		}
+		if got := mustGet(t, r, "x-callout-body"); got != "body" {
+			t.Errorf("%s: body %q", tc.path, got)
+		}
+	}
+}
+
+// answerServer answers every call-out with body "body" and headers x-a
+// and x-b (x-a set twice: the last value stands); /created with 201,
+// /sized with its Content-Length set.
+type answerServer struct{ http.Handler }
+
+func (answerServer) Serves(method, path []byte) bool { return true }
+
+func (answerServer) ServeCallout(ctx context.Context, req *inproc.Request, res *inproc.Response) {
+	if string(req.Header("X-In")) != "in" || string(req.Body) != "payload" {
+		return // a 200 without headers or body: the test fails
+	}
+	res.Set("X-A", "0")
+	res.Set("X-B", "2")
+	res.Set("X-A", "1")
+	switch path(req) {
+	case "/created":
+		res.Status = http.StatusCreated
+	case "/sized":
+		res.Set("Content-Length", "4")
+	}
+	res.Body = append(res.Body, "body"...)
+}
+
+func path(req *inproc.Request) (p string) {
+	_ = pwmap.Visit(req.Headers, func(k, v []byte) {
+		if string(k) == ":path" {
+			p = string(v)
+		}
+	})
+	return p
 }

@@ -137,6 +137,13 @@ func (r *root) OnHTTPCallResponse(id uint32, numHeaders, bodySize, _ int) {
 	}
 	_ = proxywasm.SetRequestHeaderBytes("x-callout-status", status)
 	_ = proxywasm.SetRequestHeaderBytes("x-callout-body", body)
+	// Every header of the answer, in order, each "name: value" and a tab.
+	var all []byte
+	pairs, _ := proxywasm.GetHTTPCallResponseHeaders()
+	for _, kv := range pairs {
+		all = append(append(append(append(all, kv[0]...), ": "...), kv[1]...), '\t')
+	}
+	_ = proxywasm.SetRequestHeaderBytes("x-callout-headers", all)
 	if v, err := proxywasm.GetHTTPCallResponseHeaderBytes("x-upstream"); err == nil {
 		_ = proxywasm.SetRequestHeaderBytes("x-callout-upstream", v)
 	}
@@ -334,9 +341,26 @@ func (s *stream) callout() proxywasm.Action {
 		n, _ := strconv.Atoi(t)
 		timeout = uint32(n)
 	}
-	id, err := proxywasm.DispatchHTTPCall(cluster,
-		[][2]string{{":method", "POST"}, {":path", path}, {":authority", "backend.local"}, {"x-from", "guest"}},
-		[]byte("payload"), nil, timeout)
+	method := header("x-callout-method")
+	if method == "" {
+		method = "POST"
+	}
+	body := []byte("payload")
+	if b, err := proxywasm.GetRequestHeaderBytes("x-callout-send-body"); err == nil {
+		body = b
+	}
+	if n, err := strconv.Atoi(header("x-callout-send-body-times")); err == nil {
+		body = []byte(strings.Repeat(string(body), n))
+	}
+	headers := [][2]string{{":method", method}, {":path", path}, {":authority", "backend.local"}, {"x-from", "guest"}}
+	// The request's x-callout-header-<name> go out as <name>.
+	pairs, _ := proxywasm.GetRequestHeaders()
+	for _, kv := range pairs {
+		if name, ok := strings.CutPrefix(kv[0], "x-callout-header-"); ok {
+			headers = append(headers, [2]string{name, kv[1]})
+		}
+	}
+	id, err := proxywasm.DispatchHTTPCall(cluster, headers, body, nil, timeout)
 	if err != nil {
 		_ = proxywasm.SendLocalResponse(502, "dispatch_failed", []byte(err.Error()), nil)
 		return proxywasm.Pause
