@@ -11,6 +11,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/sluicehq/sluice/internal/inproc"
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -18,7 +19,8 @@ import (
 // This file is the check core: POST /v1/rate-limit/check, whatever
 // transport brought it. net/http (handleCheck) and the HTTP/1.1 fast path
 // (internal/h1fast) each read their transport into a checkio.Request and
-// call serveCheck; a further transport does the same.
+// call serveCheck, as does a gateway that embeds the bridge (embedded); a
+// further transport does the same.
 
 // serveCheck is the check core, a checkio.Handler for every transport. The body is a check in the wire
 // format, or, when it has no "limits", a REST check (user_id, endpoint).
@@ -254,6 +256,44 @@ func bodyError(err error) *apiError {
 		return bodyTooLarge
 	}
 	return invalid(codeInvalidInput, "body", "reading it failed: "+err.Error())
+}
+
+// checkPath is where the check core answers.
+const checkPath = "/v1/rate-limit/check"
+
+// embedded is the bridge's handler as a gateway that embeds it has it
+// (Server.Handler): also an inproc.Server, the check core's in-process
+// transport, which answers the plugin's checks from their bytes as
+// net/http and handleCheck would.
+type embedded struct {
+	http.Handler
+	s *Server
+}
+
+// Serves takes the check endpoint's requests; the mux would take one
+// with a query too, which is left to it.
+func (e embedded) Serves(method, path []byte) bool {
+	return string(method) == http.MethodPost && string(path) == checkPath
+}
+
+func (e embedded) ServeCallout(ctx context.Context, req *inproc.Request, res *inproc.Response) {
+	in := checkio.Request{Authorization: req.Header("Authorization"), RequestID: req.Header("X-Request-Id"), Body: req.Body}
+	if len(in.Body) > maxBody { // what readAll's reader refuses
+		in.Body, in.BodyErr = in.Body[:maxBody], &http.MaxBytesError{Limit: maxBody}
+	}
+	out := outPool.Get().(*checkio.Response)
+	defer outPool.Put(out)
+	out.Reset()
+	e.s.serveCheck(ctx, &in, out)
+	// As writeResponse leaves them in a ResponseWriter.
+	res.Status = out.Status
+	for _, x := range out.Headers {
+		res.Set(x.Name, string(x.Value))
+	}
+	res.Body = append(res.Body, out.Body...)
+	for _, x := range out.Trailers {
+		res.Set(http.TrailerPrefix+x.Name, string(x.Value))
+	}
 }
 
 // handleCheck is the check core's net/http transport.

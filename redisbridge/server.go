@@ -181,7 +181,7 @@ func New(set Settings) (*Server, error) {
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/rate-limit/check", s.handleCheck) // the token is checked in the check core
+	mux.HandleFunc("POST "+checkPath, s.handleCheck) // the token is checked in the check core
 	mux.HandleFunc("POST /v1/rate-limit/batch-check", s.checker(s.handleBatch))
 	mux.HandleFunc("GET /v1/rate-limit/status/{user_id}/{endpoint...}", s.checker(s.handleStatus))
 	mux.HandleFunc("PUT /v1/rate-limit/config", s.admin("config.put", s.handlePutConfig))
@@ -223,8 +223,10 @@ func (s *Server) withProbes(mux *http.ServeMux) http.Handler {
 	})
 }
 
-// Handler is the bridge's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.handler }
+// Handler is the bridge's HTTP handler. A gateway that embeds the bridge
+// (wasmhost.Options.Handlers) has it answer the plugin's checks without
+// net/http's requests and responses in between.
+func (s *Server) Handler() http.Handler { return embedded{s.handler, s} }
 
 // Serve answers HTTP/1.1 and h2c (or, with TLS settings, HTTPS with h2) on
 // ln until Shutdown. It returns nil after a Shutdown.

@@ -366,6 +366,19 @@ func BenchmarkHandler(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer host.Close()
+	// The same plugin with its bridge embedded: a call-out per request
+	// answered in process, as --embed-bridge serves it.
+	br, err := embeddedBridge(func(string) string { return "" }, logger)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer br.Close()
+	embedded, err := wasmhost.New(context.Background(), e2etest.Plugin(b), wasmhost.Options{Workers: 1, CompilationCache: e2etest.CompilationCache(b), PluginConfig: []byte(cfg),
+		RootID: "sluice", Logger: logger, Handlers: map[string]http.Handler{"sluice_bridge": br.Handler()}, LogLevel: wasmhost.LogLevelInfo})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer embedded.Close()
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header()["Content-Type"] = []string{"text/plain"}
 		io.WriteString(w, "upstream")
@@ -396,15 +409,21 @@ func BenchmarkHandler(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		h    http.Handler
+		path string // default /health, which no limit matches
 	}{
-		{"no-plugin", connectionManager(upstream, true, false)},
-		{"no-plugin, 8 routes", connectionManager(rt, true, false)},
-		{"no-match", connectionManager(host.Middleware(upstream), true, false)},
-		{"no-plugin, access log", alog.handler(connectionManager(upstream, true, false))},
-		{"no-plugin, JSON access log", jsonLog.handler(connectionManager(upstream, true, false))},
+		{"no-plugin", connectionManager(upstream, true, false), ""},
+		{"no-plugin, 8 routes", connectionManager(rt, true, false), ""},
+		{"no-match", connectionManager(host.Middleware(upstream), true, false), ""},
+		{"call-out, embedded bridge", connectionManager(embedded.Middleware(upstream), true, false), "/api/x"},
+		{"no-plugin, access log", alog.handler(connectionManager(upstream, true, false)), ""},
+		{"no-plugin, JSON access log", jsonLog.handler(connectionManager(upstream, true, false)), ""},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			in := httptest.NewRequest("GET", "/health", nil)
+			path := c.path
+			if path == "" {
+				path = "/health"
+			}
+			in := httptest.NewRequest("GET", path, nil)
 			in.Header["X-User-Id"] = []string{"ua"}
 			rec := httptest.NewRecorder()
 			b.ReportAllocs()
