@@ -7,7 +7,7 @@
 // others still go to ServeHTTP. A Server answers a call-out exactly as its
 // ServeHTTP answers the request net/http would make of it: the plugin
 // cannot tell the two apart, only the work differs (for the embedded
-// bridge, about a third of what a call-out cost the gateway).
+// bridge, half the allocations of a call-out request).
 package inproc
 
 import (
@@ -36,10 +36,10 @@ type Request struct {
 	Body    []byte
 }
 
-// Header is the value of the first header named name, in any case; nil
-// when there is none. It is what http.Header.Get gives on the request
-// the host makes of the call-out for ServeHTTP: its names canonicalized,
-// its pseudo-headers left out.
+// Header is the value of the first header named name, in any case: nil
+// when there is none, empty but not nil when the value is. It is what
+// http.Header.Get gives on the request the host makes of the call-out for
+// ServeHTTP, its names canonicalized, its pseudo-headers left out.
 func (r *Request) Header(name string) []byte {
 	var v []byte
 	found := false
