@@ -114,10 +114,11 @@ func (h *Host) inProcessFailure(ctx context.Context, n int) *calloutResponse {
 }
 
 // replyHeaders starts the header map of an in-process answer with status
-// (0: 200) and room for n more, and the body's length unless sized (the
-// handler set Content-Length), as a server would write it.
+// (none or an informational one, which answer skips: 200) and room for n
+// more, and the body's length unless sized (the handler set
+// Content-Length), as a server would write it.
 func replyHeaders(status, n, bodyLen int, sized bool) fields.Map {
-	if status == 0 {
+	if status < http.StatusOK {
 		status = http.StatusOK
 	}
 	hm := make(fields.Map, 0, n+2)

@@ -136,14 +136,15 @@ func TestHost_InProcessServer(t *testing.T) {
 	}
 }
 
-// What an inproc.Server's answer becomes for the plugin: its status (none,
-// 200), its headers by lower-case name, and the body's length unless it
-// set one.
+// What an inproc.Server's answer becomes for the plugin: its status (none
+// or an informational one, 200), its headers by lower-case name, and the
+// body's length unless it set one.
 func TestHost_InProcessServerAnswer(t *testing.T) {
 	h := newHost(t, Options{Handlers: map[string]http.Handler{"backend": answerServer{}}})
 	for _, tc := range []struct{ path, status, headers string }{
 		{"/plain", "200", ":status: 200\tcontent-length: 4\tx-a: 1\tx-b: 2\t"},
 		{"/created", "201", ":status: 201\tcontent-length: 4\tx-a: 1\tx-b: 2\t"},
+		{"/continue", "200", ":status: 200\tcontent-length: 4\tx-a: 1\tx-b: 2\t"},
 		{"/sized", "200", ":status: 200\tx-a: 1\tx-b: 2\tContent-Length: 4\t"},
 	} {
 		r, err := run(t, h, "x-mode", "callout", "x-callout-path", tc.path, "x-callout-header-x-in", "in")
@@ -162,7 +163,7 @@ func TestHost_InProcessServerAnswer(t *testing.T) {
 
 // answerServer answers every call-out with body "body" and headers x-a
 // and x-b (x-a set twice: the last value stands); /created with 201,
-// /sized with its Content-Length set.
+// /continue with 100, /sized with its Content-Length set.
 type answerServer struct{ http.Handler }
 
 func (answerServer) Serves(method, path []byte) bool { return true }
@@ -177,6 +178,8 @@ func (answerServer) ServeCallout(ctx context.Context, req *inproc.Request, res *
 	switch path(req) {
 	case "/created":
 		res.Status = http.StatusCreated
+	case "/continue":
+		res.Status = http.StatusContinue
 	case "/sized":
 		res.Set("Content-Length", "4")
 	}

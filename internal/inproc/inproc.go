@@ -76,7 +76,7 @@ func equalFold(b []byte, s string) bool {
 
 // Response is a call-out's answer.
 type Response struct {
-	Status int // 0: 200
+	Status int // 0, or an informational status, which a ResponseWriter skips: 200
 	// Headers by name as ServeHTTP would set them in its ResponseWriter's
 	// header map; one value each.
 	Headers [][2]string
