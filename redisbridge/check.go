@@ -277,7 +277,7 @@ func (e embedded) Serves(method, path []byte) bool {
 }
 
 func (e embedded) ServeCallout(ctx context.Context, req *inproc.Request, res *inproc.Response) {
-	in := checkio.Request{Authorization: req.Header("Authorization"), RequestID: req.Header("X-Request-Id"), Body: req.Body}
+	in := checkio.Request{Authorization: req.Header("authorization"), RequestID: req.Header("x-request-id"), Body: req.Body}
 	if len(in.Body) > maxBody { // what readAll's reader refuses
 		in.Body, in.BodyErr = in.Body[:maxBody], &http.MaxBytesError{Limit: maxBody}
 	}

@@ -123,5 +123,5 @@ func (backendServer) Serves(method, path []byte) bool { return true }
 func (backendServer) ServeCallout(ctx context.Context, req *inproc.Request, res *inproc.Response) {
 	res.Status = http.StatusAccepted
 	res.Set("X-Upstream", "yes")
-	res.Body = append(res.Body, path(req)...)
+	res.Body = append(res.Body, calloutPath(req)...)
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tetratelabs/wazero/api"
 
+	"github.com/sluicehq/sluice/internal/asciifold"
 	"github.com/sluicehq/sluice/internal/inproc"
 	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
@@ -45,7 +46,7 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 	var seen [3]bool
 	err := fields.Visit(hb, func(k, v []byte) {
 		for i, want := range [3]string{":method", ":path", ":authority"} {
-			if !seen[i] && equalLower(k, want) {
+			if !seen[i] && asciifold.EqualLower(k, want) {
 				pseudo[i], seen[i] = v, true
 			}
 		}
@@ -122,22 +123,6 @@ func (in *instance) newCallID() uint32 {
 		in.nextCallID++
 	}
 	return in.nextCallID
-}
-
-// equalLower reports whether b, lower-cased, is lower (which is).
-func equalLower(b []byte, lower string) bool {
-	if len(b) != len(lower) {
-		return false
-	}
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != lower[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // cluster is a call-out cluster: its base URL, its call-outs in flight

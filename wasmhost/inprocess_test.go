@@ -175,7 +175,7 @@ func (answerServer) ServeCallout(ctx context.Context, req *inproc.Request, res *
 	res.Set("X-A", "0")
 	res.Set("X-B", "2")
 	res.Set("X-A", "1")
-	switch path(req) {
+	switch calloutPath(req) {
 	case "/created":
 		res.Status = http.StatusCreated
 	case "/continue":
@@ -186,7 +186,8 @@ func (answerServer) ServeCallout(ctx context.Context, req *inproc.Request, res *
 	res.Body = append(res.Body, "body"...)
 }
 
-func path(req *inproc.Request) (p string) {
+// calloutPath is req's :path.
+func calloutPath(req *inproc.Request) (p string) {
 	_ = pwmap.Visit(req.Headers, func(k, v []byte) {
 		if string(k) == ":path" {
 			p = string(v)

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/net/http/httpguts"
-
 	"github.com/sluicehq/sluice/redisbridge"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/wasmhost"
@@ -160,6 +158,18 @@ func (p embeddedPair) compare(t testing.TB, headers ...string) string {
 	return ""
 }
 
+// carriable is s without the bytes a header value cannot carry and the
+// spaces the host would trim from its ends.
+func carriable(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r < ' ' && r != '\t' || r == 0x7f {
+			return -1
+		}
+		return r
+	}, s)
+	return strings.TrimSpace(s)
+}
+
 // FuzzEmbeddedBridge_InProcess is TestEmbeddedBridge_InProcess for any
 // check body, token and request id a plugin could send.
 func FuzzEmbeddedBridge_InProcess(f *testing.F) {
@@ -172,11 +182,9 @@ func FuzzEmbeddedBridge_InProcess(f *testing.F) {
 	f.Add(`{`, "Bearer t0ken", "r6", true, true)
 	p := newEmbeddedPair(f)
 	f.Fuzz(func(t *testing.T, body, auth, requestID string, withAuth, withID bool) {
-		for _, v := range []string{body, auth, requestID} {
-			if !httpguts.ValidHeaderFieldValue(v) || strings.TrimSpace(v) != v {
-				t.Skip("sent in a request header of the test guest's")
-			}
-		}
+		// Each travels in a request header of the test guest's: made a
+		// value a header can carry, unchanged through the host.
+		body, auth, requestID = carriable(body), carriable(auth), carriable(requestID)
 		headers := []string{"x-callout-path", "/v1/rate-limit/check", "x-callout-send-body", body}
 		if withAuth {
 			headers = append(headers, "x-callout-header-authorization", auth)

@@ -13,6 +13,7 @@ package inproc
 import (
 	"context"
 
+	"github.com/sluicehq/sluice/internal/asciifold"
 	"github.com/sluicehq/sluice/internal/pwmap"
 )
 
@@ -41,10 +42,11 @@ type Request struct {
 // http.Header.Get gives on the request the host makes of the call-out for
 // ServeHTTP, its names canonicalized, its pseudo-headers left out.
 func (r *Request) Header(name string) []byte {
+	name = asciifold.Lower(name)
 	var v []byte
 	found := false
 	_ = pwmap.Visit(r.Headers, func(k, val []byte) {
-		if !found && (len(k) == 0 || k[0] != ':') && equalFold(k, name) {
+		if !found && (len(k) == 0 || k[0] != ':') && asciifold.EqualLower(k, name) {
 			v, found = val, true
 		}
 	})
@@ -52,26 +54,6 @@ func (r *Request) Header(name string) []byte {
 		v = []byte{}
 	}
 	return v
-}
-
-// equalFold is ASCII case-insensitive equality, as header names compare.
-func equalFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range len(b) {
-		c, d := b[i], s[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if 'A' <= d && d <= 'Z' {
-			d += 'a' - 'A'
-		}
-		if c != d {
-			return false
-		}
-	}
-	return true
 }
 
 // Response is a call-out's answer.

@@ -32,6 +32,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/sluicehq/sluice/internal/asciifold"
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 )
 
@@ -320,7 +321,7 @@ func parseHead(b []byte, head *checkHead) bool {
 			}
 		}
 		switch {
-		case asciiEqualFold(name, "content-length"):
+		case asciifold.EqualLower(name, "content-length"):
 			if head.contentLength >= 0 || len(val) == 0 || len(val) > 6 {
 				return false
 			}
@@ -332,30 +333,30 @@ func parseHead(b []byte, head *checkHead) bool {
 				n = n*10 + int(c-'0')
 			}
 			head.contentLength = n
-		case asciiEqualFold(name, "host"):
+		case asciifold.EqualLower(name, "host"):
 			if host {
 				return false
 			}
 			host = true
-		case asciiEqualFold(name, "connection"):
+		case asciifold.EqualLower(name, "connection"):
 			switch {
-			case asciiEqualFold(val, "close"):
+			case asciifold.EqualLower(val, "close"):
 				head.close = true
-			case asciiEqualFold(val, "keep-alive"):
+			case asciifold.EqualLower(val, "keep-alive"):
 			default:
 				return false
 			}
-		case asciiEqualFold(name, "x-request-id"):
+		case asciifold.EqualLower(name, "x-request-id"):
 			if head.requestID == nil {
 				head.requestID = val
 			}
-		case asciiEqualFold(name, "authorization"):
+		case asciifold.EqualLower(name, "authorization"):
 			if head.auth != nil {
 				return false
 			}
 			head.auth = val
-		case asciiEqualFold(name, "transfer-encoding"), asciiEqualFold(name, "expect"),
-			asciiEqualFold(name, "upgrade"), asciiEqualFold(name, "trailer"):
+		case asciifold.EqualLower(name, "transfer-encoding"), asciifold.EqualLower(name, "expect"),
+			asciifold.EqualLower(name, "upgrade"), asciifold.EqualLower(name, "trailer"):
 			return false
 		}
 	}
@@ -370,23 +371,6 @@ func trimOWS(b []byte) []byte {
 		b = b[:len(b)-1]
 	}
 	return b
-}
-
-// asciiEqualFold compares b with the lower-case ASCII string s.
-func asciiEqualFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range b {
-		c := b[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != s[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func isTokenByte(c byte) bool {
