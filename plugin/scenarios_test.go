@@ -183,6 +183,9 @@ var benchPaths = []benchPath{
 type benchPath struct {
 	name, path, user, label string
 	jwt                     bool
+	// clients, above 0: each request from the next of that many users in
+	// turn, as a proxy's clients interleave (user unused).
+	clients int
 }
 
 // jwtPaths are (b) and (c) for clients identified by a JWT, both engines'.
@@ -193,10 +196,13 @@ var jwtPaths = []benchPath{
 
 // wazeroPaths are the paths BenchmarkWasm measures: benchPaths, the
 // call-out path of a client the VM's plan cache does not hold, a new
-// x-user-id for each request (user ""), which V8's bench host, repeating
-// one request, cannot run, and jwtPaths.
+// x-user-id for each request (user ""), and of 100 clients in turn,
+// which V8's bench host, repeating one request, cannot run, and jwtPaths.
 var wazeroPaths = slices.Concat(benchPaths,
-	[]benchPath{{name: "e-call-out-new-client", path: "/api/x", label: "a call-out, each request a new client"}}, jwtPaths)
+	[]benchPath{
+		{name: "e-call-out-new-client", path: "/api/x", label: "a call-out, each request a new client"},
+		{name: "h-call-out-100-clients", path: "/api/x", label: "a call-out, 100 clients in turn", clients: 100},
+	}, jwtPaths)
 
 // jwtBenchSecret signs the benchmarks' tokens (HS256), which expire in
 // 2100: jwtBenchConfig's identity.

@@ -227,7 +227,7 @@ func BenchmarkWasm(b *testing.B) {
 	host, jwtHost, disabled := start(benchConfig), start(jwtBenchConfig), start(`{"enabled":false}`)
 	ctx := context.Background()
 	// requests runs n requests of p on h and returns their guest ns each;
-	// user "" is a new user for each request.
+	// user "" is a new user for each request, p.clients that many in turn.
 	var clients int
 	requests := func(b *testing.B, h *wasmhost.Host, p benchPath, n int) float64 {
 		path, user := p.path, p.user
@@ -237,9 +237,16 @@ func BenchmarkWasm(b *testing.B) {
 			info.Headers[0] = [2]string{"authorization", jwtBenchToken(user)}
 		}
 		upstream := [][2]string{{"content-type", "text/plain"}}
+		users := make([]string, p.clients)
+		for i := range users {
+			users[i] = "client-" + strconv.Itoa(i)
+		}
 		guest := h.GuestTime()
-		for range n {
-			if user == "" {
+		for i := range n {
+			switch {
+			case p.clients > 0:
+				info.Headers[0][1] = users[i%p.clients]
+			case user == "":
 				clients++
 				info.Headers[0][1] = "client-" + strconv.Itoa(clients)
 			}
