@@ -17,12 +17,16 @@ package rules
 
 // planCacheSlots is how many plans a PlanCache keeps, one per slot, picked
 // by the request's path and the value of the config's first identity header.
-const planCacheSlots = 64
+// Clients that share a slot push each other's plans out, so a VM serving
+// n clients in turn keeps about (1-1/planCacheSlots)^(n-1) of them: with 64
+// slots a fifth of 100 clients, with 256 two thirds. A slot's entry (a
+// plan and its texts, about a kilobyte) is made when it is first used.
+const planCacheSlots = 256
 
 // PlanCache is a small cache of plans, for one goroutine (one proxy VM).
 // The zero value is ready to use.
 type PlanCache struct {
-	slots [planCacheSlots]planEntry
+	slots [planCacheSlots]*planEntry // nil until first kept into
 	// kept counts the entries in use; while it is zero a lookup is not
 	// even tried, so a proxy whose clients neither come back nor are
 	// refused pays nothing for it. hits counts lookups answered since the
@@ -81,8 +85,8 @@ func (pc *PlanCache) Lookup(c *Config, r *Request) (plan *Plan, tag uint64, ok b
 		return nil, 0, false
 	}
 	idx, h := c.planPlace(r)
-	e := &pc.slots[h%planCacheSlots]
-	if e.cfg != c || !e.matches(r, idx) || e.until != 0 && r.clock() >= e.until {
+	e := pc.slots[h%planCacheSlots]
+	if e == nil || e.cfg != c || !e.matches(r, idx) || e.until != 0 && r.clock() >= e.until {
 		return nil, 0, false
 	}
 	pc.hits++
@@ -169,7 +173,11 @@ func (pc *PlanCache) Keep(c *Config, r *Request, plan *Plan, tag uint64) {
 // keep is Keep of a keepable plan whose request's planHash is h.
 func (pc *PlanCache) keep(c *Config, r *Request, plan *Plan, tag, h uint64) {
 	rec := &pc.rec
-	e := &pc.slots[h%planCacheSlots]
+	slot := &pc.slots[h%planCacheSlots]
+	if *slot == nil {
+		*slot = new(planEntry)
+	}
+	e := *slot
 	rec.valid = false
 	if e.cfg == nil {
 		pc.kept++
@@ -239,8 +247,10 @@ func (pc *PlanCache) Reset() {
 	if pc.kept == 0 {
 		return
 	}
-	for i := range pc.slots {
-		pc.slots[i].cfg = nil
+	for _, e := range pc.slots {
+		if e != nil {
+			e.cfg = nil
+		}
 	}
 	pc.kept = 0
 }

@@ -490,3 +490,31 @@ func TestPlanCache_KeepAllocates(t *testing.T) {
 		t.Errorf("%.1f allocations per plan evaluated and kept", n)
 	}
 }
+
+// A proxy's clients interleave: 100 of them in turn, each coming back
+// after the 99 others, mostly find their plans kept from their last
+// round, as those of a few hundred do.
+func TestPlanCache_InterleavedClients(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	var pc PlanCache
+	var plan Plan
+	hits := 0
+	for round := range 3 {
+		hits = 0
+		for i := range 100 {
+			r := Request{Method: "GET", Path: "/api/v1/items", Headers: mapHeaders{"x-user-id": fmt.Sprint("client-", i)}}
+			if kept, _, ok := pc.Lookup(c, &r); ok {
+				if !reflect.DeepEqual(planValue(kept), planValue(evaluated(c, r))) {
+					t.Fatalf("round %d, client %d: kept %+v, want %+v", round, i, planValue(kept), planValue(evaluated(c, r)))
+				}
+				hits++
+				continue
+			}
+			pc.Evaluate(c, &r, &plan)
+			pc.KeepRepeated(c, &r, &plan, 1)
+		}
+	}
+	if hits < 60 {
+		t.Errorf("%d of 100 clients found their plans kept in the third round, want most", hits)
+	}
+}
