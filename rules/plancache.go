@@ -73,6 +73,10 @@ type planEntry struct {
 	plan                 Plan
 	tag                  uint64
 	buf                  []byte // the texts above and the plan's, which view it
+	// check is the plan's check after its request id (appendCheckTail),
+	// rendered on first use since the plan was kept when checked is set.
+	check   []byte
+	checked bool
 }
 
 // Lookup returns the plan kept for a request that read what r reads under
@@ -102,6 +106,30 @@ func (pc *PlanCache) Retag(tag uint64) {
 	if pc.last != nil {
 		pc.last.tag = tag
 	}
+}
+
+// AppendKeptCheck appends what AppendCheckRequest(dst, requestID, user,
+// endpoint, limits) does, when user, endpoint and limits encode as those
+// of the plan the last Lookup answered or the last Keep kept, if nothing
+// came between: what follows the request id is rendered once per kept
+// plan, not once per request. ok false, dst as given: there is no such
+// plan, or this request's check differs (a lease asked for or handed
+// back, a throttle's delay lowered).
+func (pc *PlanCache) AppendKeptCheck(dst []byte, requestID, user, endpoint string, limits []PlannedLimit) (_ []byte, ok bool) {
+	e := pc.last
+	if e == nil || user != e.plan.Identity.User || endpoint != e.plan.Endpoint || len(limits) != len(e.plan.Limits) {
+		return dst, false
+	}
+	for i := range limits {
+		if !sameEncoding(&limits[i], &e.plan.Limits[i]) {
+			return dst, false
+		}
+	}
+	if !e.checked {
+		e.check = appendCheckTail(e.check[:0], user, endpoint, limits)
+		e.checked = true
+	}
+	return append(appendCheckStart(dst, OpDecide, requestID), e.check...), true
 }
 
 // Evaluate is c.Evaluate(r, plan), noting what it reads of r, so that Keep
@@ -183,6 +211,7 @@ func (pc *PlanCache) keep(c *Config, r *Request, plan *Plan, tag, h uint64) {
 		pc.kept++
 	}
 	pc.last = e
+	e.checked = false
 	// The entry's texts are views of its own buffer, reused from one plan
 	// to the next, so that keeping a plan allocates nothing once the
 	// buffer has grown: written in one order, then cut in the same.

@@ -3,6 +3,7 @@ package rules
 import (
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/jwttest"
@@ -516,5 +517,98 @@ func TestPlanCache_InterleavedClients(t *testing.T) {
 	}
 	if hits < 60 {
 		t.Errorf("%d of 100 clients found their plans kept in the third round, want most", hits)
+	}
+}
+
+// AppendKeptCheck writes what AppendCheckRequest does, for the plan the
+// last Lookup answered or the last Keep kept, and declines a check that
+// would differ from that plan's.
+func TestPlanCache_AppendKeptCheck(t *testing.T) {
+	c := mustConfig(t, policyConfig)
+	req := func(user string) Request {
+		return Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": user}}
+	}
+	// Another user whose requests to /x fall to bob's slot.
+	other := ""
+	for i := 0; other == ""; i++ {
+		if u := fmt.Sprint("u", i); planHash(Hash(u), "/x")%planCacheSlots == planHash(Hash("bob"), "/x")%planCacheSlots {
+			other = u
+		}
+	}
+	keep := func(pc *PlanCache, user string) *Plan {
+		var plan Plan
+		r := req(user)
+		pc.Evaluate(c, &r, &plan)
+		pc.Keep(c, &r, &plan, 1)
+		return &plan
+	}
+	lookup := func(pc *PlanCache, user string) *Plan {
+		r := req(user)
+		kept, _, ok := pc.Lookup(c, &r)
+		if !ok {
+			t.Fatalf("%s: no plan kept", user)
+		}
+		var plan Plan
+		plan.CopyFrom(kept)
+		return &plan
+	}
+	tests := []struct {
+		name   string
+		setup  func(pc *PlanCache) *Plan // the plan whose check is asked for
+		change func(p *Plan)
+		ok     bool
+	}{
+		{"after a keep", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, nil, true},
+		{"after a lookup", func(pc *PlanCache) *Plan { keep(pc, "bob"); return lookup(pc, "bob") }, nil, true},
+		{"rendered, then another plan kept in its slot", func(pc *PlanCache) *Plan {
+			p := keep(pc, "bob")
+			if _, ok := pc.AppendKeptCheck(nil, "r", p.Identity.User, p.Endpoint, p.Limits); !ok {
+				t.Fatal("bob's check declined")
+			}
+			keep(pc, other)
+			return lookup(pc, other)
+		}, nil, true},
+		{"nothing kept", func(pc *PlanCache) *Plan { return evaluated(c, req("bob")) }, nil, false},
+		{"an evaluation since", func(pc *PlanCache) *Plan {
+			keep(pc, "bob")
+			var p Plan
+			r := req("bob")
+			pc.Evaluate(c, &r, &p)
+			return &p
+		}, nil, false},
+		{"another user", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Identity.User = "carol" }, false},
+		{"another endpoint", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Endpoint = "/y" }, false},
+		{"another key", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Limits[0].Key = []byte("k") }, false},
+		{"a lease asked for", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Limits[0].AskLease = true }, false},
+		{"a lease handed back", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Limits[0].Return.Units = 3 }, false},
+		{"another throttle delay", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Limits[0].MaxDelayMS++ }, false},
+		{"a limit fewer", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Limits = p.Limits[:0] }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var pc PlanCache
+			p := tt.setup(&pc)
+			if len(p.Limits) == 0 {
+				t.Fatal("a plan without limits")
+			}
+			p.Limits = append([]PlannedLimit(nil), p.Limits...)
+			if tt.change != nil {
+				tt.change(p)
+			}
+			for _, rid := range []string{"req-1", "", "bad\xffid", strings.Repeat("r", MaxRequestIDLen+1)} {
+				prefix := []byte("x")
+				got, ok := pc.AppendKeptCheck(prefix, rid, p.Identity.User, p.Endpoint, p.Limits)
+				if ok != tt.ok {
+					t.Fatalf("ok %v, want %v", ok, tt.ok)
+				}
+				want := []byte("x")
+				if ok {
+					want = AppendCheckRequest(want, rid, p.Identity.User, p.Endpoint, p.Limits)
+				}
+				if string(got) != string(want) {
+					t.Errorf("request id %q:\n got %s\nwant %s", rid, got, want)
+				}
+			}
+		})
 	}
 }

@@ -182,7 +182,14 @@ type PlannedLimit struct {
 
 // AppendCheckRequest encodes a check for limits and appends it to dst.
 func AppendCheckRequest(dst []byte, requestID, user, endpoint string, limits []PlannedLimit) []byte {
-	dst = appendCheckHead(dst, OpDecide, requestID, user, endpoint)
+	return appendCheckTail(appendCheckStart(dst, OpDecide, requestID), user, endpoint, limits)
+}
+
+// appendCheckTail appends what follows the request id in a check of
+// limits: the same for every request of a plan, so a kept plan's is
+// rendered once (PlanCache.AppendKeptCheck).
+func appendCheckTail(dst []byte, user, endpoint string, limits []PlannedLimit) []byte {
+	dst = appendCheckIdentity(dst, user, endpoint)
 	for i := range limits {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -192,6 +199,14 @@ func AppendCheckRequest(dst []byte, requestID, user, endpoint string, limits []P
 	return append(dst, "]}"...)
 }
 
+// sameEncoding tells whether a and b encode alike in a check
+// (appendPlanned).
+func sameEncoding(a, b *PlannedLimit) bool {
+	return string(a.Key) == string(b.Key) && a.Rule == b.Rule && a.Spec == b.Spec && a.Action == b.Action &&
+		a.PerUser == b.PerUser && a.MaxDelayMS == b.MaxDelayMS && a.AskLease == b.AskLease && a.Return == b.Return &&
+		a.OnResponse == b.OnResponse && a.head == b.head
+}
+
 // AppendLeaseCall encodes a check of one limit that renews its lease or
 // hands back the units of l.Return (op OpRenew or OpReturn).
 func AppendLeaseCall(dst []byte, op Op, requestID string, l *PlannedLimit) []byte {
@@ -199,6 +214,8 @@ func AppendLeaseCall(dst []byte, op Op, requestID string, l *PlannedLimit) []byt
 	return append(appendPlanned(dst, l), "]}"...)
 }
 
+// appendPlanned appends l as a check's limit. sameEncoding compares every
+// field it reads.
 func appendPlanned(dst []byte, l *PlannedLimit) []byte {
 	if l.OnResponse != nil {
 		// Asked whether it has anything left: a fill limit at cost 0.
@@ -268,6 +285,11 @@ func sendOverrideField(s string) bool {
 }
 
 func appendCheckHead(dst []byte, op Op, requestID, user, endpoint string) []byte {
+	return appendCheckIdentity(appendCheckStart(dst, op, requestID), user, endpoint)
+}
+
+// appendCheckStart appends a check's opening, its op and request id.
+func appendCheckStart(dst []byte, op Op, requestID string) []byte {
 	dst = append(dst, '{')
 	if op != OpDecide {
 		dst = append(dst, `"op":"`...)
@@ -281,6 +303,12 @@ func appendCheckHead(dst []byte, op Op, requestID, user, endpoint string) []byte
 		dst = AppendJSONString(dst, requestID)
 		dst = append(dst, ',')
 	}
+	return dst
+}
+
+// appendCheckIdentity appends a check's user and endpoint, and opens its
+// limits.
+func appendCheckIdentity(dst []byte, user, endpoint string) []byte {
 	if sendOverrideField(user) {
 		dst = append(dst, `"user":`...)
 		dst = AppendJSONString(dst, user)

@@ -452,21 +452,38 @@ func TestAppendCheckRequest_LongOverrideFields(t *testing.T) {
 // The plugin encodes a check and decodes the answer on every request that
 // reaches the bridge: both must stay allocation-free once buffers grew.
 // The limits are those of a parsed configuration, as the plugin's are.
+// BenchmarkAppendCheckRequest measures a check of two limits, written
+// whole (evaluated) and from the kept plan's rendering (kept).
 func BenchmarkAppendCheckRequest(b *testing.B) {
 	c := mustConfig(b, `{"identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
 	  "rules": [
 	    {"name": "chat", "match": {"paths": ["/api/v1/chat/**"]}, "algorithm": "token_bucket", "limit": 10, "burst": 20, "window": "1s", "penalty": {"enabled": true}},
 	    {"name": "tier-free", "match": {"paths": ["/api/**"]}, "limit": 100, "window": "1m", "action": "log_only"}]}`)
+	var pc PlanCache
 	var plan Plan
-	c.Evaluate(&Request{Method: "POST", Path: "/api/v1/chat/send", Headers: mapHeaders{"x-user-id": "jos\xc3\xa9"}}, &plan)
+	r := Request{Method: "POST", Path: "/api/v1/chat/send", Headers: mapHeaders{"x-user-id": "jos\xc3\xa9"}}
+	pc.Evaluate(c, &r, &plan)
 	if len(plan.Limits) != 2 {
 		b.Fatalf("%d limits, want 2", len(plan.Limits))
 	}
+	pc.Keep(c, &r, &plan, 1)
+	const rid = "0f8fad5b-d9cb-469f-a165-70867728950e"
 	var buf []byte
-	b.ReportAllocs()
-	for i := 0; i < b.N; i++ {
-		buf = AppendCheckRequest(buf[:0], "0f8fad5b-d9cb-469f-a165-70867728950e", "jos\xc3\xa9", "/api/v1/chat/send", plan.Limits)
-	}
+	b.Run("evaluated", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			buf = AppendCheckRequest(buf[:0], rid, plan.Identity.User, plan.Endpoint, plan.Limits)
+		}
+	})
+	b.Run("kept", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			var ok bool
+			if buf, ok = pc.AppendKeptCheck(buf[:0], rid, plan.Identity.User, plan.Endpoint, plan.Limits); !ok {
+				b.Fatal("declined")
+			}
+		}
+	})
 }
 
 func BenchmarkDecodeCheckResponse(b *testing.B) {

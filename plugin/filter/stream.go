@@ -162,9 +162,14 @@ func (s *Stream) OnRequestHeaders(int, bool) proxywasm.Action {
 	}
 	s.prepareLeases()
 	s.prepareThrottle()
-	s.body = rules.AppendCheckRequest(s.body[:0], bytesString(s.requestID), bytesString(s.user), bytesString(s.endpoint), s.plan.Limits)
+	rid, user, endpoint := bytesString(s.requestID), bytesString(s.user), bytesString(s.endpoint)
+	if body, ok := p.plans.AppendKeptCheck(s.body[:0], rid, user, endpoint, s.plan.Limits); ok {
+		s.body = body
+	} else {
+		s.body = rules.AppendCheckRequest(s.body[:0], rid, user, endpoint, s.plan.Limits)
+	}
 	b := &s.cfg.Bridge
-	s.callHdrs = p.appendCallHeaders(s.callHdrs[:0], b, bytesString(s.requestID))
+	s.callHdrs = p.appendCallHeaders(s.callHdrs[:0], b, rid)
 	callID, err := h.Dispatch(b.Cluster, s.callHdrs, s.body, b.TimeoutMS)
 	if err != nil {
 		s.fail("dispatch failed: " + err.Error())
