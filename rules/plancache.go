@@ -74,7 +74,8 @@ type planEntry struct {
 	tag                  uint64
 	buf                  []byte // the texts above and the plan's, which view it
 	// check is the plan's check after its request id (appendCheckTail),
-	// rendered on first use since the plan was kept when checked is set.
+	// rendered on its first use since the plan was kept; valid when
+	// checked.
 	check   []byte
 	checked bool
 }
