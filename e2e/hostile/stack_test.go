@@ -39,6 +39,9 @@ const (
 // config: fail_closed in most tests, so that a check the bridge refuses shows as a 503
 // instead of passing unnoticed. The call-out timeout is long: these tests
 // count decisions, and a loaded machine must not turn them into failures.
+// The rule is a token bucket refilling its limit in an hour, not a window
+// aligned to the clock's hours: in a test running across the turn of an
+// hour, a client's count started again (a flood failed that way at 01:00).
 func config(maxEntries int, mode string, limit int) string {
 	return `{
   "failure_mode": "` + mode + `",
@@ -53,7 +56,7 @@ func config(maxEntries int, mode string, limit int) string {
     ],
     "client_ip": {"trusted_proxy_depth": 1}
   },
-  "rules": [{"name": "per-client", "scope": "user+endpoint", "algorithm": "fixed_window", "limit": ` + fmt.Sprint(limit) + `, "window": "1h"}],
+  "rules": [{"name": "per-client", "scope": "user+endpoint", "algorithm": "token_bucket", "limit": ` + fmt.Sprint(limit) + `, "window": "1h"}],
   "local_cache": {"max_entries": ` + fmt.Sprint(maxEntries) + `}
 }`
 }
