@@ -612,3 +612,39 @@ func TestPlanCache_AppendKeptCheck(t *testing.T) {
 		})
 	}
 }
+
+// A proxy VM's plan cache: a client's first request is evaluated and
+// noted, its second evaluated and kept, and its next ones get the kept
+// plan, and the plan's check from its kept rendering, without evaluating.
+func ExamplePlanCache() {
+	c, err := ParseConfig([]byte(`{"identity": {"sources": [{"type": "header", "header": "x-user-id"}]},
+	  "rules": [{"name": "api", "match": {"paths": ["/api/**"]}, "limit": 100, "window": "1m", "algorithm": "fixed_window"}]}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	var pc PlanCache
+	var plan Plan
+	for i := 1; i <= 3; i++ {
+		r := Request{Method: "GET", Path: "/api/items", Headers: mapHeaders{"x-user-id": "alice"}}
+		if kept, _, ok := pc.Lookup(c, &r); ok {
+			plan.CopyFrom(kept)
+			fmt.Printf("request %d: the kept plan\n", i)
+		} else {
+			pc.Evaluate(c, &r, &plan)
+			fmt.Printf("request %d: evaluated, kept %v\n", i, pc.KeepRepeated(c, &r, &plan, 0))
+		}
+		check, ok := pc.AppendKeptCheck(nil, fmt.Sprint("req-", i), plan.Identity.User, plan.Endpoint, plan.Limits)
+		if !ok {
+			check = AppendCheckRequest(nil, fmt.Sprint("req-", i), plan.Identity.User, plan.Endpoint, plan.Limits)
+		}
+		fmt.Printf("  check from the kept plan %v: %s\n", ok, check)
+	}
+	// Output:
+	// request 1: evaluated, kept false
+	//   check from the kept plan false: {"request_id":"req-1","user":"alice","endpoint":"/api/items","limits":[{"key":"rl:{u:alice}:api","rule":"api","algorithm":"fixed_window","limit":100,"window_ms":60000,"burst":100,"cost":1,"per_user":true}]}
+	// request 2: evaluated, kept true
+	//   check from the kept plan true: {"request_id":"req-2","user":"alice","endpoint":"/api/items","limits":[{"key":"rl:{u:alice}:api","rule":"api","algorithm":"fixed_window","limit":100,"window_ms":60000,"burst":100,"cost":1,"per_user":true}]}
+	// request 3: the kept plan
+	//   check from the kept plan true: {"request_id":"req-3","user":"alice","endpoint":"/api/items","limits":[{"key":"rl:{u:alice}:api","rule":"api","algorithm":"fixed_window","limit":100,"window_ms":60000,"burst":100,"cost":1,"per_user":true}]}
+}
