@@ -199,6 +199,15 @@ func TestPlanCache_Keep(t *testing.T) {
 	}
 }
 
+// slotMate is another user whose requests to path fall to user's slot.
+func slotMate(user, path string) string {
+	for i := 0; ; i++ {
+		if u := fmt.Sprint("u", i); planHash(Hash(u), path)%planCacheSlots == planHash(Hash(user), path)%planCacheSlots {
+			return u
+		}
+	}
+}
+
 // KeepRepeated keeps a plan when the request before it at its slot was
 // the same client's on a path alike, and only notes the request otherwise.
 func TestPlanCache_KeepRepeated(t *testing.T) {
@@ -208,13 +217,7 @@ func TestPlanCache_KeepRepeated(t *testing.T) {
 	req := func(user, path string) Request {
 		return Request{Method: "GET", Path: path, Headers: mapHeaders{"x-user-id": user}}
 	}
-	// Another user whose requests to /x fall to bob's slot.
-	other := ""
-	for i := 0; other == ""; i++ {
-		if u := fmt.Sprint("u", i); planHash(Hash(u), "/x")%planCacheSlots == planHash(Hash("bob"), "/x")%planCacheSlots {
-			other = u
-		}
-	}
+	other := slotMate("bob", "/x")
 	token := Request{Method: "GET", Path: "/x", NowUnix: 1_700_000_000, Headers: mapHeaders{"authorization": "Bearer a.b.c"}}
 	tests := []struct {
 		name string
@@ -528,13 +531,7 @@ func TestPlanCache_AppendKeptCheck(t *testing.T) {
 	req := func(user string) Request {
 		return Request{Method: "GET", Path: "/x", Headers: mapHeaders{"x-user-id": user}}
 	}
-	// Another user whose requests to /x fall to bob's slot.
-	other := ""
-	for i := 0; other == ""; i++ {
-		if u := fmt.Sprint("u", i); planHash(Hash(u), "/x")%planCacheSlots == planHash(Hash("bob"), "/x")%planCacheSlots {
-			other = u
-		}
-	}
+	other := slotMate("bob", "/x")
 	keep := func(pc *PlanCache, user string) *Plan {
 		var plan Plan
 		r := req(user)
@@ -542,6 +539,7 @@ func TestPlanCache_AppendKeptCheck(t *testing.T) {
 		pc.Keep(c, &r, &plan, 1)
 		return &plan
 	}
+	keepBob := func(pc *PlanCache) *Plan { return keep(pc, "bob") }
 	lookup := func(pc *PlanCache, user string) *Plan {
 		r := req(user)
 		kept, _, ok := pc.Lookup(c, &r)
@@ -558,7 +556,7 @@ func TestPlanCache_AppendKeptCheck(t *testing.T) {
 		change func(p *Plan)
 		ok     bool
 	}{
-		{"after a keep", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, nil, true},
+		{"after a keep", keepBob, nil, true},
 		{"after a lookup", func(pc *PlanCache) *Plan { keep(pc, "bob"); return lookup(pc, "bob") }, nil, true},
 		{"rendered, then another plan kept in its slot", func(pc *PlanCache) *Plan {
 			p := keep(pc, "bob")
@@ -576,13 +574,13 @@ func TestPlanCache_AppendKeptCheck(t *testing.T) {
 			pc.Evaluate(c, &r, &p)
 			return &p
 		}, nil, false},
-		{"another user", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Identity.User = "carol" }, false},
-		{"another endpoint", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Endpoint = "/y" }, false},
-		{"another key", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Limits[0].Key = []byte("k") }, false},
-		{"a lease asked for", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Limits[0].AskLease = true }, false},
-		{"a lease handed back", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Limits[0].Return.Units = 3 }, false},
-		{"another throttle delay", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Limits[0].MaxDelayMS++ }, false},
-		{"a limit fewer", func(pc *PlanCache) *Plan { return keep(pc, "bob") }, func(p *Plan) { p.Limits = p.Limits[:0] }, false},
+		{"another user", keepBob, func(p *Plan) { p.Identity.User = "carol" }, false},
+		{"another endpoint", keepBob, func(p *Plan) { p.Endpoint = "/y" }, false},
+		{"another key", keepBob, func(p *Plan) { p.Limits[0].Key = []byte("k") }, false},
+		{"a lease asked for", keepBob, func(p *Plan) { p.Limits[0].AskLease = true }, false},
+		{"a lease handed back", keepBob, func(p *Plan) { p.Limits[0].Return.Units = 3 }, false},
+		{"another throttle delay", keepBob, func(p *Plan) { p.Limits[0].MaxDelayMS++ }, false},
+		{"a limit fewer", keepBob, func(p *Plan) { p.Limits = p.Limits[:0] }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
