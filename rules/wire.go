@@ -1141,20 +1141,24 @@ func (c *canonical) integer() (int64, bool) {
 	}
 	start := i
 	var u uint64
-	for i < len(c.b) && c.b[i] >= '0' && c.b[i] <= '9' {
-		if u > (1<<63)/10 {
-			return 0, false
+	b := c.b
+	for i < len(b) {
+		d := b[i] - '0' // wraps above 9 for bytes below '0'
+		if d > 9 {
+			break
 		}
-		u = u*10 + uint64(c.b[i]-'0')
+		u = u*10 + uint64(d)
 		i++
 	}
+	// Nineteen digits and fewer are exact in a uint64 (below 1e19 <
+	// 2^64); more are out of range whatever u wrapped to.
 	switch n := i - start; {
-	case n == 0, n > 1 && c.b[start] == '0', neg && u == 0:
+	case n == 0, n > 19, n > 1 && b[start] == '0', neg && u == 0:
 		return 0, false
 	case !neg && u > 1<<63-1, neg && u > 1<<63:
 		return 0, false
 	}
-	c.b = c.b[i:]
+	c.b = b[i:]
 	if neg {
 		return -int64(u-1) - 1, true
 	}

@@ -614,6 +614,11 @@ func FuzzDecodeCheckResponse_Canonical(f *testing.F) {
 	f.Add([]byte(`{"allowed":false,"now_ms":-9223372036854775808,"decisions":[{"allowed":false,"limit":9223372036854775807,"remaining":-1,"reset_ms":0,"retry_after_ms":-0}]}`), 1)
 	f.Add([]byte(`{"allowed":true,"now_ms":0,"decisions":[]}`), 0)
 	f.Add([]byte(`{"allowed":true,"now_ms":01,"decisions":[]}`), 0)
+	// Past int64 either way, and past uint64: 19, 20 and 21 digits.
+	f.Add([]byte(`{"allowed":true,"now_ms":9223372036854775808,"decisions":[]}`), 0)
+	f.Add([]byte(`{"allowed":true,"now_ms":-9223372036854775809,"decisions":[]}`), 0)
+	f.Add([]byte(`{"allowed":true,"now_ms":18446744073709551617,"decisions":[]}`), 0)
+	f.Add([]byte(`{"allowed":true,"now_ms":-184467440737095516160,"decisions":[]}`), 0)
 	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0,"lease":{"units":5,"ttl_ms":200,"tag":7}}]}`), 1)
 	f.Add([]byte(`{"allowed":true,"now_ms":1,"decisions":[{"allowed":true,"limit":10,"remaining":9,"reset_ms":2,"retry_after_ms":0,"lease":{"units":0,"ttl_ms":200,"tag":7}}]}`), 1)
 	f.Add([]byte(`{"allowed":true,"now_ms":1,"delay_ms":250,"decisions":[]}`), 0)
