@@ -624,6 +624,8 @@ func TestHost_Middleware(t *testing.T) {
 		w.Header().Set("X-Secret", "s")
 		w.Header().Set("X-Config-Seen", r.Header.Get("X-Config"))
 		w.Header().Set("X-Source-Seen", r.Header.Get("X-Prop-Source.address"))
+		w.Header()["X-Multi"] = []string{"a", "b"}
+		w.Header().Set("X-Guest-Saw-Status", "upstream") // the echo guest adds a second value
 		w.WriteHeader(200)
 		io.WriteString(w, "upstream body")
 	})
@@ -638,8 +640,10 @@ func TestHost_Middleware(t *testing.T) {
 			check      func(http.Header) error
 		}{
 			{"echo", 200, "upstream body", func(hd http.Header) error {
-				if hd.Get("X-Secret") != "" || hd.Get("X-Guest-Saw-Status") != "200" || hd.Get("X-Config-Seen") != "mw" ||
-					!strings.HasPrefix(hd.Get("X-Source-Seen"), "127.0.0.1:") {
+				if hd.Get("X-Secret") != "" || hd.Get("X-Config-Seen") != "mw" || hd.Get("X-Replaced") != "new" ||
+					!strings.HasPrefix(hd.Get("X-Source-Seen"), "127.0.0.1:") ||
+					!slices.Equal(hd.Values("X-Guest-Saw-Status"), []string{"upstream", "200"}) ||
+					!slices.Equal(hd.Values("X-Multi"), []string{"a", "b"}) {
 					return fmt.Errorf("headers %v", hd)
 				}
 				return nil

@@ -231,7 +231,11 @@ func (rw *responseWriter) writeHeader(code int, endOfStream bool) {
 	}
 	out := rw.Header()
 	clear(out)
-	for _, kv := range res.Headers {
+	// The values share one array, as net/textproto's reader gives them: a
+	// name's first value is a one-element slice of it, capped so that a
+	// second value of the name is appended to a copy.
+	vals := make([]string, len(res.Headers))
+	for i, kv := range res.Headers {
 		if kv[0] == ":status" {
 			if n, err := strconv.Atoi(kv[1]); err == nil {
 				code = n
@@ -239,7 +243,12 @@ func (rw *responseWriter) writeHeader(code int, endOfStream bool) {
 			continue
 		}
 		k := canonicalName(kv[0])
-		out[k] = append(out[k], kv[1])
+		if vs, ok := out[k]; ok {
+			out[k] = append(vs, kv[1])
+			continue
+		}
+		vals[i] = kv[1]
+		out[k] = vals[i : i+1 : i+1]
 	}
 	rw.ResponseWriter.WriteHeader(code)
 }
