@@ -288,11 +288,11 @@ func (e embedded) ServeCallout(ctx context.Context, req *inproc.Request, res *in
 	// As writeResponse leaves them in a ResponseWriter.
 	res.Status = out.Status
 	for _, x := range out.Headers {
-		res.Set(x.Name, string(x.Value))
+		res.Set(x.Name, x.Value)
 	}
 	res.Body = append(res.Body, out.Body...)
 	for _, x := range out.Trailers {
-		res.Set(http.TrailerPrefix+x.Name, string(x.Value))
+		res.Set(http.TrailerPrefix+x.Name, x.Value)
 	}
 }
 

@@ -122,6 +122,6 @@ func (backendServer) Serves(method, path []byte) bool { return true }
 
 func (backendServer) ServeCallout(ctx context.Context, req *inproc.Request, res *inproc.Response) {
 	res.Status = http.StatusAccepted
-	res.Set("X-Upstream", "yes")
+	res.Set("X-Upstream", []byte("yes"))
 	res.Body = append(res.Body, calloutPath(req)...)
 }

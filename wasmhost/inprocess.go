@@ -59,13 +59,11 @@ func (h *Host) serveCallout(ctx context.Context, cl *cluster, c *inprocCall) (re
 	if failed := h.inProcessFailure(ctx, len(a.Body)); failed != nil {
 		return failed
 	}
-	sized := false
-	for _, kv := range a.Headers {
-		sized = sized || kv[0] == "Content-Length"
-	}
-	hm := replyHeaders(a.Status, len(a.Headers), len(a.Body), sized)
-	for _, kv := range a.Headers {
-		hm = append(hm, [2]string{lowerName(kv[0]), kv[1]})
+	hm := replyHeaders(a.Status, a.HeaderCount(), len(a.Body), a.Has("Content-Length"))
+	n := len(hm)
+	hm = a.AppendHeaders(hm)
+	for i := n; i < len(hm); i++ {
+		hm[i][0] = lowerName(hm[i][0])
 	}
 	return &calloutResponse{headers: hm, body: bytes.Clone(a.Body)}
 }

@@ -59,27 +59,62 @@ func (r *Request) Header(name string) []byte {
 // Response is a call-out's answer.
 type Response struct {
 	Status int // 0, or an informational status, which a ResponseWriter skips: 200
-	// Headers by name as ServeHTTP would set them in its ResponseWriter's
-	// header map; one value each.
-	Headers [][2]string
-	Body    []byte
+	Body   []byte
+
+	// The headers, by name as ServeHTTP would set them in its
+	// ResponseWriter's header map, one value each, their values in values.
+	fields []field
+	values []byte
+}
+
+// field is a header of a Response: its value is values[start:end].
+type field struct {
+	name       string
+	start, end int
 }
 
 // Reset empties r for the next answer, keeping its storage.
 func (r *Response) Reset() {
 	r.Status = 0
-	r.Headers = r.Headers[:0]
+	r.fields, r.values = r.fields[:0], r.values[:0]
 	r.Body = r.Body[:0]
 }
 
-// Set sets header name to value, replacing an earlier value of the same
-// name, as a ResponseWriter's header map would keep it.
-func (r *Response) Set(name, value string) {
-	for i := range r.Headers {
-		if r.Headers[i][0] == name {
-			r.Headers[i][1] = value
-			return
+// Set sets header name to a copy of value, replacing an earlier value of
+// the same name in its place, as a ResponseWriter's header map would keep
+// it.
+func (r *Response) Set(name string, value []byte) {
+	f := field{name: name, start: len(r.values)}
+	r.values = append(r.values, value...)
+	f.end = len(r.values)
+	if i := r.index(name); i >= 0 {
+		r.fields[i] = f
+		return
+	}
+	r.fields = append(r.fields, f)
+}
+
+// Has reports whether header name is set.
+func (r *Response) Has(name string) bool { return r.index(name) >= 0 }
+
+func (r *Response) index(name string) int {
+	for i := range r.fields {
+		if r.fields[i].name == name {
+			return i
 		}
 	}
-	r.Headers = append(r.Headers, [2]string{name, value})
+	return -1
+}
+
+// HeaderCount is the number of headers set.
+func (r *Response) HeaderCount() int { return len(r.fields) }
+
+// AppendHeaders appends the headers to dst, each as its name and value,
+// the values sharing one string: one allocation for all of them.
+func (r *Response) AppendHeaders(dst [][2]string) [][2]string {
+	text := string(r.values)
+	for _, f := range r.fields {
+		dst = append(dst, [2]string{f.name, text[f.start:f.end]})
+	}
+	return dst
 }

@@ -44,15 +44,25 @@ func TestRequest_Header(t *testing.T) {
 // keeps what a handler sets; Reset keeps the storage.
 func TestResponse_Set(t *testing.T) {
 	var res Response
-	res.Set("X-A", "1")
-	res.Set("X-B", "2")
-	res.Set("X-A", "3")
-	if want := [][2]string{{"X-A", "3"}, {"X-B", "2"}}; !slices.Equal(res.Headers, want) {
-		t.Errorf("headers %q, want %q", res.Headers, want)
+	v := []byte("1")
+	res.Set("X-A", v)
+	v[0] = '9' // Set keeps a copy
+	res.Set("X-B", []byte("2"))
+	res.Set("X-A", []byte("3"))
+	res.Set("X-C", nil)
+	if got, want := res.AppendHeaders(nil), [][2]string{{"X-A", "3"}, {"X-B", "2"}, {"X-C", ""}}; !slices.Equal(got, want) {
+		t.Errorf("headers %q, want %q", got, want)
+	}
+	if res.HeaderCount() != 3 || !res.Has("X-A") || !res.Has("X-C") || res.Has("x-a") {
+		t.Errorf("count %d, has X-A %v, X-C %v, x-a %v", res.HeaderCount(), res.Has("X-A"), res.Has("X-C"), res.Has("x-a"))
 	}
 	res.Status, res.Body = 201, append(res.Body, "x"...)
 	res.Reset()
-	if res.Status != 0 || len(res.Headers) != 0 || len(res.Body) != 0 || cap(res.Headers) == 0 || cap(res.Body) == 0 {
-		t.Errorf("after Reset: %+v (caps %d, %d)", res, cap(res.Headers), cap(res.Body))
+	if res.Status != 0 || res.HeaderCount() != 0 || len(res.AppendHeaders(nil)) != 0 || len(res.Body) != 0 || cap(res.Body) == 0 || cap(res.fields) == 0 || cap(res.values) == 0 {
+		t.Errorf("after Reset: %+v", res)
+	}
+	res.Set("X-D", []byte("4"))
+	if got, want := res.AppendHeaders(nil), [][2]string{{"X-D", "4"}}; !slices.Equal(got, want) {
+		t.Errorf("after Reset, headers %q, want %q", got, want)
 	}
 }
