@@ -61,7 +61,8 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 		buf := calloutBuffers.Get().(*[]byte)
 		b := append(append((*buf)[:0], hb...), body...)
 		*buf = b
-		c.inproc = &inprocCall{srv: srv, buf: buf, req: inproc.Request{Headers: b[:len(hb):len(hb)], Body: b[len(hb):]}}
+		c.inprocCall = inprocCall{srv: srv, buf: buf, req: inproc.Request{Headers: b[:len(hb):len(hb)], Body: b[len(hb):]}}
+		c.inproc = &c.inprocCall
 	} else if t, direct := cl.h1Target(path); direct {
 		if !validName(method) {
 			return StatusBadArgument // as http.NewRequest
@@ -69,7 +70,8 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 		buf := calloutBuffers.Get().(*[]byte)
 		raw, valid := appendH1Request((*buf)[:0], method, t.uri, authority, hb, body)
 		*buf = raw
-		c.h1 = &h1Request{addr: t.addr, head: string(method) == http.MethodHead, raw: raw, buf: buf, valid: valid}
+		c.h1Call = h1Request{addr: t.addr, head: string(method) == http.MethodHead, raw: raw, buf: buf, valid: valid}
+		c.h1 = &c.h1Call
 	} else {
 		hm, _ := fields.Parse(hb) // its layout is checked
 		target := strings.TrimSuffix(cl.base, "/") + string(path)
@@ -275,6 +277,10 @@ type callout struct {
 	inproc  *inprocCall // for a handler that is an inproc.Server
 	req     *http.Request
 	timeout time.Duration // 0: none
+
+	// What h1 or inproc point to: one allocation for a call-out.
+	h1Call     h1Request
+	inprocCall inprocCall
 }
 
 // release returns what the call-out borrowed, once it is sent or dropped.
