@@ -61,3 +61,19 @@ func rusage() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkMemory_Check is the embedded store's check of a returning
+// user's token bucket, the path of every call-out a gateway with the
+// bridge embedded answers: it allocates only the name it looks the bucket
+// up by (the limit's key and its algorithm's suffix).
+func BenchmarkMemory_Check(b *testing.B) {
+	s := NewMemory(MemoryOptions{})
+	req := rules.CheckRequest{Limits: []rules.LimitRequest{lim("rl:{u:1}:bench", spec(rules.TokenBucket, 1<<30, 60_000))}}
+	var resp rules.CheckResponse
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := s.Check(context.Background(), time.Time{}, &req, &resp); err != nil || !resp.Allowed {
+			b.Fatal(err)
+		}
+	}
+}

@@ -183,10 +183,26 @@ type memLimit struct {
 	top      int64 // sliding log: the latest member's score
 }
 
+// checkScratch is what a check is worked out in, kept for the next one
+// (BenchmarkMemory_Check).
+type checkScratch struct {
+	ls   []memLimit
+	keys []string
+}
+
+var checkScratches = sync.Pool{New: func() any { return new(checkScratch) }}
+
 // Check implements Store.
 func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, resp *rules.CheckResponse) error {
-	ls := make([]memLimit, len(req.Limits))
-	keys := make([]string, 0, 3*len(req.Limits))
+	sc := checkScratches.Get().(*checkScratch)
+	defer func() {
+		clear(sc.ls) // nothing of this check stays reachable from the pool
+		clear(sc.keys[:cap(sc.keys)]) // appended to through keys below
+		checkScratches.Put(sc)
+	}()
+	sc.ls = slices.Grow(sc.ls[:0], len(req.Limits))[:len(req.Limits)]
+	sc.keys = slices.Grow(sc.keys[:0], 3*len(req.Limits))
+	ls, keys := sc.ls, sc.keys
 	consume := req.Op != rules.OpReturn
 	for i := range req.Limits {
 		l := &req.Limits[i]
