@@ -104,3 +104,16 @@ func TestDocs_NameTheReleasesThatLoadThePlugin(t *testing.T) {
 		}
 	}
 }
+
+// TestPlugin_DataPacked: the built module's data is in a few segments
+// (internal/wasmbuild merges the tens of thousands Go's linker writes),
+// which every engine keeps and walks for each VM it starts.
+func TestPlugin_DataPacked(t *testing.T) {
+	n, err := wasmfile.DataSegmentCount(wasmBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 || n > 16 {
+		t.Errorf("%d data segments", n)
+	}
+}

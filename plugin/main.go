@@ -1,6 +1,10 @@
-// Command plugin is Sluice's proxy-wasm HTTP filter. Build it with
+// Command plugin is Sluice's proxy-wasm HTTP filter. Build it with `make
+// wasm`:
 //
-//	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o build/plugin.wasm ./plugin
+//	go run ./internal/tools/buildwasm -o build/plugin.wasm ./plugin
+//
+// which is GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared, then its
+// data segments merged (internal/wasmbuild).
 //
 // It only connects the ABI binding (plugin/proxywasm) to the filter logic
 // (plugin/filter), which is plain Go and tested natively.

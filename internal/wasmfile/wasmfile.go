@@ -1,6 +1,7 @@
-// Package wasmfile reads what the tests need from a WebAssembly binary:
-// its imports and the names of its functions (the "name" custom section,
-// which Go's linker writes).
+// Package wasmfile reads what the tests need from a WebAssembly binary
+// (its imports, the names of its functions from the "name" custom section
+// Go's linker writes, its data segments), and merges the data segments of
+// the plugin's build (PackData).
 package wasmfile
 
 import (
@@ -148,4 +149,23 @@ func (r *reader) limits() {
 		r.u32()
 	}
 	r.u32()
+}
+
+// s32 reads a signed LEB128 of at most 32 bits.
+func (r *reader) s32() int32 {
+	var v int64
+	for shift := 0; shift < 35; shift += 7 {
+		c := r.byte()
+		v |= int64(c&0x7f) << shift
+		if c < 0x80 {
+			if shift < 28 && c&0x40 != 0 {
+				v |= -1 << (shift + 7)
+			}
+			return int32(v)
+		}
+	}
+	if r.err == nil {
+		r.err = errors.New("integer too long")
+	}
+	return 0
 }
