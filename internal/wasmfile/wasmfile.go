@@ -117,12 +117,22 @@ func (r *reader) byte() byte {
 }
 
 // u32 reads an unsigned LEB128 of at most 32 bits.
-func (r *reader) u32() uint32 {
-	var v uint32
+func (r *reader) u32() uint32 { return uint32(r.leb(false)) }
+
+// s32 reads a signed LEB128 of at most 32 bits.
+func (r *reader) s32() int32 { return int32(r.leb(true)) }
+
+// leb reads a LEB128 of at most five bytes, sign-extended from its last
+// byte when signed.
+func (r *reader) leb(signed bool) uint64 {
+	var v uint64
 	for shift := 0; shift < 35; shift += 7 {
 		c := r.byte()
-		v |= uint32(c&0x7f) << shift
+		v |= uint64(c&0x7f) << shift
 		if c < 0x80 {
+			if signed && c&0x40 != 0 {
+				v |= ^uint64(0) << (shift + 7)
+			}
 			return v
 		}
 	}
@@ -149,23 +159,4 @@ func (r *reader) limits() {
 		r.u32()
 	}
 	r.u32()
-}
-
-// s32 reads a signed LEB128 of at most 32 bits.
-func (r *reader) s32() int32 {
-	var v int64
-	for shift := 0; shift < 35; shift += 7 {
-		c := r.byte()
-		v |= int64(c&0x7f) << shift
-		if c < 0x80 {
-			if shift < 28 && c&0x40 != 0 {
-				v |= -1 << (shift + 7)
-			}
-			return int32(v)
-		}
-	}
-	if r.err == nil {
-		r.err = errors.New("integer too long")
-	}
-	return 0
 }
