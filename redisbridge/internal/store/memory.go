@@ -196,7 +196,7 @@ var checkScratches = sync.Pool{New: func() any { return new(checkScratch) }}
 func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, resp *rules.CheckResponse) error {
 	sc := checkScratches.Get().(*checkScratch)
 	defer func() {
-		clear(sc.ls) // nothing of this check stays reachable from the pool
+		clear(sc.ls)                  // nothing of this check stays reachable from the pool
 		clear(sc.keys[:cap(sc.keys)]) // appended to through keys below
 		checkScratches.Put(sc)
 	}()
