@@ -196,8 +196,8 @@ var checkScratches = sync.Pool{New: func() any { return new(checkScratch) }}
 func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, resp *rules.CheckResponse) error {
 	sc := checkScratches.Get().(*checkScratch)
 	defer func() {
-		clear(sc.ls)                  // nothing of this check stays reachable from the pool
-		clear(sc.keys[:cap(sc.keys)]) // appended to through keys below
+		clear(sc.ls) // nothing of this check stays reachable from the pool
+		clear(sc.keys)
 		checkScratches.Put(sc)
 	}()
 	sc.ls = slices.Grow(sc.ls[:0], len(req.Limits))[:len(req.Limits)]
@@ -221,6 +221,7 @@ func (s *Memory) Check(_ context.Context, _ time.Time, req *rules.CheckRequest, 
 			keys = append(keys, m.vkey, m.bkey)
 		}
 	}
+	sc.keys = keys
 	var buf [16]int
 	locked := s.lock(keys, buf[:0])
 	defer s.unlock(locked)
