@@ -117,3 +117,31 @@ func TestPlugin_DataPacked(t *testing.T) {
 		t.Errorf("%d data segments", n)
 	}
 }
+
+// TestPlugin_ExportsOnlyWhatItActsOn: the built module exports the
+// callbacks the filter does something in, and no other. A host enters the
+// module for every callback the module exports, whether or not the
+// plugin acts on it: proxy_on_request_body on every chunk of a request
+// body, proxy_on_response_trailers on every gRPC response, proxy_on_log
+// and proxy_on_done on every request (docs/deploy.md, "What the plugin and
+// the gateway cost").
+func TestPlugin_ExportsOnlyWhatItActsOn(t *testing.T) {
+	got, err := wasmfile.FunctionExports(wasmBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"_initialize", // Go's c-shared start; hosts run it before any callback
+		"proxy_abi_version_0_2_1", "proxy_on_memory_allocate",
+		"proxy_on_vm_start", "proxy_on_configure", "proxy_on_tick",
+		"proxy_on_context_create", "proxy_on_delete",
+		"proxy_on_request_headers", "proxy_on_response_headers",
+		"proxy_on_response_body", // a response whose cost is in its body (filter.Stream.OnResponseBody)
+		"proxy_on_http_call_response",
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("the module exports\n%q\nwant\n%q", got, want)
+	}
+}

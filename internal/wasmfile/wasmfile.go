@@ -1,7 +1,7 @@
 // Package wasmfile reads what the tests need from a WebAssembly binary
-// (its imports, the names of its functions from the "name" custom section
-// Go's linker writes, its data segments), and merges the data segments of
-// the plugin's build (PackData).
+// (its imports, its exported functions, the names of its functions from
+// the "name" custom section Go's linker writes, its data segments), and
+// merges the data segments of the plugin's build (PackData).
 package wasmfile
 
 import (
@@ -42,6 +42,27 @@ func Imports(wasm []byte) ([]Import, error) {
 				return fmt.Errorf("import %d: unknown kind %d", i, imp.Kind)
 			}
 			out = append(out, imp)
+		}
+		return r.err
+	})
+	return out, err
+}
+
+// FunctionExports returns the names the module exports functions under,
+// in order: the callbacks a host may call.
+func FunctionExports(wasm []byte) ([]string, error) {
+	var out []string
+	err := sections(wasm, func(id byte, r *reader) error {
+		if id != 7 {
+			return nil
+		}
+		n := r.u32()
+		for i := uint32(0); i < n && r.err == nil; i++ {
+			name, kind := r.name(), r.byte()
+			r.u32() // the index
+			if kind == 0 && r.err == nil {
+				out = append(out, name)
+			}
 		}
 		return r.err
 	})

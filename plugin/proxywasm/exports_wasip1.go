@@ -9,13 +9,17 @@ import "unsafe"
 // outermost callback returns, and recovers a panic (see PanicHandler)
 // instead of letting it trap the VM. Booleans travel as uint32 (i32).
 //
-// proxy_on_log and proxy_on_done are not exported here. A host calls
-// neither when the module lacks it (proxy-wasm-cpp-host src/context.cc:
+// proxy_on_log, proxy_on_done, proxy_on_request_body and the two
+// trailers callbacks are not exported here. A host calls none of them when
+// the module lacks it (proxy-wasm-cpp-host src/context.cc:
 // ContextBase::onLog skips a missing on_log_, ContextBase::onDone returns
-// true without on_done_), and entering the module costs on every request
+// true without on_done_, and onRequestBody, onRequestTrailers and
+// onResponseTrailers continue without entering the module), and entering
+// the module costs on every request, or on every chunk of a request body
 // (a few hundred nanoseconds each on wazero): a plugin that does nothing
-// in them, as Sluice's, is cheaper without them. A plugin that needs
-// either exports it itself, with ProxyOnLog or ProxyOnDone as its body.
+// in them, as Sluice's, is cheaper without them. A plugin that needs one
+// exports it itself, with ProxyOnLog, ProxyOnDone, ProxyOnRequestBody,
+// ProxyOnRequestTrailers or ProxyOnResponseTrailers as its body.
 
 //go:wasmexport proxy_abi_version_0_2_1
 func proxyABIVersion() {}
@@ -97,30 +101,6 @@ func proxyOnRequestHeaders(contextID, numHeaders, endOfStream uint32) (a uint32)
 	return uint32(onRequestHeaders(contextID, numHeaders, endOfStream != 0))
 }
 
-//go:wasmexport proxy_on_request_body
-func proxyOnRequestBody(contextID, bodySize, endOfStream uint32) (a uint32) {
-	enter()
-	defer func() {
-		if v := recover(); v != nil {
-			a = uint32(recovered("proxy_on_request_body", contextID, v))
-		}
-		leave()
-	}()
-	return uint32(onRequestBody(contextID, bodySize, endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_request_trailers
-func proxyOnRequestTrailers(contextID, numTrailers uint32) (a uint32) {
-	enter()
-	defer func() {
-		if v := recover(); v != nil {
-			a = uint32(recovered("proxy_on_request_trailers", contextID, v))
-		}
-		leave()
-	}()
-	return uint32(onRequestTrailers(contextID, numTrailers))
-}
-
 //go:wasmexport proxy_on_response_headers
 func proxyOnResponseHeaders(contextID, numHeaders, endOfStream uint32) (a uint32) {
 	s := responseStream(contextID)
@@ -152,8 +132,40 @@ func proxyOnResponseBody(contextID, bodySize, endOfStream uint32) (a uint32) {
 	return uint32(onResponseBody(contextID, bodySize, endOfStream != 0))
 }
 
-//go:wasmexport proxy_on_response_trailers
-func proxyOnResponseTrailers(contextID, numTrailers uint32) (a uint32) {
+// ProxyOnRequestBody is the body of a proxy_on_request_body export, for a
+// plugin whose streams read request bodies (RequestBodyHandler):
+//
+//	//go:wasmexport proxy_on_request_body
+//	func proxyOnRequestBody(contextID, bodySize, endOfStream uint32) uint32 {
+//		return proxywasm.ProxyOnRequestBody(contextID, bodySize, endOfStream)
+//	}
+func ProxyOnRequestBody(contextID, bodySize, endOfStream uint32) (a uint32) {
+	enter()
+	defer func() {
+		if v := recover(); v != nil {
+			a = uint32(recovered("proxy_on_request_body", contextID, v))
+		}
+		leave()
+	}()
+	return uint32(onRequestBody(contextID, bodySize, endOfStream != 0))
+}
+
+// ProxyOnRequestTrailers is the body of a proxy_on_request_trailers
+// export, for a plugin whose streams read them (RequestTrailersHandler).
+func ProxyOnRequestTrailers(contextID, numTrailers uint32) (a uint32) {
+	enter()
+	defer func() {
+		if v := recover(); v != nil {
+			a = uint32(recovered("proxy_on_request_trailers", contextID, v))
+		}
+		leave()
+	}()
+	return uint32(onRequestTrailers(contextID, numTrailers))
+}
+
+// ProxyOnResponseTrailers is the body of a proxy_on_response_trailers
+// export, for a plugin whose streams read them (ResponseTrailersHandler).
+func ProxyOnResponseTrailers(contextID, numTrailers uint32) (a uint32) {
 	enter()
 	defer func() {
 		if v := recover(); v != nil {

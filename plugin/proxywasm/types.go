@@ -177,6 +177,9 @@ type PanicHandler interface {
 
 // Optional stream callbacks. An HTTPContext implementing one of these
 // receives the matching callback; otherwise the host is told to continue.
+// The request body and trailers callbacks come only in a plugin that
+// exports them (ProxyOnRequestBody, ProxyOnRequestTrailers,
+// ProxyOnResponseTrailers); the response body callback always does.
 type (
 	RequestBodyHandler interface {
 		OnRequestBody(bodySize int, endOfStream bool) Action
