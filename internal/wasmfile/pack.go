@@ -11,9 +11,11 @@ import (
 // segments of 62,052.
 const PageGap = 4096
 
-// Section ids and the one data segment form PackData merges.
+// Section ids, and the one data segment form PackData merges.
 const (
 	sectionCustom    = 0
+	sectionImport    = 2
+	sectionExport    = 7
 	sectionData      = 11
 	sectionDataCount = 12
 	opI32Const       = 0x41

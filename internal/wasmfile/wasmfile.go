@@ -20,30 +20,24 @@ func (i Import) String() string { return i.Module + "." + i.Name }
 // Imports returns the module's imports in order.
 func Imports(wasm []byte) ([]Import, error) {
 	var out []Import
-	err := sections(wasm, func(id byte, r *reader) error {
-		if id != 2 {
-			return nil
+	err := entries(wasm, sectionImport, func(i uint32, r *reader) error {
+		imp := Import{Module: r.name(), Name: r.name(), Kind: r.byte()}
+		switch imp.Kind {
+		case 0: // function: type index
+			r.u32()
+		case 1: // table: element type, limits
+			r.byte()
+			r.limits()
+		case 2: // memory: limits
+			r.limits()
+		case 3: // global: value type, mutability
+			r.byte()
+			r.byte()
+		default:
+			return fmt.Errorf("import %d: unknown kind %d", i, imp.Kind)
 		}
-		n := r.u32()
-		for i := uint32(0); i < n && r.err == nil; i++ {
-			imp := Import{Module: r.name(), Name: r.name(), Kind: r.byte()}
-			switch imp.Kind {
-			case 0: // function: type index
-				r.u32()
-			case 1: // table: element type, limits
-				r.byte()
-				r.limits()
-			case 2: // memory: limits
-				r.limits()
-			case 3: // global: value type, mutability
-				r.byte()
-				r.byte()
-			default:
-				return fmt.Errorf("import %d: unknown kind %d", i, imp.Kind)
-			}
-			out = append(out, imp)
-		}
-		return r.err
+		out = append(out, imp)
+		return nil
 	})
 	return out, err
 }
@@ -52,19 +46,13 @@ func Imports(wasm []byte) ([]Import, error) {
 // in order: the callbacks a host may call.
 func FunctionExports(wasm []byte) ([]string, error) {
 	var out []string
-	err := sections(wasm, func(id byte, r *reader) error {
-		if id != 7 {
-			return nil
+	err := entries(wasm, sectionExport, func(_ uint32, r *reader) error {
+		name, kind := r.name(), r.byte()
+		r.u32() // the index
+		if kind == 0 && r.err == nil {
+			out = append(out, name)
 		}
-		n := r.u32()
-		for i := uint32(0); i < n && r.err == nil; i++ {
-			name, kind := r.name(), r.byte()
-			r.u32() // the index
-			if kind == 0 && r.err == nil {
-				out = append(out, name)
-			}
-		}
-		return r.err
+		return nil
 	})
 	return out, err
 }
@@ -74,7 +62,7 @@ func FunctionExports(wasm []byte) ([]string, error) {
 func FunctionNames(wasm []byte) ([]string, error) {
 	var out []string
 	err := sections(wasm, func(id byte, r *reader) error {
-		if id != 0 || r.name() != "name" {
+		if id != sectionCustom || r.name() != "name" {
 			return nil
 		}
 		for r.err == nil && len(r.b) > 0 {
@@ -96,6 +84,23 @@ func FunctionNames(wasm []byte) ([]string, error) {
 		return r.err
 	})
 	return out, err
+}
+
+// entries calls f for each entry of the vector that section id holds,
+// with the reader at the entry, until f fails or the section ends.
+func entries(wasm []byte, id byte, f func(i uint32, r *reader) error) error {
+	return sections(wasm, func(sid byte, r *reader) error {
+		if sid != id {
+			return nil
+		}
+		n := r.u32()
+		for i := uint32(0); i < n && r.err == nil; i++ {
+			if err := f(i, r); err != nil {
+				return err
+			}
+		}
+		return r.err
+	})
 }
 
 // sections calls f with each section's id and contents.
