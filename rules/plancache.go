@@ -74,10 +74,9 @@ type planEntry struct {
 	tag                  uint64
 	buf                  []byte // the texts above and the plan's, which view it
 	// check is the plan's check after its request id (appendCheckTail),
-	// rendered on its first use since the plan was kept; valid when
-	// checked.
-	check   []byte
-	checked bool
+	// rendered on its first use since the plan was kept; empty until
+	// then (a rendered one ends in "]}").
+	check []byte
 }
 
 // Lookup returns the plan kept for a request that read what r reads under
@@ -126,9 +125,8 @@ func (pc *PlanCache) AppendKeptCheck(dst []byte, requestID, user, endpoint strin
 			return dst, false
 		}
 	}
-	if !e.checked {
-		e.check = appendCheckTail(e.check[:0], user, endpoint, limits)
-		e.checked = true
+	if len(e.check) == 0 {
+		e.check = appendCheckTail(e.check, user, endpoint, limits)
 	}
 	return append(appendCheckStart(dst, OpDecide, requestID), e.check...), true
 }
@@ -212,7 +210,7 @@ func (pc *PlanCache) keep(c *Config, r *Request, plan *Plan, tag, h uint64) {
 		pc.kept++
 	}
 	pc.last = e
-	e.checked = false
+	e.check = e.check[:0]
 	// The entry's texts are views of its own buffer, reused from one plan
 	// to the next, so that keeping a plan allocates nothing once the
 	// buffer has grown: written in one order, then cut in the same.

@@ -61,8 +61,8 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 		buf := calloutBuffers.Get().(*[]byte)
 		b := append(append((*buf)[:0], hb...), body...)
 		*buf = b
-		c.inprocCall = inprocCall{srv: srv, buf: buf, req: inproc.Request{Headers: b[:len(hb):len(hb)], Body: b[len(hb):]}}
-		c.inproc = &c.inprocCall
+		c.kind = viaInproc
+		c.inproc = inprocCall{srv: srv, buf: buf, req: inproc.Request{Headers: b[:len(hb):len(hb)], Body: b[len(hb):]}}
 	} else if t, direct := cl.h1Target(path); direct {
 		if !validName(method) {
 			return StatusBadArgument // as http.NewRequest
@@ -70,8 +70,8 @@ func (h *Host) httpCall(in *instance, m api.Memory, p []uint64) Status {
 		buf := calloutBuffers.Get().(*[]byte)
 		raw, valid := appendH1Request((*buf)[:0], method, t.uri, authority, hb, body)
 		*buf = raw
-		c.h1Call = h1Request{addr: t.addr, head: string(method) == http.MethodHead, raw: raw, buf: buf, valid: valid}
-		c.h1 = &c.h1Call
+		c.kind = viaH1
+		c.h1 = h1Request{addr: t.addr, head: string(method) == http.MethodHead, raw: raw, buf: buf, valid: valid}
 	} else {
 		hm, _ := fields.Parse(hb) // its layout is checked
 		target := strings.TrimSuffix(cl.base, "/") + string(path)
@@ -269,27 +269,35 @@ func (w *calloutWorkers) close() {
 }
 
 // callout is a proxy_http_call on its way: for a plain-HTTP cluster, sent
-// by the host's own HTTP/1.1 client (h1); otherwise by Options.HTTPClient
-// or net/http (req).
+// by the host's own HTTP/1.1 client (h1); for a handler that is an
+// inproc.Server, answered from its bytes (inproc); otherwise by
+// Options.HTTPClient or net/http (req). The ways are values, not pointers:
+// a call-out is one allocation.
 type callout struct {
 	cluster *cluster
-	h1      *h1Request
-	inproc  *inprocCall // for a handler that is an inproc.Server
+	kind    calloutKind
+	h1      h1Request
+	inproc  inprocCall
 	req     *http.Request
 	timeout time.Duration // 0: none
-
-	// What h1 or inproc point to: one allocation for a call-out.
-	h1Call     h1Request
-	inprocCall inprocCall
 }
+
+// calloutKind is how a call-out is sent.
+type calloutKind uint8
+
+const (
+	viaClient calloutKind = iota // req, by Options.HTTPClient or net/http
+	viaH1                        // h1
+	viaInproc                    // inproc
+)
 
 // release returns what the call-out borrowed, once it is sent or dropped.
 func (c *callout) release() {
-	if c.h1 != nil && c.h1.buf != nil {
+	if c.h1.buf != nil {
 		calloutBuffers.Put(c.h1.buf)
 		c.h1.buf, c.h1.raw = nil, nil
 	}
-	if c.inproc != nil && c.inproc.buf != nil {
+	if c.inproc.buf != nil {
 		calloutBuffers.Put(c.inproc.buf)
 		c.inproc.buf, c.inproc.req = nil, inproc.Request{}
 	}
@@ -340,7 +348,7 @@ func (h *Host) fetch(c *callout) *calloutResponse {
 		return r
 	}
 	defer inflight.Add(-1)
-	if c.h1 != nil {
+	if c.kind == viaH1 {
 		return h.fetchH1(c)
 	}
 	ctx, cancel := h.ctx, context.CancelFunc(func() {})
@@ -348,8 +356,8 @@ func (h *Host) fetch(c *callout) *calloutResponse {
 		ctx, cancel = context.WithTimeout(h.ctx, c.timeout)
 	}
 	defer cancel()
-	if c.inproc != nil {
-		return h.serveCallout(ctx, c.cluster, c.inproc)
+	if c.kind == viaInproc {
+		return h.serveCallout(ctx, c.cluster, &c.inproc)
 	}
 	req := c.req.WithContext(ctx)
 	if c.cluster.handler != nil {
@@ -381,7 +389,7 @@ func (h *Host) fetch(c *callout) *calloutResponse {
 
 // fetchH1 is fetch through the host's HTTP/1.1 client.
 func (h *Host) fetchH1(c *callout) *calloutResponse {
-	r := c.h1
+	r := &c.h1
 	if c.timeout > 0 {
 		r.deadline = time.Now().Add(c.timeout)
 	}

@@ -191,7 +191,7 @@ func TestFetch_Overflow(t *testing.T) {
 	h := newHost(t, Options{Workers: 1, Clusters: map[string]string{"a": "http://127.0.0.1:1", "b": "http://127.0.0.1:1"}})
 	full, other := h.clusters["a"], h.clusters["b"]
 	full.inflight.Store(maxClusterRequests)
-	r := h.fetch(&callout{cluster: full, h1: newH1Request("127.0.0.1:1", "POST", "/", "a", nil, nil)})
+	r := h.fetch(&callout{cluster: full, kind: viaH1, h1: *newH1Request("127.0.0.1:1", "POST", "/", "a", nil, nil)})
 	if st, _ := r.headers.Get(":status"); st != "503" || !strings.Contains(string(r.body), "overflow") {
 		t.Errorf("overflow: %v %q", r.headers, r.body)
 	}
@@ -201,7 +201,7 @@ func TestFetch_Overflow(t *testing.T) {
 	if n := full.inflight.Load(); n != maxClusterRequests {
 		t.Errorf("%d in flight after the overflow, want %d", n, maxClusterRequests)
 	}
-	r = h.fetch(&callout{cluster: other, h1: newH1Request("127.0.0.1:1", "POST", "/", "b", nil, nil)})
+	r = h.fetch(&callout{cluster: other, kind: viaH1, h1: *newH1Request("127.0.0.1:1", "POST", "/", "b", nil, nil)})
 	if st, _ := r.headers.Get(":status"); st != "503" || strings.Contains(string(r.body), "overflow") {
 		t.Errorf("the other cluster: %v %q, want a connection failure", r.headers, r.body)
 	}

@@ -1,6 +1,7 @@
 package wasmfile
 
 import (
+	"cmp"
 	"encoding/binary"
 	"slices"
 )
@@ -70,7 +71,7 @@ func PackData(wasm []byte, maxGap int) ([]byte, error) {
 	if !ok {
 		return wasm, nil
 	}
-	slices.SortStableFunc(segs, func(a, b segment) int { return cmpUint32(a.offset, b.offset) })
+	slices.SortStableFunc(segs, func(a, b segment) int { return cmp.Compare(a.offset, b.offset) })
 	var packed []segment
 	for _, s := range segs {
 		if n := len(packed); n > 0 {
@@ -175,14 +176,4 @@ func appendS32(dst []byte, v int32) []byte {
 		}
 		dst = append(dst, c|0x80)
 	}
-}
-
-func cmpUint32(a, b uint32) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
