@@ -277,6 +277,13 @@ func (e embedded) Serves(method, path []byte) bool {
 }
 
 func (e embedded) ServeCallout(ctx context.Context, req *inproc.Request, res *inproc.Response) {
+	if e.s.storeWaits && !req.Deadline.IsZero() {
+		// A check waits for Redis until ctx ends (store.Redis); the memory
+		// store never waits, and is spared the timer.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
+		defer cancel()
+	}
 	in := checkio.Request{Authorization: req.Header("authorization"), RequestID: req.Header("x-request-id"), Body: req.Body}
 	if len(in.Body) > maxBody { // what readAll's reader refuses
 		in.Body, in.BodyErr = in.Body[:maxBody], &http.MaxBytesError{Limit: maxBody}

@@ -4,16 +4,23 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/inproc"
+	"github.com/sluicehq/sluice/internal/pwmap"
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 	"github.com/sluicehq/sluice/redisbridge/internal/store"
+	"github.com/sluicehq/sluice/redisbridge/redistest"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -184,5 +191,43 @@ func TestNearLimit(t *testing.T) {
 		if got := nearLimit(&tc.l, &tc.d, tc.ratio); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// An embedded bridge on Redis answers a call-out by its deadline, which
+// comes in the request rather than in the context (inproc.Request): with
+// Redis paused, the check fails at the call-out's deadline, long before
+// the store's own timeout, as it would have with a context that ended
+// then. A check that waited for Redis would return when the pause ends,
+// 15 times later, and pass.
+func TestEmbedded_CalloutDeadlineOnRedis(t *testing.T) {
+	rs := redistest.Start(t)
+	set := DefaultSettings()
+	set.Store, set.RedisURL, set.RedisTimeout, set.Logger = "redis", rs.URL, time.Minute, slog.New(slog.DiscardHandler)
+	set.AuditLog = filepath.Join(t.TempDir(), "audit")
+	s, err := New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	srv := s.Handler().(inproc.Server)
+	body := rules.AppendCheckRequestFrom(nil, &rules.CheckRequest{Limits: []rules.LimitRequest{{Key: "rl:{u:a}:x", Rule: "api",
+		Spec: rules.LimitSpec{Algorithm: rules.FixedWindow, Limit: 10, Burst: 10, WindowMS: 60_000, Cost: 1}}}})
+	headers := pwmap.Append(nil, [][2]string{{":method", "POST"}, {":path", checkPath}, {":authority", "bridge"}})
+	check := func(deadline time.Time) int {
+		var res inproc.Response
+		srv.ServeCallout(context.Background(), &inproc.Request{Headers: headers, Body: body, Deadline: deadline}, &res)
+		return res.Status
+	}
+	if got := check(time.Now().Add(time.Minute)); got != http.StatusOK {
+		t.Fatalf("before the pause: %d", got)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer rc.Close()
+	if err := rc.Do(context.Background(), "CLIENT", "PAUSE", "1500", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := check(time.Now().Add(100 * time.Millisecond)); got != http.StatusServiceUnavailable {
+		t.Errorf("paused: %d, want 503 at the call-out's deadline", got)
 	}
 }

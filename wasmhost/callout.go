@@ -348,17 +348,20 @@ func (h *Host) fetch(c *callout) *calloutResponse {
 		return r
 	}
 	defer inflight.Add(-1)
-	if c.kind == viaH1 {
+	switch c.kind {
+	case viaH1:
 		return h.fetchH1(c)
+	case viaInproc:
+		if c.timeout > 0 {
+			c.inproc.req.Deadline = time.Now().Add(c.timeout)
+		}
+		return h.serveCallout(c.cluster, &c.inproc)
 	}
 	ctx, cancel := h.ctx, context.CancelFunc(func() {})
 	if c.timeout > 0 {
 		ctx, cancel = context.WithTimeout(h.ctx, c.timeout)
 	}
 	defer cancel()
-	if c.kind == viaInproc {
-		return h.serveCallout(ctx, c.cluster, &c.inproc)
-	}
 	req := c.req.WithContext(ctx)
 	if c.cluster.handler != nil {
 		return h.serveInProcess(c.cluster, req)

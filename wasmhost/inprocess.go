@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/inproc"
 	"github.com/sluicehq/sluice/wasmhost/internal/fields"
@@ -33,7 +34,7 @@ func (h *Host) serveInProcess(cl *cluster, req *http.Request) (res *calloutRespo
 	a := &answer{header: http.Header{}, max: h.opts.MaxCalloutBody}
 	defer h.recoverInProcess(cl, a, &res)
 	cl.handler.ServeHTTP(a, req)
-	if failed := h.inProcessFailure(ctx, a.body.Len()); failed != nil {
+	if failed := h.inProcessFailure(ctx.Err(), a.body.Len()); failed != nil {
 		return failed
 	}
 	_, sized := a.header["Content-Length"]
@@ -49,14 +50,19 @@ func (h *Host) serveInProcess(cl *cluster, req *http.Request) (res *calloutRespo
 
 // serveCallout answers a call-out that an in-process cluster's handler
 // serves as an inproc.Server: as serveInProcess would with its ServeHTTP,
-// from the bytes the plugin sent.
-func (h *Host) serveCallout(ctx context.Context, cl *cluster, c *inprocCall) (res *calloutResponse) {
+// from the bytes the plugin sent. Its timeout is c.req.Deadline, not a
+// context's (inproc.Request).
+func (h *Host) serveCallout(cl *cluster, c *inprocCall) (res *calloutResponse) {
 	a := inprocAnswers.Get().(*inproc.Response)
 	defer inprocAnswers.Put(a)
 	a.Reset()
 	defer h.recoverInProcess(cl, nil, &res)
-	c.srv.ServeCallout(ctx, &c.req, a)
-	if failed := h.inProcessFailure(ctx, len(a.Body)); failed != nil {
+	c.srv.ServeCallout(h.ctx, &c.req, a)
+	err := h.ctx.Err()
+	if d := c.req.Deadline; err == nil && !d.IsZero() && !time.Now().Before(d) {
+		err = context.DeadlineExceeded // as the context of serveInProcess's request would end
+	}
+	if failed := h.inProcessFailure(err, len(a.Body)); failed != nil {
 		return failed
 	}
 	hm := replyHeaders(a.Status, a.HeaderCount(), len(a.Body), a.Has("Content-Length"))
@@ -98,12 +104,13 @@ func (h *Host) recoverInProcess(cl *cluster, a *answer, res **calloutResponse) {
 }
 
 // inProcessFailure is what replaces an in-process answer with a body of n
-// bytes: nil when it stands.
-func (h *Host) inProcessFailure(ctx context.Context, n int) *calloutResponse {
+// bytes, ctxErr the error of the call-out's context once it answered: nil
+// when it stands.
+func (h *Host) inProcessFailure(ctxErr error, n int) *calloutResponse {
 	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded) && !h.closed.Load():
-		return failedBeforeResponse(ctx.Err(), true)
-	case ctx.Err() != nil:
+	case errors.Is(ctxErr, context.DeadlineExceeded) && !h.closed.Load():
+		return failedBeforeResponse(ctxErr, true)
+	case ctxErr != nil:
 		return &calloutResponse{failed: true} // the host is closing
 	case int64(n) > h.opts.MaxCalloutBody:
 		return &calloutResponse{failed: true} // as a body over the limit from a connection

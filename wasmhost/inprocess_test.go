@@ -3,14 +3,17 @@ package wasmhost
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/hosttest"
 	"github.com/sluicehq/sluice/internal/inproc"
@@ -104,6 +107,11 @@ func (s *calloutServer) ServeCallout(ctx context.Context, req *inproc.Request, r
 		}
 	})
 	s.note(path, "ServeCallout")
+	if !req.Deadline.IsZero() { // h waits on its request's context
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
+		defer cancel()
+	}
 	r := httptest.NewRequestWithContext(ctx, method, path, bytes.NewReader(req.Body))
 	r.Host, r.Header = authority, header
 	rec := httptest.NewRecorder() // neither a Hijacker nor a writer of 1xx: a hijack panics
@@ -159,6 +167,64 @@ func TestHost_InProcessServerAnswer(t *testing.T) {
 			t.Errorf("%s: body %q", tc.path, got)
 		}
 	}
+}
+
+// An inproc.Server has the call-out's timeout as the request's Deadline,
+// none without a timeout, and not in its context, which ends only when the
+// host closes; an answer that comes after the deadline is the timeout's
+// 504 all the same.
+func TestHost_InProcessServerDeadline(t *testing.T) {
+	srv := &deadlineServer{}
+	h := newHost(t, Options{Handlers: map[string]http.Handler{"backend": srv}})
+	for _, tc := range []struct {
+		timeout time.Duration
+		path    string
+		want    hosttest.Callout
+	}{
+		{0, "/", hosttest.Callout{Body: "ok", Status: "200"}},
+		{time.Minute, "/", hosttest.Callout{Body: "ok", Status: "200"}},
+		{20 * time.Millisecond, "/late", hosttest.Callout{Body: "upstream request timeout", Status: "504"}},
+	} {
+		tc.want.Name = fmt.Sprintf("%v %s", tc.timeout, tc.path)
+		tc.want.Headers = []string{"x-callout-path", tc.path, "x-timeout", strconv.Itoa(int(tc.timeout.Milliseconds()))}
+		before := time.Now()
+		checkCallout(t, h, tc.want)
+		after := time.Now()
+		srv.mu.Lock()
+		d, ctxDeadline := srv.deadline, srv.ctxDeadline
+		srv.mu.Unlock()
+		switch {
+		case ctxDeadline:
+			t.Errorf("%s: the context has a deadline", tc.want.Name)
+		case tc.timeout == 0 && !d.IsZero():
+			t.Errorf("%s: deadline %v, want none", tc.want.Name, d)
+		case tc.timeout > 0 && (d.Before(before.Add(tc.timeout)) || d.After(after.Add(tc.timeout))):
+			t.Errorf("%s: deadline %v, want %v after the call-out went out (%v to %v)", tc.want.Name, d, tc.timeout, before, after)
+		}
+	}
+}
+
+// deadlineServer answers "ok", on /late once the call-out's deadline has
+// passed, and notes the deadline it was given and whether its context had
+// one.
+type deadlineServer struct {
+	http.Handler
+	mu          sync.Mutex
+	deadline    time.Time
+	ctxDeadline bool
+}
+
+func (*deadlineServer) Serves(method, path []byte) bool { return true }
+
+func (s *deadlineServer) ServeCallout(ctx context.Context, req *inproc.Request, res *inproc.Response) {
+	_, ctxDeadline := ctx.Deadline()
+	s.mu.Lock()
+	s.deadline, s.ctxDeadline = req.Deadline, ctxDeadline
+	s.mu.Unlock()
+	if calloutPath(req) == "/late" {
+		time.Sleep(time.Until(req.Deadline) + time.Millisecond)
+	}
+	res.Body = append(res.Body, "ok"...)
 }
 
 // answerServer answers every call-out with body "body" and headers x-a

@@ -12,6 +12,7 @@ package inproc
 
 import (
 	"context"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/asciifold"
 	"github.com/sluicehq/sluice/internal/pwmap"
@@ -25,7 +26,10 @@ type Server interface {
 	// call-outs it sends to ServeHTTP.
 	Serves(method, path []byte) bool
 	// ServeCallout answers req into res, which comes reset; it returns
-	// when the answer is whole. ctx ends at the call-out's timeout.
+	// when the answer is whole. ctx ends when the host closes, not at the
+	// call-out's timeout, req.Deadline: a server that may wait bounds
+	// its waits by that itself (context.WithDeadline). The host drops an
+	// answer that comes later for the timeout's 504.
 	ServeCallout(ctx context.Context, req *Request, res *Response)
 }
 
@@ -35,6 +39,11 @@ type Request struct {
 	// proxy-wasm's serialized map (internal/pwmap).
 	Headers []byte
 	Body    []byte
+	// Deadline is when the call-out times out; zero: never. It is not
+	// in ServeCallout's ctx because a timer and a context per call-out
+	// cost the gateway more than a check of the embedded bridge on its
+	// memory store, which never waits.
+	Deadline time.Time
 }
 
 // Header is the value of the first header named name, in any case: nil
