@@ -148,9 +148,9 @@ func (*abiHost) Dispatch(cluster string, headers [][2]string, body []byte, timeo
 	return proxywasm.DispatchHTTPCall(cluster, headers, body, nil, timeoutMS)
 }
 
-func (*abiHost) CallResponse(int) (string, []byte) {
+func (*abiHost) CallResponse(bodySize int) (string, []byte) {
 	status := view(proxywasm.GetHTTPCallResponseHeaderBytes(":status"))
-	body, _ := proxywasm.GetHTTPCallResponseBody()
+	body, _ := proxywasm.GetHTTPCallResponseBody(bodySize)
 	return status, body
 }
 

@@ -62,7 +62,11 @@ func getBuffer(bufferType uint32) ([]byte, error) {
 	if err := Status(proxyGetBufferStatus(bufferType, unsafe.Pointer(&retSize), unsafe.Pointer(&retU32))).Err(); err != nil {
 		return nil, err
 	}
-	size := retSize
+	return getBufferPrefix(bufferType, retSize)
+}
+
+// getBufferPrefix returns a view of the first size bytes of a host buffer.
+func getBufferPrefix(bufferType, size uint32) ([]byte, error) {
 	if size == 0 {
 		return nil, nil
 	}
@@ -86,9 +90,12 @@ func GetVMConfiguration() ([]byte, error) {
 	return clone(b), err
 }
 
-// GetHTTPCallResponseBody returns a view of the call-out response body. Valid
-// in OnHTTPCallResponse, and only until it returns.
-func GetHTTPCallResponseBody() ([]byte, error) { return getBuffer(bufferHTTPCallResponseBody) }
+// GetHTTPCallResponseBody returns a view of the call-out response body,
+// whose size OnHTTPCallResponse was given: the host is not asked for it
+// again. Valid in OnHTTPCallResponse, and only until it returns.
+func GetHTTPCallResponseBody(size int) ([]byte, error) {
+	return getBufferPrefix(bufferHTTPCallResponseBody, uint32(size))
+}
 
 // bodyPart bounds the parts VisitHTTPResponseBody reads a body in, so
 // that each fits the arena.

@@ -126,8 +126,8 @@ func (r *root) OnHTTPCallResponse(id uint32, numHeaders, bodySize, _ int) {
 		return
 	}
 	status, _ := proxywasm.GetHTTPCallResponseHeaderBytes(":status")
-	body, err := proxywasm.GetHTTPCallResponseBody()
-	if err != nil || len(body) != bodySize {
+	body, err := proxywasm.GetHTTPCallResponseBody(bodySize)
+	if size, ok := callResponseBodySize(); err != nil || len(body) != bodySize || !ok || size != bodySize {
 		_ = proxywasm.SendLocalResponse(500, "callout_body", []byte("body size mismatch"), nil)
 		return
 	}

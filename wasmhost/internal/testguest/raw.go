@@ -16,6 +16,18 @@ import (
 //go:wasmimport env proxy_get_header_map_size
 func rawHeaderMapSize(mapType uint32, ret unsafe.Pointer) uint32
 
+//go:wasmimport env proxy_get_buffer_status
+func rawBufferStatus(bufferType uint32, retSize unsafe.Pointer, retFlags unsafe.Pointer) uint32
+
+// callResponseBodySize is the size of the call-out response body as
+// proxy_get_buffer_status gives it, which the binding does not ask for.
+func callResponseBodySize() (int, bool) {
+	const httpCallResponseBody = 4 // proxy-wasm's BufferType
+	var size, flags uint32
+	ok := rawBufferStatus(httpCallResponseBody, unsafe.Pointer(&size), unsafe.Pointer(&flags)) == 0
+	return int(size), ok
+}
+
 //go:wasmimport env proxy_get_status
 func rawGetStatus(code unsafe.Pointer, retData unsafe.Pointer, retSize unsafe.Pointer) uint32
 
