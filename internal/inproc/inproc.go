@@ -40,9 +40,9 @@ type Request struct {
 	Headers []byte
 	Body    []byte
 	// Deadline is when the call-out times out; zero: never. It is not
-	// in ServeCallout's ctx because a timer and a context per call-out
-	// cost the gateway more than a check of the embedded bridge on its
-	// memory store, which never waits.
+	// in ServeCallout's ctx: a timer and a context per call-out cost the
+	// gateway more than the embedded bridge's memory store spends on the
+	// check, and that store never waits.
 	Deadline time.Time
 }
 
