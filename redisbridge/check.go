@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/inproc"
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
+	"github.com/sluicehq/sluice/redisbridge/internal/store"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -277,7 +278,7 @@ func (e embedded) Serves(method, path []byte) bool {
 }
 
 func (e embedded) ServeCallout(ctx context.Context, req *inproc.Request, res *inproc.Response) {
-	if e.s.storeWaits && !req.Deadline.IsZero() {
+	if _, memory := e.s.store.(*store.Memory); !memory && !req.Deadline.IsZero() {
 		// A check waits for Redis until ctx ends (store.Redis); the memory
 		// store never waits, and is spared the timer.
 		var cancel context.CancelFunc

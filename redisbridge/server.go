@@ -32,16 +32,13 @@ import (
 
 // Server is a bridge: an HTTP handler over a counter store.
 type Server struct {
-	set   Settings
-	store store.Store
-	// storeWaits: a check may wait for the store (Redis), so an embedded
-	// call-out's check needs its timeout in its context (embedded).
-	storeWaits bool
-	overrides  *overrides.Set
-	policy     *policy.Store              // nil without --policy-store
-	rls        atomic.Pointer[rls.Config] // nil without --rls-config; Reload replaces it
-	cert       *tlsfiles.Pair             // nil without --tls-cert
-	clientCAs  *tlsfiles.CAs              // nil without --tls-client-ca
+	set       Settings
+	store     store.Store
+	overrides *overrides.Set
+	policy    *policy.Store              // nil without --policy-store
+	rls       atomic.Pointer[rls.Config] // nil without --rls-config; Reload replaces it
+	cert      *tlsfiles.Pair             // nil without --tls-cert
+	clientCAs *tlsfiles.CAs              // nil without --tls-client-ca
 	// rlsSeen is what reloadRLS last found in --rls-config.
 	rlsMu   sync.Mutex
 	rlsSeen filewatch.Seen
@@ -152,7 +149,7 @@ func New(set Settings) (*Server, error) {
 			s.closeAudit()
 			return nil, fmt.Errorf("--redis-url: %w", err)
 		}
-		s.store, s.storeWaits = r, true
+		s.store = r
 		ob = r.Overrides(time.Second)
 	default:
 		s.store = store.NewMemory(store.MemoryOptions{MaxKeys: set.MemoryMaxKeys, Now: set.Now})
