@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/idleconn"
+	"github.com/sluicehq/sluice/internal/rawsock"
 )
 
 // ErrClosed: the pool is closed.
@@ -134,6 +135,7 @@ func (p *Pool) Get(addr string, deadline time.Time) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	nc = rawsock.Wrap(nc)
 	c := &Conn{Conn: nc, addr: addr, W: bufio.NewWriter(nc), left: -1, probe: idleconn.NewProbe(nc)}
 	c.R = bufio.NewReader(connReader{c})
 	p.mu.Lock()

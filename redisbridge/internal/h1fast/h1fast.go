@@ -33,6 +33,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/sluicehq/sluice/internal/asciifold"
+	"github.com/sluicehq/sluice/internal/rawsock"
 	"github.com/sluicehq/sluice/redisbridge/internal/checkio"
 )
 
@@ -116,7 +117,7 @@ func (s *Server) Serve() error {
 			return err
 		}
 		delay = 0
-		fc := &conn{c: c}
+		fc := &conn{c: rawsock.Wrap(c)}
 		if s.maxAge > 0 {
 			fc.old = time.Now().Add(checkio.ConnAge(s.maxAge))
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/idleconn"
+	"github.com/sluicehq/sluice/internal/rawsock"
 )
 
 // A single Redis (redis://, rediss://, unix://) gets its check pipelines
@@ -72,6 +73,7 @@ func (d *directConn) connect(deadline time.Time) error {
 	if err != nil {
 		return err
 	}
+	c = rawsock.Wrap(c)
 	if d.opt.TLSConfig != nil {
 		tc := tls.Client(c, d.opt.TLSConfig)
 		if err := tc.HandshakeContext(ctx); err != nil {
