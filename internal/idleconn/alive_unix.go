@@ -4,7 +4,6 @@ package idleconn
 
 import (
 	"crypto/tls"
-	"errors"
 	"net"
 	"syscall"
 )
@@ -49,9 +48,7 @@ func (p *Probe) Alive() bool {
 }
 
 func (p *Probe) peekFD(fd uintptr) bool {
-	var b [1]byte
-	_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	p.alive = errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK)
+	p.alive = nothingToRead(fd)
 	return true // never wait for readiness
 }
 
