@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/nettest"
 )
 
 // TestAlive: an idle connection is alive until its peer closes it or
@@ -22,21 +24,7 @@ func TestAlive(t *testing.T) {
 		{"bytes unasked", func(c net.Conn) { c.Write([]byte("x")) }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			peer, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer peer.Close()
+			c, peer := nettest.Pair(t)
 			tc.peer(peer)
 			// What the peer did reaches this end within a moment.
 			deadline := time.Now().Add(2 * time.Second)

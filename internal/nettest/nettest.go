@@ -77,3 +77,29 @@ func FreeAddrs(tb testing.TB, n int) []string {
 	}
 	return addrs
 }
+
+// Pair returns the two ends of a loopback TCP connection, both closed
+// when tb ends.
+func Pair(tb testing.TB) (client, server net.Conn) {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { client.Close() })
+	if server = <-accepted; server == nil {
+		tb.Fatal("nettest: accept failed")
+	}
+	tb.Cleanup(func() { server.Close() })
+	return client, server
+}

@@ -11,110 +11,111 @@ import (
 	"unsafe"
 )
 
-// conn is a stream socket read and written by raw system calls. Each
-// direction keeps the buffer of its call in the struct and a method value
-// made once, so that neither allocates; its mutex keeps two concurrent
-// calls of the same direction from sharing those fields, as net.Conn
-// allows them.
+// conn is a stream socket read and written by raw system calls, a side
+// for each direction.
 type conn struct {
 	net.Conn
-	rc syscall.RawConn
+	rc   syscall.RawConn
+	r, w side
+}
 
-	rmu    sync.Mutex
-	rbuf   []byte
-	rn     int
-	rerrno syscall.Errno
-	readFD func(uintptr) bool
-
-	wmu     sync.Mutex
-	wbuf    []byte
-	wn      int
-	werrno  syscall.Errno
-	writeFD func(uintptr) bool
+// side is one direction of a conn. The buffer of its call and the call's
+// result are kept here, and the functions syscall.RawConn takes are made
+// once, so that a call allocates nothing; the mutex keeps two concurrent
+// calls of one direction, which net.Conn allows, apart.
+type side struct {
+	mu    sync.Mutex
+	op    string // "read" or "write"
+	buf   []byte
+	n     int
+	errno syscall.Errno
+	// wait is the RawConn's Read or Write, which calls step until it
+	// returns true, waiting for the socket to be ready in between.
+	wait func(func(uintptr) bool) error
+	step func(uintptr) bool
 }
 
 func wrap(c net.Conn, rc syscall.RawConn) net.Conn {
 	w := &conn{Conn: c, rc: rc}
-	w.readFD, w.writeFD = w.readOnce, w.writeAll
+	w.r = side{op: "read", wait: rc.Read}
+	w.r.step = w.r.readOnce
+	w.w = side{op: "write", wait: rc.Write}
+	w.w.step = w.w.writeAll
 	return w
 }
 
 func (c *conn) Read(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	c.rmu.Lock()
-	c.rbuf, c.rn, c.rerrno = p, 0, 0
-	err := c.rc.Read(c.readFD)
-	n, errno := c.rn, c.rerrno
-	c.rbuf = nil
-	c.rmu.Unlock()
-	switch {
-	case err != nil:
-		return 0, c.opError("read", err)
-	case errno != 0:
-		return 0, c.opError("read", os.NewSyscallError("read", errno))
-	case n == 0:
+	n, err := c.r.do(c, p)
+	if err == nil && n == 0 && len(p) > 0 {
 		return 0, io.EOF
 	}
-	return n, nil
+	return n, err
 }
 
-// readOnce reads once into rbuf; false: nothing to read yet, wait.
-func (c *conn) readOnce(fd uintptr) bool {
-	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(c.rbuf))), uintptr(len(c.rbuf)))
-		switch e {
-		case 0:
-			c.rn = int(n)
-			return true
-		case syscall.EINTR:
-		case syscall.EAGAIN:
-			return false
-		default:
-			c.rerrno = e
-			return true
-		}
-	}
-}
+func (c *conn) Write(p []byte) (int, error) { return c.w.do(c, p) }
 
-func (c *conn) Write(p []byte) (int, error) {
+// do makes s's system call on p through the poller; n is how much of p
+// it read or wrote.
+func (s *side) do(c *conn, p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	c.wmu.Lock()
-	c.wbuf, c.wn, c.werrno = p, 0, 0
-	err := c.rc.Write(c.writeFD)
-	n, errno := c.wn, c.werrno
-	c.wbuf = nil
-	c.wmu.Unlock()
-	switch {
-	case err != nil:
-		return n, c.opError("write", err)
-	case errno != 0:
-		return n, c.opError("write", os.NewSyscallError("write", errno))
+	s.mu.Lock()
+	s.buf, s.n, s.errno = p, 0, 0
+	err := s.wait(s.step)
+	n, errno := s.n, s.errno
+	s.buf = nil
+	s.mu.Unlock()
+	if err == nil && errno != 0 {
+		err = os.NewSyscallError(s.op, errno)
+	}
+	if err != nil {
+		return n, c.opError(s.op, err)
 	}
 	return n, nil
 }
 
-// writeAll writes what is left of wbuf; false: the socket's buffer is
+// readOnce reads once into buf; false: nothing to read yet, wait.
+func (s *side) readOnce(fd uintptr) bool {
+	n, e := call(syscall.SYS_READ, fd, s.buf)
+	if e == syscall.EAGAIN {
+		return false
+	}
+	if e != 0 {
+		s.errno = e
+	} else {
+		s.n = n
+	}
+	return true
+}
+
+// writeAll writes what is left of buf; false: the socket's buffer is
 // full, wait until it takes more.
-func (c *conn) writeAll(fd uintptr) bool {
-	for c.wn < len(c.wbuf) {
-		rest := c.wbuf[c.wn:]
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(unsafe.SliceData(rest))), uintptr(len(rest)))
+func (s *side) writeAll(fd uintptr) bool {
+	for s.n < len(s.buf) {
+		n, e := call(syscall.SYS_WRITE, fd, s.buf[s.n:])
 		switch e {
 		case 0:
-			c.wn += int(n)
-		case syscall.EINTR:
+			s.n += n
 		case syscall.EAGAIN:
 			return false
 		default:
-			c.werrno = e
+			s.errno = e
 			return true
 		}
 	}
 	return true
+}
+
+// call makes read(2) or write(2) (trap) of b on fd, again when a signal
+// interrupted it.
+func call(trap, fd uintptr, b []byte) (int, syscall.Errno) {
+	for {
+		n, _, e := syscall.RawSyscall(trap, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+		if e != syscall.EINTR {
+			return int(n), e
+		}
+	}
 }
 
 // opError reports err as net.Conn's Read and Write do: a *net.OpError

@@ -1,4 +1,4 @@
-package rawsock
+package rawsock_test
 
 import (
 	"bytes"
@@ -8,38 +8,17 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/nettest"
+	"github.com/sluicehq/sluice/internal/rawsock"
 )
 
-// pair returns the two ends of a loopback TCP connection.
-func pair(t testing.TB) (client, server net.Conn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	client, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	server = <-accepted
-	if server == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { client.Close(); server.Close() })
-	return client, server
-}
-
 func TestWrap(t *testing.T) {
-	client, _ := pair(t)
+	client, _ := nettest.Pair(t)
 	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "s"))
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +43,7 @@ func TestWrap(t *testing.T) {
 		{"pipe", p1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := Wrap(tc.c)
+			w := rawsock.Wrap(tc.c)
 			if got := w != tc.c; got != tc.wrapped {
 				t.Fatalf("wrapped: %v, want %v", got, tc.wrapped)
 			}
@@ -85,7 +64,7 @@ type outcome struct {
 	n                                  int
 	data                               string
 	eof, timeout, closed, reset, isNet bool
-	op                                 string
+	op, msg                            string
 }
 
 func outcomeOf(n int, data []byte, err error) outcome {
@@ -100,6 +79,9 @@ func outcomeOf(n int, data []byte, err error) outcome {
 	var oe *net.OpError
 	if errors.As(err, &oe) {
 		o.op = oe.Op
+	}
+	if err != nil {
+		o.msg = err.Error()
 	}
 	return o
 }
@@ -179,10 +161,16 @@ func TestConn_AsNetConn(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			plainC, plainPeer := pair(t)
-			want := tc.run(t, plainC, plainPeer)
-			c, peer := pair(t)
-			got := tc.run(t, Wrap(c), peer)
+			// The message, with the connection's addresses named alike.
+			run := func(c, peer net.Conn) outcome {
+				o := tc.run(t, c, peer)
+				o.msg = strings.NewReplacer(c.LocalAddr().String(), "local", c.RemoteAddr().String(), "remote").Replace(o.msg)
+				return o
+			}
+			plainC, plainPeer := nettest.Pair(t)
+			want := run(plainC, plainPeer)
+			c, peer := nettest.Pair(t)
+			got := run(rawsock.Wrap(c), peer)
 			if got != want {
 				t.Errorf("wrapped: %+v\nnet.Conn: %+v", got, want)
 			}
@@ -194,8 +182,8 @@ func TestConn_AsNetConn(t *testing.T) {
 // peer reads slowly, so that writes come back partial and wait for room,
 // and reads in both directions at once.
 func TestConn_WriteWaits(t *testing.T) {
-	c, peer := pair(t)
-	w := Wrap(c)
+	c, peer := nettest.Pair(t)
+	w := rawsock.Wrap(c)
 	data := make([]byte, 8<<20)
 	for i := range data {
 		data[i] = byte(i * 7)
@@ -236,8 +224,8 @@ func TestConn_WriteWaits(t *testing.T) {
 }
 
 func TestConn_NoAllocation(t *testing.T) {
-	c, peer := pair(t)
-	w := Wrap(c)
+	c, peer := nettest.Pair(t)
+	w := rawsock.Wrap(c)
 	b, msg := make([]byte, 64), []byte("ping")
 	if n := testing.AllocsPerRun(200, func() {
 		if _, err := w.Write(msg); err != nil {
@@ -266,9 +254,9 @@ func BenchmarkConn_RoundTrip(b *testing.B) {
 			name = "rawsock"
 		}
 		b.Run(name, func(b *testing.B) {
-			c, s := pair(b)
+			c, s := nettest.Pair(b)
 			if wrapped {
-				c, s = Wrap(c), Wrap(s)
+				c, s = rawsock.Wrap(c), rawsock.Wrap(s)
 			}
 			go func() {
 				buf := make([]byte, 64)
