@@ -94,7 +94,13 @@ func benchRole(role string, args []string) error {
 	default:
 		return fmt.Errorf("unknown role")
 	}
-	ln, err := net.Listen("tcp", args[0])
+	// The gateway without plugin binds as the gateway does; the upstream
+	// and the reverse proxy as a plain net/http server.
+	bind := func(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
+	if role == "gateway-no-plugin" {
+		bind = listen
+	}
+	ln, err := bind(args[0])
 	if err != nil {
 		return err
 	}

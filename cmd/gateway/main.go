@@ -33,6 +33,7 @@ import (
 	"github.com/tetratelabs/wazero"
 
 	"github.com/sluicehq/sluice/internal/filewatch"
+	"github.com/sluicehq/sluice/internal/rawsock"
 	"github.com/sluicehq/sluice/internal/tlsfiles"
 	"github.com/sluicehq/sluice/internal/unixaddr"
 	"github.com/sluicehq/sluice/wasmhost"
@@ -447,7 +448,7 @@ func run(ctx context.Context, args []string, stderr *os.File) error {
 	// The gateway's own address is bound before the admin address serves:
 	// /ready says LIVE only once requests can be accepted, as Envoy's
 	// server is LIVE only after its listeners are up.
-	ln, err := net.Listen("tcp", s.listen)
+	ln, err := listen(s.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
@@ -738,6 +739,18 @@ func adminHandler(host *wasmhost.Host, draining *atomic.Bool, bridge http.Handle
 		io.WriteString(w, "LIVE\n")
 	})
 	return mux
+}
+
+// listen binds the gateway's address. Its clients' sockets are read and
+// written by raw system calls, as its upstream and call-out connections
+// are (internal/rawsock): Go's bookkeeping for a call that may block took
+// about a tenth of the gateway's CPU a request (docs/performance.md).
+func listen(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return rawsock.Listener(ln), nil
 }
 
 // newServer is the gateway's HTTP server around its handler. A client's

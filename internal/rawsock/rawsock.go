@@ -36,3 +36,18 @@ func Wrap(c net.Conn) net.Conn {
 	}
 	return wrap(c, rc)
 }
+
+// Listener returns ln with every connection it accepts wrapped by Wrap:
+// what a server on net/http takes to read and write its clients' sockets
+// by raw system calls.
+func Listener(ln net.Listener) net.Listener { return listener{ln} }
+
+type listener struct{ net.Listener }
+
+func (l listener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return Wrap(c), nil
+}
