@@ -61,7 +61,7 @@ func startRawUpstream(tb testing.TB, answer func(c net.Conn, br *bufio.Reader, r
 // serveGateway serves h on a loopback port as the gateway does (newServer)
 // until tb ends, and returns the address.
 func serveGateway(tb testing.TB, h http.Handler) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listen("127.0.0.1:0") // as run binds: clients' sockets raw
 	if err != nil {
 		tb.Fatal(err)
 	}
