@@ -3,7 +3,6 @@ package store
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/idleconn"
-	"github.com/sluicehq/sluice/internal/rawsock"
 )
 
 // A single Redis (redis://, rediss://, unix://) gets its check pipelines
@@ -69,18 +67,9 @@ func (d *directConn) close() {
 func (d *directConn) connect(deadline time.Time) error {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	c, err := (&net.Dialer{Timeout: d.timeout}).DialContext(ctx, d.opt.Network, d.opt.Addr)
+	c, err := dialRedis(ctx, d.timeout, d.opt.Network, d.opt.Addr, d.opt.TLSConfig)
 	if err != nil {
 		return err
-	}
-	c = rawsock.Wrap(c)
-	if d.opt.TLSConfig != nil {
-		tc := tls.Client(c, d.opt.TLSConfig)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			c.Close()
-			return err
-		}
-		c = tc
 	}
 	d.c = c
 	if d.r == nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/rawsock"
 )
 
 // newClient builds a go-redis client from our URL forms. For a single Redis
@@ -41,6 +44,7 @@ func newClient(o RedisOptions) (redis.UniversalClient, bool, *redis.Options, err
 		setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
 		opt.WriteTimeout = opt.ReadTimeout
 		applyTLS(opt.TLSConfig, o)
+		opt.Dialer = redisDialer(&opt.DialTimeout, opt.TLSConfig)
 		return redis.NewClient(opt), false, opt, nil
 	case "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster":
 	default:
@@ -63,6 +67,7 @@ func newClient(o RedisOptions) (redis.UniversalClient, bool, *redis.Options, err
 		opt := &redis.ClusterOptions{Addrs: u.hosts, Username: u.user, Password: u.pass, TLSConfig: tlsConf}
 		setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
 		opt.WriteTimeout = opt.ReadTimeout
+		opt.Dialer = redisDialer(&opt.DialTimeout, tlsConf)
 		return redis.NewClusterClient(opt), true, nil, nil
 	}
 	opt, err := failoverOptions(u, tlsConf)
@@ -71,7 +76,58 @@ func newClient(o RedisOptions) (redis.UniversalClient, bool, *redis.Options, err
 	}
 	setup(&opt.DialTimeout, &opt.ReadTimeout, &opt.PoolSize, &opt.MaxRetries)
 	opt.WriteTimeout = opt.ReadTimeout
+	opt.Dialer = redisDialer(&opt.DialTimeout, tlsConf) // the sentinels' connections too
 	return redis.NewFailoverClient(opt), false, nil, nil
+}
+
+// redisKeepAlive is the TCP keep-alive of every connection to Redis, as
+// go-redis's own dialer sets it: probes after 30 s idle (under the idle
+// timeouts of load balancers and NATs), 5 s apart, the connection dead
+// after 3 unanswered.
+var redisKeepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+// dialRedis connects to a Redis server or sentinel as go-redis's own dialer
+// does (timeout bounds the connection and the TLS handshake; the server
+// name is the address's host when tlsConf has none), on a socket read and
+// written by raw system calls (internal/rawsock): a check's commands and
+// answers are a write and a read each, and Go's bookkeeping for a call that
+// may block cost the bridge more than either. The direct connections and
+// every go-redis client of the store dial through it.
+func dialRedis(ctx context.Context, timeout time.Duration, network, addr string, tlsConf *tls.Config) (net.Conn, error) {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	c, err := (&net.Dialer{KeepAliveConfig: redisKeepAlive}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	c = rawsock.Wrap(c)
+	if tlsConf == nil {
+		return c, nil
+	}
+	if tlsConf.ServerName == "" {
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			tlsConf = tlsConf.Clone()
+			tlsConf.ServerName = host
+		}
+	}
+	tc := tls.Client(c, tlsConf)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// redisDialer is dialRedis as a go-redis client's Dialer. timeout points
+// into the client's options: go-redis puts its default there when the
+// client is made.
+func redisDialer(timeout *time.Duration, tlsConf *tls.Config) func(context.Context, string, string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return dialRedis(ctx, *timeout, network, addr, tlsConf)
+	}
 }
 
 // failoverOptions are a sentinel URL's: the sentinels, the master's name
