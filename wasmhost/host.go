@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/tetratelabs/wazero"
+
+	"github.com/sluicehq/sluice/internal/rawsock"
 )
 
 // Errors a request or the host can fail with. Compare with errors.Is.
@@ -200,6 +202,9 @@ func New(ctx context.Context, wasm []byte, opts Options) (*Host, error) {
 	}
 	if h.client == nil {
 		t := NewTransport()
+		// Call-outs to HTTPS clusters go through it: their connections
+		// raw, as the plain-HTTP clusters' are (h1pool).
+		t.DialContext = rawsock.DialContext(t.DialContext)
 		if opts.TLSClientConfig != nil {
 			t.TLSClientConfig = opts.TLSClientConfig.Clone()
 		}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice/internal/h1pool"
+	"github.com/sluicehq/sluice/internal/rawsock"
 	"github.com/sluicehq/sluice/wasmhost"
 )
 
@@ -59,6 +60,9 @@ type upstreamTransport struct {
 
 func newUpstreamTransport(timeout time.Duration, http2 bool, tlsConfig *tls.Config) *upstreamTransport {
 	tr := wasmhost.NewTransport()
+	// Requests with a body, HTTPS and HTTP/2 go through it: their
+	// connections raw, as the pool's are.
+	tr.DialContext = rawsock.DialContext(tr.DialContext)
 	if tlsConfig != nil { // --upstream-tls-ca
 		tr.TLSClientConfig = tlsConfig.Clone()
 	}

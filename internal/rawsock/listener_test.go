@@ -6,8 +6,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httptrace"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/rawsock"
@@ -83,5 +85,56 @@ func TestListener(t *testing.T) {
 	}
 	if _, err := l.Accept(); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Accept after Close: %v, want net.ErrClosed", err)
+	}
+}
+
+// TestDialContext: the connections a dial makes come back wrapped, its
+// errors unchanged, and an http.Transport dialing through it speaks HTTPS
+// and HTTP/1.1 as before.
+func TestDialContext(t *testing.T) {
+	var d net.Dialer
+	var dialed []net.Conn
+	dial := rawsock.DialContext(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			dialed = append(dialed, c)
+		}
+		return c, err
+	})
+	refused := errors.New("refused")
+	if c, err := rawsock.DialContext(func(context.Context, string, string) (net.Conn, error) { return nil, refused })(context.Background(), "tcp", "x:1"); c != nil || err != refused {
+		t.Errorf("a failed dial: %v, %v; want nil, %v", c, err, refused)
+	}
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello "+r.Proto) })
+	for _, srv := range []*httptest.Server{httptest.NewServer(hello), httptest.NewTLSServer(hello)} {
+		defer srv.Close()
+		tr := srv.Client().Transport.(*http.Transport).Clone()
+		tr.DialContext = dial
+		dialed = nil
+		for range 2 {
+			res, err := (&http.Client{Transport: tr}).Get(srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(res.Body)
+			res.Body.Close()
+			if err != nil || string(body) != "hello HTTP/1.1" {
+				t.Fatalf("%s: %q, %v", srv.URL, body, err)
+			}
+		}
+		if len(dialed) != 1 {
+			t.Errorf("%s: %d connections dialed for two requests, want 1", srv.URL, len(dialed))
+		}
+		tr.CloseIdleConnections()
+	}
+	srv := httptest.NewServer(hello)
+	defer srv.Close()
+	c, err := dial(context.Background(), "tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, plain := c.(*net.TCPConn); plain == (runtime.GOOS == "linux") {
+		t.Errorf("dialed a %T; wrapped on Linux only", c)
 	}
 }

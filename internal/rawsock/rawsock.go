@@ -17,6 +17,7 @@
 package rawsock
 
 import (
+	"context"
 	"net"
 	"syscall"
 )
@@ -50,4 +51,17 @@ func (l listener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	return Wrap(c), nil
+}
+
+// DialContext returns dial with every connection it makes wrapped by
+// Wrap: what an http.Transport's DialContext takes to read and write its
+// connections by raw system calls, beneath its TLS too.
+func DialContext(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return Wrap(c), nil
+	}
 }
