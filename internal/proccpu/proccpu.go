@@ -90,3 +90,34 @@ func Switches() (int64, error) {
 	}
 	return 0, fmt.Errorf("/proc/stat: no ctxt line")
 }
+
+// Stalls is what a thread that never blocks saw of its CPU over Span:
+// how often the clock jumped by more than the threshold between two reads
+// in a row (Count), the time those jumps took in all (Lost), and the
+// longest (Longest). On a machine of its own a spinning thread sees
+// none; on a virtual machine the hypervisor and the guest kernel's own
+// threads take its CPU away for milliseconds at a time, and every process
+// a request passes through can be caught in such a gap.
+type Stalls struct {
+	Span, Lost, Longest time.Duration
+	Count               int
+}
+
+// watch reads now, a monotonic clock, until span has passed, and sums the
+// steps longer than over.
+func watch(now func() time.Duration, span, over time.Duration) Stalls {
+	t0 := now()
+	last := t0
+	var s Stalls
+	for last-t0 < span {
+		t := now()
+		if d := t - last; d > over {
+			s.Count++
+			s.Lost += d
+			s.Longest = max(s.Longest, d)
+		}
+		last = t
+	}
+	s.Span = last - t0
+	return s
+}

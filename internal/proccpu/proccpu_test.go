@@ -2,6 +2,7 @@ package proccpu
 
 import (
 	"os"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -84,5 +85,59 @@ func TestWakeRoundTrip(t *testing.T) {
 	}
 	if _, _, err := WakeRoundTrip(0, false); err == nil {
 		t.Error("no error for 0 round trips")
+	}
+}
+
+// The clock's steps longer than the threshold are the stalls; watching
+// ends at the first read a span after the start.
+func TestWatch(t *testing.T) {
+	us := time.Microsecond
+	for _, tc := range []struct {
+		name  string
+		reads []time.Duration // what the clock returns, in order
+		want  Stalls
+	}{
+		{"none", []time.Duration{0, 200 * us, 400 * us, 600 * us, 800 * us, 1000 * us}, Stalls{Span: 1000 * us}},
+		{"one", []time.Duration{0, 200 * us, 700 * us, 900 * us, 1100 * us}, Stalls{Span: 1100 * us, Lost: 500 * us, Longest: 500 * us, Count: 1}},
+		{"at the threshold, not over", []time.Duration{0, 300 * us, 600 * us, 900 * us, 1200 * us}, Stalls{Span: 1200 * us}},
+		{"the last read past the span", []time.Duration{0, 50 * us, 3000 * us}, Stalls{Span: 3000 * us, Lost: 2950 * us, Longest: 2950 * us, Count: 1}},
+		{"several", []time.Duration{0, 500 * us, 510 * us, 2510 * us}, Stalls{Span: 2510 * us, Lost: 2500 * us, Longest: 2000 * us, Count: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			i := 0
+			now := func() time.Duration {
+				if i == len(tc.reads) {
+					t.Fatalf("read %d times, %d readings", i+1, len(tc.reads))
+				}
+				i++
+				return tc.reads[i-1]
+			}
+			if got := watch(now, 1000*us, 300*us); got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+			if i != len(tc.reads) {
+				t.Errorf("read the clock %d times, want %d", i, len(tc.reads))
+			}
+		})
+	}
+}
+
+// A thread spins on each of up to two CPUs for the span asked; what it
+// lost fits in what it watched.
+func TestWatchStalls(t *testing.T) {
+	const span = 50 * time.Millisecond
+	got, err := WatchStalls(span, 100*time.Microsecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := min(runtime.NumCPU(), 2); len(got) != want {
+		t.Fatalf("%d CPUs watched, want %d", len(got), want)
+	}
+	for i, s := range got {
+		if s.Span < span || s.Span > span+time.Second || s.Lost > s.Span || s.Longest > s.Lost ||
+			(s.Count == 0) != (s.Lost == 0) || s.Count > 0 && s.Longest <= 100*time.Microsecond {
+			t.Errorf("CPU %d: %+v", i, s)
+		}
+		t.Logf("CPU %d: %+v", i, s)
 	}
 }

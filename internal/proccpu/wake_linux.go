@@ -20,19 +20,11 @@ func WakeRoundTrip(n int, oneCPU bool) (wall, cpu time.Duration, err error) {
 	if n <= 0 {
 		return 0, 0, errors.New("proccpu: WakeRoundTrip needs n > 0")
 	}
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		return 0, 0, fmt.Errorf("proccpu: sched_getaffinity: %w", err)
-	}
-	var cpus []int
-	for c := 0; c < 1024 && len(cpus) < 2; c++ {
-		if set.IsSet(c) {
-			cpus = append(cpus, c)
-		}
+	cpus, err := allowedCPUs(2)
+	if err != nil {
+		return 0, 0, err
 	}
 	switch {
-	case len(cpus) == 0:
-		return 0, 0, errors.New("proccpu: no CPU in this thread's affinity")
 	case oneCPU:
 		cpus = []int{cpus[0], cpus[0]}
 	case len(cpus) < 2:
@@ -80,6 +72,66 @@ func WakeRoundTrip(n int, oneCPU bool) (wall, cpu time.Duration, err error) {
 		return 0, 0, r.err
 	}
 	return r.wall / time.Duration(n), r.cpu / time.Duration(n), nil
+}
+
+// allowedCPUs returns the first n CPUs (or fewer) this thread may run on,
+// at least one.
+func allowedCPUs(n int) ([]int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil, fmt.Errorf("proccpu: sched_getaffinity: %w", err)
+	}
+	var cpus []int
+	for c := 0; c < 1024 && len(cpus) < n; c++ {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	if len(cpus) == 0 {
+		return nil, errors.New("proccpu: no CPU in this thread's affinity")
+	}
+	return cpus, nil
+}
+
+// WatchStalls spins a thread pinned to each of the first two CPUs this
+// process may run on for span, reading the clock, and returns by CPU what
+// each saw (Stalls) of jumps longer than over. It takes those CPUs whole
+// for span: run it when nothing else is measured. Linux only.
+func WatchStalls(span, over time.Duration) ([]Stalls, error) {
+	cpus, err := allowedCPUs(2)
+	if err != nil {
+		return nil, err
+	}
+	type result struct {
+		s   Stalls
+		err error
+	}
+	results := make([]chan result, len(cpus))
+	for i, cpu := range cpus {
+		results[i] = make(chan result, 1)
+		go func() {
+			runtime.LockOSThread() // ends with the goroutine: the pinned thread goes with it
+			if err := pin(cpu); err != nil {
+				results[i] <- result{err: err}
+				return
+			}
+			t0 := time.Now()
+			results[i] <- result{s: watch(func() time.Duration { return time.Since(t0) }, span, over)}
+		}()
+	}
+	out := make([]Stalls, len(cpus))
+	var first error
+	for i := range cpus {
+		r := <-results[i]
+		out[i] = r.s
+		if r.err != nil && first == nil {
+			first = r.err
+		}
+	}
+	if first != nil {
+		return nil, first
+	}
+	return out, nil
 }
 
 func pin(cpu int) error {
