@@ -475,7 +475,11 @@ func BenchmarkGateway(b *testing.B) {
 	// a request held up in any process it passes through by such a gap
 	// waits it out, which sets how low the paced rows' p99 can go here.
 	stallGroup := fmt.Sprintf("This machine: a thread spinning alone on each CPU for 2 s, the processes above idle, gaps over %v between two clock reads (medians of %d, one per round above)", stallOver, *benchRounds)
-	for cpu := range stalls[0] {
+	ncpu := 0
+	for _, r := range stalls {
+		ncpu = max(ncpu, len(r))
+	}
+	for cpu := range ncpu {
 		var runs []proccpu.Stalls
 		for _, r := range stalls {
 			if cpu < len(r) {
